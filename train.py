@@ -130,6 +130,8 @@ def build_parser():
     p.add_argument("--threads", type=positive(int), help="torch CPU threads (default: torch's)")
     p.add_argument("--out", help="output folder (default runs/<task>-<init>-seed<seed>, or runs/grid)")
     p.add_argument("--no-progress", action="store_true", help="hide the tqdm progress bars")
+    p.add_argument("--summarize", metavar="DIR",
+                   help="train nothing: print and write DIR/table.md from every result.json below DIR")
     return p
 
 
@@ -430,23 +432,66 @@ def mean_std(values):
     return f"{fmt(statistics.fmean(values))} ± {fmt(std, 2)}"
 
 
-def markdown_table(results):
-    """One row per (task, init): mean ± std over seeds, beside the paper's numbers."""
-    lines = ["| task | init | seeds | test loss | test acc (%) | unseen MSE to target | "
-             "unseen MSE to MDI | paper loss | paper acc (%) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def group_runs(results):
+    """{(task, init): [finished runs' final dicts]} in task order, then INITS order; plus counts."""
     cells = {}
-    for r in results:
+    for r in sorted(results, key=lambda r: (BOOLEAN_TASK_NAMES.index(r["task"]),
+                                            list(INITS).index(r["init"]), r["seed"])):
         cells.setdefault((r["task"], r["init"]), []).append(r)
-    for (task, init), runs in cells.items():
-        done = [r["final"] for r in runs if r["status"] == "done"]
+    return {key: ([r["final"] for r in runs if r["status"] == "done"], len(runs))
+            for key, runs in cells.items()}
+
+
+def markdown_table(results):
+    """Table 1 and the ablation table: one row per (task, init), mean ± std over seeds, beside the
+    paper's numbers. "learned" counts the seeds whose unseen-part predictions are closer (in MSE)
+    to the target than to the MDI."""
+    lines = ["| task | init | seeds | train loss | test loss | test acc (%) | unseen MSE to target | "
+             "unseen MSE to MDI | learned target | paper loss | paper acc (%) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (task, init), (done, total) in group_runs(results).items():
         paper = PAPER_BOOLEAN.get((task, init), (None, None))
+        closer = sum(f["unseen_loss"] < f["unseen_mse_to_mdi"] for f in done)
         lines.append("| " + " | ".join([
-            task, init, f"{len(done)}/{len(runs)}",
+            task, init, f"{len(done)}/{total}", mean_std([f["train_loss"] for f in done]),
             mean_std([f["test_loss"] for f in done]), mean_std([f["test_acc"] for f in done]),
             mean_std([f["unseen_loss"] for f in done]), mean_std([f["unseen_mse_to_mdi"] for f in done]),
-            fmt(paper[0]), fmt(paper[1])]) + " |")
+            f"{closer}/{len(done)}", fmt(paper[0]), fmt(paper[1])]) + " |")
     return "\n".join(lines)
+
+
+def persistence_table(results):
+    """The persistence table: attention mass on the pattern's open entries and the correlation of
+    the mean attention map with the pattern, at initialisation and after training (mean over
+    layers and heads, then mean ± std over seeds), and the relative drift of log sigmoid(M)."""
+    lines = ["| task | init | seeds | prior mass init | prior mass final | pattern corr init | "
+             "pattern corr final | mask drift |", "|---|---|---|---|---|---|---|---|"]
+    for (task, init), (done, total) in group_runs(results).items():
+        lines.append("| " + " | ".join([task, init, f"{len(done)}/{total}"] + [
+            mean_std([f.get(key) for f in done]) for key in (
+                "prior_mass_init", "prior_mass_final", "pattern_corr_init", "pattern_corr_final",
+                "mask_drift")]) + " |")
+    return "\n".join(lines)
+
+
+def load_results(root):
+    """Every result.json below root."""
+    results = []
+    for folder, _, files in sorted(os.walk(root)):
+        if "result.json" in files:
+            with open(os.path.join(folder, "result.json")) as f:
+                results.append(json.load(f))
+    return results
+
+
+def write_tables(root, results):
+    """table.md under root: the results table and the persistence table; printed too."""
+    text = (f"## Results\n\n{markdown_table(results)}\n\n"
+            f"## Persistence of the prior\n\n{persistence_table(results)}\n")
+    os.makedirs(root, exist_ok=True)
+    write_atomic(os.path.join(root, "table.md"), text)
+    print("\n" + text)
+    print(f"wrote {os.path.join(root, 'table.md')}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -460,6 +505,8 @@ def main(argv=None):
     except UsageError as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
+    if args.summarize:
+        return summarize(args.summarize)
     if args.threads:
         torch.set_num_threads(args.threads)
     task_names = BOOLEAN_TASK_NAMES if "all" in args.task else list(dict.fromkeys(args.task))
@@ -486,13 +533,19 @@ def main(argv=None):
         if not grid:
             print(f"wrote {os.path.join(out_dir, 'result.json')}")
     if grid:
-        table = markdown_table(results)
-        os.makedirs(root, exist_ok=True)
-        write_atomic(os.path.join(root, "table.md"), table + "\n")
         write_json(os.path.join(root, "grid.json"), results)
-        print("\n" + table)
-        print(f"\nwrote {os.path.join(root, 'table.md')} and grid.json")
+        write_tables(root, results)
     return 1 if failed else 0
+
+
+def summarize(root):
+    """--summarize DIR: the tables of every run saved below DIR (several grids into one)."""
+    results = load_results(root)
+    if not results:
+        print(f"train.py: error: --summarize: no result.json below {root}", file=sys.stderr)
+        return 2
+    write_tables(root, results)
+    return 0
 
 
 if __name__ == "__main__":

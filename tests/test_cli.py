@@ -63,7 +63,39 @@ def test_grid_prints_a_markdown_table_with_mean_and_std(tmp_path):
     assert (tmp_path / "2parity-mask-zero-seed1" / "result.json").exists()
 
 
+def test_every_init_runs_and_reports_persistence_and_summarize_merges_grids(tmp_path):
+    qk_inits = ["structured-svd", "structured-opt", "mimetic"]
+    mask_inits = ["mask", "mask-zero", "mask-fixed", "mask-hadamard"]
+    for inits, folder in ((["default"] + qk_inits, "qk"), (mask_inits, "masks")):
+        proc = run_cli("--task", "majority", "--init", *inits, "--out", str(tmp_path / folder), *TINY)
+        assert proc.returncode == 0, proc.stderr
+    finals = {}
+    for folder in ("qk", "masks"):
+        for run in json.loads((tmp_path / folder / "grid.json").read_text()):
+            finals[run["init"]] = run["final"]
+    assert set(finals) == {"default", *qk_inits, *mask_inits}
+    for init, final in finals.items():
+        assert 0 <= final["prior_mass_init"] <= 1 and 0 <= final["prior_mass_final"] <= 1
+        assert len(final["prior_mass_init_per_head"]) == 1          # layers
+        assert len(final["pattern_corr_final_per_head"][0]) == 2    # heads
+        assert (final["mask_drift"] is None) == (init in ["default"] + qk_inits)
+    assert finals["mask-fixed"]["mask_drift"] == 0
+    assert finals["mask"]["mask_drift"] > 0
+    # the prior is in place at initialisation, well above the default model's
+    assert finals["structured-svd"]["prior_mass_init"] > 2 * finals["default"]["prior_mass_init"]
+    assert finals["mask"]["prior_mass_init"] > 0.99
+
+    proc = run_cli("--summarize", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    table = (tmp_path / "table.md").read_text()
+    rows = [line.split(" | ")[1] for line in table.splitlines() if line.startswith("| majority")]
+    assert rows == ["default", "mask", "mask-zero", "mask-fixed", "mask-hadamard",   # results,
+                    "structured-svd", "structured-opt", "mimetic"] * 2              # persistence
+    assert "## Persistence of the prior" in table
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--summarize", "/nonexistent/folder"], "no result.json below /nonexistent/folder"),
     (["--task", "parity5"], "invalid choice: 'parity5'"),
     (["--init", "kaiming"], "invalid choice: 'kaiming'"),
     (["--epochs", "-3"], "--epochs: must be a finite number > 0"),
