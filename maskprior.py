@@ -505,3 +505,87 @@ def _fit_qk(p, target, rank, steps, lr, renorm_every, generator):
 def _attention_modules(model):
     """Every MaskedSelfAttention inside model, in order."""
     return [m for m in model.modules() if isinstance(m, MaskedSelfAttention)]
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. GPT with a causal relative-distance mask prior (Appendix "Wiki-text and Tiny-stories")
+# ----------------------------------------------------------------------------------------------
+# Language has no known interaction pattern, so the paper initialises a full learnable mask per
+# head from causal relative distance, M_ij = -max(i - j, 0), and applies it as log sigmoid(s M)
+# with s = 10: the diagonal gets log sigmoid(0) = -0.69, one step back log sigmoid(-10) = -10,
+# two steps back -20, ... (a strong "attend to the recent past" prior that training can flatten,
+# Figure "nlp_mask"). s enters as MaskedSelfAttention's mask_scale, so the parameter M keeps the
+# paper's units. The hard causal mask (-inf above the diagonal) is added on top.
+
+GPT_MASK_SCALE = 10.0
+
+
+def relative_distance_mask(heads, block_size):
+    """M_ij = -max(i - j, 0) for every head, (heads, block_size, block_size)."""
+    i = torch.arange(block_size)
+    distance_back = (i[None, :] - i[:, None]).clamp(max=0).float()   # j - i where j <= i, else 0
+    return distance_back.expand(heads, -1, -1).clone()
+
+
+class GPT(nn.Module):
+    """A GPT on MaskedSelfAttention(causal=True): token and learned position embeddings, pre-LN
+    blocks, final LayerNorm, a language-model head tied to the token embedding (nanoGPT's model).
+
+    mode "none" is the default GPT; "learnable" with masks=relative_distance_mask(...) per layer
+    is the paper's mask init. masks: None or (depth, heads, block_size, block_size).
+    """
+
+    def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none",
+                 masks=None, mask_scale=GPT_MASK_SCALE):
+        super().__init__()
+        self.block_size = block_size
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Parameter(torch.zeros(1, block_size, dim))
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, block_size, 4 * dim, mask_init=None if masks is None else masks[layer],
+                  mode=mode, causal=True, mask_scale=mask_scale, dropout=dropout)
+            for layer in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # weight tying, as in GPT-2 and nanoGPT
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.out.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+        nn.init.normal_(self.pos, std=0.02)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None):
+        """idx (B, T) token ids -> logits (B, T, vocab); with targets also the mean cross-entropy."""
+        T = idx.shape[1]
+        if T > self.block_size:
+            raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
+        x = self.drop(self.embed(idx) + self.pos[:, :T])
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x))
+        if targets is None:
+            return logits
+        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def attention_layers(self):
+        return [block.attn for block in self.blocks]
+
+    @torch.no_grad()
+    def generate(self, idx, new_tokens, temperature=1.0, top_k=None, generator=None):
+        """Sample new_tokens continuations of idx (B, T), feeding back the last block_size tokens."""
+        for _ in range(new_tokens):
+            logits = self(idx[:, -self.block_size:])[:, -1] / temperature  # (B, vocab)
+            if top_k is not None:
+                kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            idx = torch.cat([idx, nxt], 1)
+        return idx

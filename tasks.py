@@ -135,3 +135,145 @@ def fourier_coefficients(pred, x, variables=(0, 1, 2)):
             chi = x[:, list(subset)].prod(1) if subset else torch.ones(len(x))
             coeffs["".join(f"x{i}" for i in subset) or "1"] = (pred * chi).mean().item()
     return coeffs
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup")
+# ----------------------------------------------------------------------------------------------
+# Three corpora, each returned as a dict of 1-D int64 token tensors {"train", "val", "test"}:
+#   lm           English prose shipped with Python (pydoc_data.topics, about 465k characters),
+#                byte-level tokens (vocab 256): runs on a fresh machine with nothing downloaded.
+#   tinystories  the first 12k stories of TinyStories for training and 2k for validation; test
+#                falls back to validation, as in the paper. GPT-2 tokens.
+#   wikitext2    WikiText-2 raw, its train / validation / test splits. GPT-2 tokens.
+
+LM_TASKS = ("lm", "tinystories", "wikitext2")
+GPT2_VOCAB = 50257
+END_OF_TEXT = "<|endoftext|>"
+
+TINYSTORIES_FILES = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
+WIKITEXT2_FILES = ("wikitext-2-raw/wiki.train.raw", "wikitext-2-raw/wiki.valid.raw",
+                   "wikitext-2-raw/wiki.test.raw")
+BPE_HELP = ("GPT-2's ranks file: r50k_base.tiktoken (the same ids as 'gpt2'; sha256 306cd27f...dd930),"
+            " e.g. from a machine with internet: python -c \"import tiktoken; "
+            "tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR set, then copy the cached file")
+
+
+class DataError(Exception):
+    """A dataset or tokenizer file that is missing or unreadable; the message says what to put where."""
+
+
+def embedded_corpus():
+    """pydoc_data.topics joined in key order: English technical prose from the standard library."""
+    import pydoc_data.topics
+    topics = pydoc_data.topics.topics
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def byte_tokens(text):
+    """UTF-8 bytes as token ids 0..255 (the embedded corpus's byte-level tokenizer)."""
+    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
+
+
+def decode_bytes(ids):
+    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def split_tokens(tokens, val_fraction=0.05, test_fraction=0.05):
+    """Contiguous train / val / test split of one token stream (last 10% held out)."""
+    n_val, n_test = int(len(tokens) * val_fraction), int(len(tokens) * test_fraction)
+    n_train = len(tokens) - n_val - n_test
+    return {"train": tokens[:n_train], "val": tokens[n_train:n_train + n_val],
+            "test": tokens[n_train + n_val:]}
+
+
+def gpt2_encoding(bpe_file=None):
+    """GPT-2's tokenizer through tiktoken, offline. bpe_file: a local r50k_base/gpt2 ranks file;
+    without one, tiktoken's own cache (TIKTOKEN_CACHE_DIR) must already hold it."""
+    import os
+    import tiktoken
+    import tiktoken.load
+    from tiktoken_ext.openai_public import r50k_pat_str
+    if bpe_file is None:
+        if not os.environ.get("TIKTOKEN_CACHE_DIR"):
+            raise DataError(f"no GPT-2 tokenizer: pass --bpe-file PATH or set TIKTOKEN_CACHE_DIR "
+                            f"to a cache that holds it ({BPE_HELP})")
+        try:
+            return tiktoken.get_encoding("gpt2")
+        except Exception as err:  # tiktoken would try to download what its cache lacks
+            raise DataError(f"TIKTOKEN_CACHE_DIR={os.environ['TIKTOKEN_CACHE_DIR']} does not hold "
+                            f"GPT-2's ranks ({type(err).__name__}); pass --bpe-file ({BPE_HELP})")
+    if not os.path.isfile(bpe_file):
+        raise DataError(f"--bpe-file {bpe_file}: no such file ({BPE_HELP})")
+    ranks = tiktoken.load.load_tiktoken_bpe(bpe_file)
+    full = len(ranks) == GPT2_VOCAB - 1  # the real file; tests pass a tiny one
+    return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={END_OF_TEXT: GPT2_VOCAB - 1},
+                             explicit_n_vocab=GPT2_VOCAB if full else None)
+
+
+def _read(data_dir, relative, what):
+    import os
+    path = os.path.join(data_dir, relative)
+    if not os.path.isfile(path):
+        raise DataError(f"{what}: expected {path} (--data-dir {data_dir})")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _stories(text, count):
+    """The first count stories of a TinyStories file (stories separated by <|endoftext|>)."""
+    stories = [s.strip() for s in text.split(END_OF_TEXT)]
+    return [s for s in stories if s][:count]
+
+
+def encode_documents(encoding, documents):
+    """GPT-2 ids of the documents, each followed by <|endoftext|>, as one stream."""
+    eot = encoding.eot_token
+    ids = []
+    for doc in documents:
+        ids.extend(encoding.encode_ordinary(doc))
+        ids.append(eot)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
+    """{"train", "val", "test"} token streams, "vocab_size", "decode" for one of LM_TASKS."""
+    if name == "lm":
+        return {**split_tokens(byte_tokens(embedded_corpus())), "vocab_size": 256,
+                "decode": decode_bytes, "test_is_val": False}
+    if name == "tinystories":
+        train_text = _read(data_dir, TINYSTORIES_FILES[0], "TinyStories training stories")
+        val_text = _read(data_dir, TINYSTORIES_FILES[1], "TinyStories validation stories")
+        enc = gpt2_encoding(bpe_file)
+        val = encode_documents(enc, _stories(val_text, val_stories))
+        return {"train": encode_documents(enc, _stories(train_text, train_stories)), "val": val,
+                "test": val, "vocab_size": enc.n_vocab, "decode": enc.decode, "test_is_val": True}
+    if name == "wikitext2":
+        texts = [_read(data_dir, rel, f"WikiText-2 raw {split}") for rel, split in
+                 zip(WIKITEXT2_FILES, ("train", "validation", "test"))]
+        enc = gpt2_encoding(bpe_file)
+        streams = [torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for t in texts]
+        return {"train": streams[0], "val": streams[1], "test": streams[2],
+                "vocab_size": enc.n_vocab, "decode": enc.decode, "test_is_val": False}
+    raise ValueError(f"unknown language task {name!r}")
+
+
+def lm_batch(tokens, block_size, batch_size, generator):
+    """nanoGPT's get_batch: batch_size random windows; inputs (B, T) and next-token targets (B, T)."""
+    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator)
+    offsets = torch.arange(block_size)
+    x = tokens[starts[:, None] + offsets]
+    return x, tokens[starts[:, None] + offsets + 1]
+
+
+def lm_windows(tokens, block_size):
+    """The whole split cut into consecutive windows: inputs (W, T) and targets (W, T), every token
+    after the first predicted exactly once (the last window is shorter, so it is padded on the right with
+    targets of -100, which cross-entropy ignores)."""
+    n = len(tokens) - 1
+    windows = -(-n // block_size)
+    x = torch.zeros(windows * block_size, dtype=torch.long)
+    y = torch.full((windows * block_size,), -100, dtype=torch.long)
+    x[:n], y[:n] = tokens[:-1], tokens[1:]
+    return x.view(windows, block_size), y.view(windows, block_size)

@@ -74,6 +74,25 @@ INITS = {
 }
 BOOLEAN_TASK_NAMES = list(tasks.BOOLEAN_TASKS)
 
+# Language modelling (Appendix "Wiki-text and Tiny-stories"). "paper" is Table "NLP task setup":
+# 12 layers, 12 heads, width 512, block 64, batch 128, AdamW 3e-4 with cosine decay, dropout 0.2,
+# seed 1337, 5000 (TinyStories) / 3000 (WikiText-2) iterations. "cpu" shrinks the model to 4
+# layers, 4 heads, width 128, batch 32 and 1000 iterations at lr 1e-3, a few minutes on 2 cores.
+LM_PRESETS = {
+    "paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12, "dim": 512,
+              "block_size": 64, "dropout": 0.2, "weight_decay": 0.01},
+    "cpu": {"iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4, "heads": 4, "dim": 128,
+            "block_size": 64, "dropout": 0.1, "weight_decay": 0.01},
+}
+LM_PAPER_ITERS = {"tinystories": 5000, "wikitext2": 3000, "lm": 5000}
+LM_PAPER_SEED = 1337
+LM_INITS = ("default", "mask", "mimetic")
+# Table "Perplexity comparison" (val, test): printed beside ours.
+PAPER_LM = {("wikitext2", "default"): (172.78, 181.91), ("wikitext2", "mask"): (166.76, 179.70),
+            ("wikitext2", "mimetic"): (178.34, 188.87),
+            ("tinystories", "default"): (10.42, 10.49), ("tinystories", "mask"): (10.40, 10.48),
+            ("tinystories", "mimetic"): (10.64, 10.60)}
+
 
 # ----------------------------------------------------------------------------------------------
 # Command line
@@ -113,7 +132,8 @@ def non_negative_int(text):
 def build_parser():
     p = Parser(prog="train.py", description=__doc__.split("\n")[0])
     p.add_argument("--task", nargs="+", default=["majority"],
-                   choices=BOOLEAN_TASK_NAMES + ["all"], help="task(s); 'all' = every Boolean task")
+                   choices=BOOLEAN_TASK_NAMES + ["all"] + list(tasks.LM_TASKS),
+                   help="task(s); 'all' = every Boolean task; lm, tinystories, wikitext2 = language")
     p.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS))
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--seeds", type=non_negative_int, nargs="+", help="several seeds (a grid)")
@@ -124,8 +144,15 @@ def build_parser():
     p.add_argument("--layers", type=positive(int))
     p.add_argument("--heads", type=positive(int))
     p.add_argument("--dim", type=positive(int))
-    p.add_argument("--eval-every", type=positive(int), default=5,
-                   help="evaluate on the whole cube every N epochs (and after the last)")
+    p.add_argument("--eval-every", type=positive(int),
+                   help="evaluate every N epochs (Boolean, default 5) or iterations (language, "
+                        "default iters / 5), and after the last")
+    p.add_argument("--iters", type=positive(int), help="training iterations (language tasks)")
+    p.add_argument("--block-size", type=positive(int), help="context length (language tasks)")
+    p.add_argument("--data-dir", default="data", help="where TinyStories / WikiText-2 files live")
+    p.add_argument("--bpe-file", help="GPT-2 ranks file for tiktoken (offline tokenizer)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a language run from the checkpoint.pt in its output folder")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     p.add_argument("--threads", type=positive(int), help="torch CPU threads (default: torch's)")
     p.add_argument("--out", help="output folder (default runs/<task>-<init>-seed<seed>, or runs/grid)")
@@ -162,7 +189,20 @@ def boolean_config(args, task):
             config[key] = getattr(args, key)
     if args.dim is not None and args.preset == "cpu":
         config["mlp_dim"] = args.dim
-    config["eval_every"] = args.eval_every
+    config["eval_every"] = args.eval_every or 5
+    config["preset"] = args.preset
+    return config
+
+
+def lm_config(args, task):
+    """The language preset (paper iterations per dataset) overridden by the flags given."""
+    config = dict(LM_PRESETS[args.preset])
+    if args.preset == "paper":
+        config["iters"] = LM_PAPER_ITERS[task]
+    for key in ("iters", "lr", "batch_size", "layers", "heads", "dim", "block_size"):
+        if getattr(args, key) is not None:
+            config[key] = getattr(args, key)
+    config["eval_every"] = args.eval_every or max(1, config["iters"] // 5)
     config["preset"] = args.preset
     return config
 
@@ -407,6 +447,150 @@ def save_pictures(out_dir, when, mean_attn, bias):
 
 
 # ----------------------------------------------------------------------------------------------
+# Language-model run (Appendix "Wiki-text and Tiny-stories", Table "Perplexity comparison")
+# ----------------------------------------------------------------------------------------------
+
+def build_lm_model(init, config, vocab_size, seed):
+    """GPT with no prior (default), the causal relative-distance mask (mask), or mimetic W_Q/W_K."""
+    layers, heads, block = config["layers"], config["heads"], config["block_size"]
+    masks = None
+    if init == "mask":
+        masks = maskprior.relative_distance_mask(heads, block).expand(layers, -1, -1, -1)
+    model = maskprior.GPT(vocab_size, block, config["dim"], layers, heads, config["dropout"],
+                          mode="learnable" if init == "mask" else "none", masks=masks)
+    if init == "mimetic":
+        maskprior.mimetic_init_(model, generator=torch.Generator().manual_seed(seed))
+    return model
+
+
+def lm_optimizer(model, config):
+    """AdamW; no weight decay on the mask M (decay would pull the prior towards the neutral M = 0),
+    nor on biases, LayerNorms and positions (nanoGPT decays only weight matrices)."""
+    decay = [p for n, p in model.named_parameters()
+             if p.requires_grad and p.dim() == 2 and not n.endswith("mask") and n != "pos"]
+    ids = {id(p) for p in decay}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": config["weight_decay"]},
+                              {"params": rest, "weight_decay": 0.0}], lr=config["lr"])
+
+
+def autocast(device):
+    """bf16 autocast on CUDA; a no-op context on the CPU."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+@torch.no_grad()
+def lm_loss(model, tokens, block_size, device, batch=64):
+    """Mean next-token cross-entropy over every token of a split (not a sample of batches)."""
+    model.eval()
+    x, y = tasks.lm_windows(tokens, block_size)
+    total, count = 0.0, 0
+    for i in range(0, len(x), batch):
+        with autocast(device):
+            logits = model(x[i:i + batch].to(device))
+        targets = y[i:i + batch].to(device)
+        total += F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                 ignore_index=-100, reduction="sum").item()
+        count += (targets != -100).sum().item()
+    model.train()
+    return total / count
+
+
+def save_checkpoint(path, state):
+    """torch.save to a temporary file, then an atomic rename: a kill never leaves half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def run_lm(task, init, seed, config, device, out_dir, data, progress=True, resume=False):
+    """Train a GPT for config["iters"] iterations on random windows of the training stream;
+    evaluate and checkpoint every eval_every iterations; write result.json and mask pictures."""
+    os.makedirs(out_dir, exist_ok=True)
+    checkpoint = os.path.join(out_dir, "checkpoint.pt")
+    seed_everything(seed)
+    model = build_lm_model(init, config, data["vocab_size"], seed).to(device)
+    optimizer = lm_optimizer(model, config)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config["iters"])
+    batches = torch.Generator().manual_seed(seed)
+    state = {"iter": 0, "history": [], "train_seconds": 0.0, "train_losses": []}
+    if resume:
+        saved = torch.load(checkpoint, map_location=device, weights_only=False)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        batches.set_state(saved["batches"])
+        torch.set_rng_state(saved["torch_rng"])
+        state = saved["state"]
+    else:
+        save_pictures_lm(out_dir, "before", model)
+
+    result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
+              "status": "running", "resumed_at": state["iter"] if resume else None}
+    with tqdm(total=config["iters"], initial=state["iter"], desc=f"{task}/{init}/seed{seed}",
+              disable=not progress, leave=False, dynamic_ncols=True) as bar:
+        while state["iter"] < config["iters"]:
+            start = time.time()
+            x, y = tasks.lm_batch(data["train"], config["block_size"], config["batch_size"], batches)
+            with autocast(device):
+                _, loss = model(x.to(device), y.to(device))
+            state["iter"] += 1
+            if not torch.isfinite(loss):
+                result.update(status="diverged", error=f"loss became {loss.item()} at iteration "
+                              f"{state['iter']}", history=state["history"])
+                write_json(os.path.join(out_dir, "result.json"), result)
+                raise Diverged(result["error"])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            state["train_seconds"] += time.time() - start
+            state["train_losses"].append(loss.item())
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if state["iter"] % config["eval_every"] == 0 or state["iter"] == config["iters"]:
+                val_loss = lm_loss(model, data["val"], config["block_size"], device)
+                state["history"].append({"iter": state["iter"],
+                                         "train_loss": statistics.fmean(state["train_losses"]),
+                                         "val_loss": val_loss, "val_ppl": math.exp(val_loss)})
+                state["train_losses"] = []
+                save_checkpoint(checkpoint, {
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "schedule": schedule.state_dict(), "batches": batches.get_state(),
+                    "torch_rng": torch.get_rng_state(), "state": state, "config": config})
+
+    val_loss = state["history"][-1]["val_loss"]
+    test_loss = val_loss if data["test_is_val"] else lm_loss(model, data["test"], config["block_size"], device)
+    tokens_seen = config["iters"] * config["batch_size"] * config["block_size"]
+    result.update(status="done", seconds=state["train_seconds"], history=state["history"], final={
+        "val_loss": val_loss, "val_ppl": math.exp(val_loss), "test_loss": test_loss,
+        "test_ppl": math.exp(test_loss), "test_is_val": data["test_is_val"],
+        "tokens_per_second": tokens_seen / state["train_seconds"],
+        "sample": lm_sample(model, data, config, seed, device)})
+    save_pictures_lm(out_dir, "after", model)
+    write_json(os.path.join(out_dir, "result.json"), result)
+    return result
+
+
+def lm_sample(model, data, config, seed, device, new_tokens=120):
+    """A short continuation of the first block_size / 4 validation tokens (top-40 sampling)."""
+    prompt = data["val"][:config["block_size"] // 4][None].to(device)
+    out = model.generate(prompt, new_tokens, top_k=40,
+                         generator=torch.Generator(device=device).manual_seed(seed))
+    return data["decode"](out[0].tolist())
+
+
+def save_pictures_lm(out_dir, when, model):
+    """mask_<when>.png: the relative bias log sigmoid(s M) of every layer (rows) and head
+    (columns) below the diagonal, -10 dark to 0 yellow (Figure "nlp_mask"); mask runs only."""
+    bias = mask_biases(model)
+    if bias is not None:
+        future = torch.ones(bias.shape[-2:], dtype=torch.bool).triu(1)  # hidden by the causal mask
+        save_heatmaps(os.path.join(out_dir, f"mask_{when}.png"),
+                      bias.masked_fill(future, maskprior.CLOSE), maskprior.CLOSE, 0)
+
+
+# ----------------------------------------------------------------------------------------------
 # Summaries and the grid table
 # ----------------------------------------------------------------------------------------------
 
@@ -422,6 +606,14 @@ def summary_line(result):
             f"{fmt(f['test_loss'])}, test acc {acc}, unseen loss {fmt(f['unseen_loss'])}, unseen "
             f"MSE to MDI {fmt(f['unseen_mse_to_mdi'])} (closer to the {learned}), "
             f"{result['seconds']:.0f} s")
+
+
+def lm_summary_line(result):
+    f = result["final"]
+    return (f"{result['task']} / {result['init']} / seed {result['seed']}: val ppl {f['val_ppl']:.2f}, "
+            f"test ppl {f['test_ppl']:.2f}{' (= val)' if f['test_is_val'] else ''}, "
+            f"{f['tokens_per_second']:.0f} train tokens/s, {result['seconds']:.0f} s\n"
+            f"  sample: {f['sample'][:300]!r}")
 
 
 def mean_std(values):
@@ -474,6 +666,23 @@ def persistence_table(results):
     return "\n".join(lines)
 
 
+def lm_table(results):
+    """The perplexity table: one row per (task, init), mean ± std over seeds, beside the paper's."""
+    lines = ["| task | init | seeds | val ppl | test ppl | train tokens/s | paper val ppl | "
+             "paper test ppl |", "|---|---|---|---|---|---|---|---|"]
+    cells = {}
+    for r in sorted(results, key=lambda r: (r["task"], LM_INITS.index(r["init"]), r["seed"])):
+        cells.setdefault((r["task"], r["init"]), []).append(r)
+    for (task, init), runs in cells.items():
+        done = [r["final"] for r in runs if r["status"] == "done"]
+        paper = PAPER_LM.get((task, init), (None, None))
+        lines.append("| " + " | ".join([
+            task, init, f"{len(done)}/{len(runs)}", mean_std([f["val_ppl"] for f in done]),
+            mean_std([f["test_ppl"] for f in done]), mean_std([f["tokens_per_second"] for f in done]),
+            fmt(paper[0]), fmt(paper[1])]) + " |")
+    return "\n".join(lines)
+
+
 def load_results(root):
     """Every result.json below root."""
     results = []
@@ -485,9 +694,16 @@ def load_results(root):
 
 
 def write_tables(root, results):
-    """table.md under root: the results table and the persistence table; printed too."""
-    text = (f"## Results\n\n{markdown_table(results)}\n\n"
-            f"## Persistence of the prior\n\n{persistence_table(results)}\n")
+    """table.md under root: the results and persistence tables (Boolean), the perplexity table
+    (language); printed too."""
+    boolean = [r for r in results if r["task"] in BOOLEAN_TASK_NAMES]
+    language = [r for r in results if r["task"] in tasks.LM_TASKS]
+    text = ""
+    if boolean:
+        text += (f"## Results\n\n{markdown_table(boolean)}\n\n"
+                 f"## Persistence of the prior\n\n{persistence_table(boolean)}\n")
+    if language:
+        text += f"{chr(10) if text else ''}## Perplexity\n\n{lm_table(language)}\n"
     os.makedirs(root, exist_ok=True)
     write_atomic(os.path.join(root, "table.md"), text)
     print("\n" + text)
@@ -510,18 +726,34 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     task_names = BOOLEAN_TASK_NAMES if "all" in args.task else list(dict.fromkeys(args.task))
+    try:
+        language = check_family(args, task_names)
+    except UsageError as err:
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
     seeds = args.seeds if args.seeds is not None else [args.seed]
     runs = [(t, i, s) for t in task_names for i in dict.fromkeys(args.init) for s in seeds]
     grid = len(runs) > 1
     root = args.out or "runs/grid"
 
-    results, failed = [], 0
+    results, failed, datasets = [], 0, {}
     for task, init, seed in runs:
-        config = boolean_config(args, task)
         out_dir = (os.path.join(root, f"{task}-{init}-seed{seed}") if grid
                    else args.out or f"runs/{task}-{init}-seed{seed}")
         try:
-            result = run_boolean(task, init, seed, config, device, out_dir, not args.no_progress)
+            if language:
+                if args.resume and not os.path.isfile(os.path.join(out_dir, "checkpoint.pt")):
+                    raise UsageError(f"--resume: no checkpoint.pt in {out_dir}")
+                if task not in datasets:
+                    datasets[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
+                result = run_lm(task, init, seed, lm_config(args, task), device, out_dir,
+                                datasets[task], not args.no_progress, args.resume)
+            else:
+                result = run_boolean(task, init, seed, boolean_config(args, task), device, out_dir,
+                                     not args.no_progress)
+        except (UsageError, tasks.DataError) as err:
+            print(f"train.py: error: {err}", file=sys.stderr)
+            return 2
         except Diverged as err:
             print(f"{task} / {init} / seed {seed}: stopped, {err}; what was saved is in {out_dir}",
                   file=sys.stderr)
@@ -529,13 +761,34 @@ def main(argv=None):
             results.append(json.load(open(os.path.join(out_dir, "result.json"))))
             continue
         results.append(result)
-        print(summary_line(result), flush=True)
+        print((lm_summary_line if language else summary_line)(result), flush=True)
         if not grid:
             print(f"wrote {os.path.join(out_dir, 'result.json')}")
     if grid:
         write_json(os.path.join(root, "grid.json"), results)
         write_tables(root, results)
     return 1 if failed else 0
+
+
+def check_family(args, task_names):
+    """Boolean and language tasks take different flags and inits; returns True for language."""
+    language = [t for t in task_names if t in tasks.LM_TASKS]
+    if not language:
+        for flag in ("iters", "block_size", "resume"):
+            if getattr(args, flag):
+                raise UsageError(f"--{flag.replace('_', '-')} applies to language tasks only")
+        return False
+    if len(language) != len(task_names):
+        raise UsageError("--task: Boolean and language tasks cannot share one grid")
+    if args.epochs is not None:
+        raise UsageError("--epochs applies to Boolean tasks; language tasks take --iters")
+    wrong = [i for i in args.init if i not in LM_INITS]
+    if wrong:
+        raise UsageError(f"--init {wrong[0]} is not available for language tasks "
+                         f"(choose from {', '.join(LM_INITS)})")
+    if args.preset == "paper" and args.seeds is None and args.seed == 0:
+        args.seed = LM_PAPER_SEED  # Table "NLP task setup"
+    return True
 
 
 def summarize(root):

@@ -52,8 +52,9 @@ def test_grid_prints_a_markdown_table_with_mean_and_std(tmp_path):
                    "--out", str(tmp_path), *TINY)
     assert proc.returncode == 0, proc.stderr
     table = (tmp_path / "table.md").read_text()
-    assert table.splitlines()[0].startswith("| task | init | seeds | test loss")
-    rows = [line for line in table.splitlines() if line.startswith("| 2parity")]
+    assert table.startswith("## Results\n\n| task | init | seeds | train loss | test loss")
+    results = table.split("## Persistence of the prior")[0]
+    rows = [line for line in results.splitlines() if line.startswith("| 2parity")]
     assert len(rows) == 2 and all("| 2/2 |" in row and "±" in row for row in rows)
     assert "| 1.379 | 75 |" in rows[0]  # the paper's numbers beside ours
     assert table.strip() in proc.stdout

@@ -1,0 +1,184 @@
+"""The GPT with a causal relative-distance mask prior, the language data, and language runs:
+offline corpus, a tiny tiktoken encoding, whole-split perplexity, checkpoint and --resume."""
+import base64
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import maskprior
+import tasks
+import train
+from conftest import ROOT
+
+TINY_LM = ["--iters", "8", "--eval-every", "4", "--layers", "1", "--heads", "2", "--dim", "16",
+           "--block-size", "16", "--batch-size", "4", "--no-progress"]
+
+
+def test_relative_distance_mask_and_its_bias():
+    m = maskprior.relative_distance_mask(3, 5)
+    assert m.shape == (3, 5, 5)
+    for i in range(5):
+        for j in range(5):
+            assert m[1, i, j] == -max(i - j, 0)
+    gpt = maskprior.GPT(32, 5, 8, 2, 3, mode="learnable", masks=m.expand(2, -1, -1, -1))
+    bias = gpt.attention_layers()[0].logit_bias(5).detach()
+    torch.testing.assert_close(bias, F.logsigmoid(10.0 * m))   # log sigmoid(s M), s = 10
+    assert bias[0, 3, 3] == pytest.approx(-math.log(2)) and bias[0, 3, 2] < -9.9
+
+
+@pytest.mark.parametrize("init", ["default", "mask", "mimetic"])
+def test_gpt_is_causal_and_trains(init):
+    torch.manual_seed(0)
+    config = {"layers": 2, "heads": 2, "block_size": 12, "dim": 16, "dropout": 0.0}
+    gpt = train.build_lm_model(init, config, 50, seed=0)
+    x = torch.randint(0, 50, (3, 12))
+    y = x.clone()
+    y[:, 7:] = (y[:, 7:] + 1) % 50                       # change the future only
+    torch.testing.assert_close(gpt(x)[:, :7], gpt(y)[:, :7])
+    assert not torch.allclose(gpt(x)[:, 7:], gpt(y)[:, 7:])
+    logits, loss = gpt(x[:, :-1], x[:, 1:])
+    assert logits.shape == (3, 11, 50) and loss.item() == pytest.approx(math.log(50), rel=0.1)
+    loss.backward()
+    mask = gpt.attention_layers()[0].mask
+    assert (mask is not None) == (init == "mask")
+    if mask is not None:
+        assert mask.grad is not None and mask.grad.abs().sum() > 0
+    assert gpt.generate(x[:, :4], 20).shape == (3, 24)
+
+
+def test_embedded_corpus_and_byte_tokens():
+    text = tasks.embedded_corpus()
+    assert len(text) > 400_000 and "lambda" in text
+    data = tasks.lm_dataset("lm")
+    assert data["vocab_size"] == 256 and not data["test_is_val"]
+    total = sum(len(data[s]) for s in ("train", "val", "test"))
+    assert total == len(text.encode("utf-8"))
+    assert tasks.decode_bytes(data["train"][:200].tolist()) == text.encode()[:200].decode()
+
+
+def test_windows_predict_every_token_once_and_batches_are_shifted():
+    tokens = torch.arange(23)
+    x, y = tasks.lm_windows(tokens, 5)
+    assert x.shape == (5, 5)
+    assert sorted(y[y != -100].tolist()) == list(range(1, 23))
+    torch.testing.assert_close(y[y != -100], x[y != -100] + 1)
+    bx, by = tasks.lm_batch(tokens, 5, 7, torch.Generator().manual_seed(0))
+    assert bx.shape == by.shape == (7, 5)
+    torch.testing.assert_close(by, bx + 1)
+
+
+def test_whole_split_loss_equals_the_mean_over_every_token():
+    torch.manual_seed(0)
+    config = {"layers": 1, "heads": 2, "block_size": 8, "dim": 16, "dropout": 0.0}
+    gpt = train.build_lm_model("mask", config, 30, seed=0)
+    tokens = torch.randint(0, 30, (50,))
+    losses = []
+    for start in range(0, 49, 8):                     # by hand: each window from scratch
+        x, y = tokens[start:start + 8][:len(tokens) - 1 - start], tokens[start + 1:start + 9]
+        losses += F.cross_entropy(gpt(x[None])[0], y, reduction="none").tolist()
+    assert len(losses) == 49
+    assert train.lm_loss(gpt, tokens, 8, torch.device("cpu"), batch=3) == pytest.approx(
+        sum(losses) / 49, rel=1e-5)
+
+
+def write_tiny_ranks(path):
+    """A tiktoken ranks file with the 256 single bytes only (base64 token, rank per line)."""
+    lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_tiny_tiktoken_encoding_and_tinystories_files(tmp_path):
+    bpe = write_tiny_ranks(tmp_path / "tiny.tiktoken")
+    enc = tasks.gpt2_encoding(bpe)
+    assert enc.encode_ordinary("Hi there") == list(b"Hi there") and enc.eot_token == 50256
+    stories = [f"Once upon a time there was a cat number {i}." for i in range(30)]
+    (tmp_path / tasks.TINYSTORIES_FILES[0]).write_text("\n<|endoftext|>\n".join(stories))
+    (tmp_path / tasks.TINYSTORIES_FILES[1]).write_text("\n<|endoftext|>\n".join(stories[:5]))
+    data = tasks.lm_dataset("tinystories", str(tmp_path), bpe, train_stories=12, val_stories=2)
+    assert (data["train"] == 50256).sum() == 12 and (data["val"] == 50256).sum() == 2
+    assert data["test_is_val"] and data["vocab_size"] == 50257
+    assert data["decode"](data["train"][:16].tolist()) == stories[0][:16]
+
+
+def test_wikitext2_splits(tmp_path):
+    bpe = write_tiny_ranks(tmp_path / "tiny.tiktoken")
+    os.makedirs(tmp_path / "wikitext-2-raw")
+    for name, text in zip(tasks.WIKITEXT2_FILES, (" = Train = \n words " * 20, " val ", " test text ")):
+        (tmp_path / name).write_text(text)
+    data = tasks.lm_dataset("wikitext2", str(tmp_path), bpe)
+    assert len(data["val"]) == 5 and len(data["test"]) == 11 and not data["test_is_val"]
+
+
+def test_missing_files_are_one_clear_message(tmp_path):
+    with pytest.raises(tasks.DataError, match="TinyStoriesV2-GPT4-train.txt"):
+        tasks.lm_dataset("tinystories", str(tmp_path), None)
+    with pytest.raises(tasks.DataError, match="wiki.train.raw"):
+        tasks.lm_dataset("wikitext2", str(tmp_path), None)
+    with pytest.raises(tasks.DataError, match="--bpe-file"):
+        tasks.gpt2_encoding(str(tmp_path / "missing.tiktoken"))
+
+
+def run_cli(*args):
+    env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+
+
+def test_lm_run_writes_perplexities_sample_and_mask_pictures(tmp_path):
+    proc = run_cli("--task", "lm", "--init", "mask", "--out", str(tmp_path), *TINY_LM)
+    assert proc.returncode == 0, proc.stderr
+    assert "lm / mask / seed 0: val ppl" in proc.stdout and "sample:" in proc.stdout
+    result = json.loads((tmp_path / "result.json").read_text())
+    final = result["final"]
+    assert final["val_ppl"] == pytest.approx(math.exp(final["val_loss"]))
+    assert final["test_ppl"] == pytest.approx(math.exp(final["test_loss"]))
+    assert 1 < final["val_ppl"] < 256 * 2 and isinstance(final["sample"], str)
+    assert [h["iter"] for h in result["history"]] == [4, 8]
+    for name in ("mask_before.png", "mask_after.png", "checkpoint.pt"):
+        assert (tmp_path / name).exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "lm", "--init", "structured-svd"], "--init structured-svd is not available"),
+    (["--task", "lm", "--epochs", "3"], "--epochs applies to Boolean tasks"),
+    (["--task", "majority", "--iters", "5"], "--iters applies to language tasks only"),
+    (["--task", "lm", "majority"], "cannot share one grid"),
+    (["--task", "lm", "--resume", "--out", "/nonexistent/run"], "no checkpoint.pt in /nonexistent/run"),
+    (["--task", "tinystories", "--data-dir", "/nonexistent/data"],
+     "expected /nonexistent/data/TinyStoriesV2-GPT4-train.txt"),
+])
+def test_language_bad_input_exits_2_with_one_line(args, message):
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(tmp_path, monkeypatch):
+    args = ["--task", "lm", "--init", "mask", "--iters", "12", *TINY_LM[2:]]
+    assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    real_save = train.save_checkpoint
+
+    def save_then_die(path, state):                     # killed right after the first checkpoint
+        real_save(path, state)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*args, "--out", str(tmp_path / "killed")])
+    assert not (tmp_path / "killed" / "result.json").exists()
+    monkeypatch.setattr(train, "save_checkpoint", real_save)
+    assert train.main([*args, "--out", str(tmp_path / "killed"), "--resume"]) == 0
+    whole = json.loads((tmp_path / "whole" / "result.json").read_text())
+    resumed = json.loads((tmp_path / "killed" / "result.json").read_text())
+    assert resumed["resumed_at"] == 4
+    assert resumed["history"] == whole["history"]
+    assert resumed["final"]["val_loss"] == whole["final"]["val_loss"]
+    assert resumed["final"]["sample"] == whole["final"]["sample"]
