@@ -19,7 +19,9 @@ import time
 import zlib
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import maskprior
@@ -496,6 +498,29 @@ def lm_loss(model, tokens, block_size, device, batch=64):
     return total / count
 
 
+def distributed_setup(device):
+    """torchrun support: with WORLD_SIZE > 1 in the environment, join the process group (NCCL on
+    CUDA, gloo on the CPU) and return (rank, world size, this process's device)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), world, device
+
+
+def gather(obj, world):
+    """Every rank's obj, as a list indexed by rank (just [obj] without torchrun)."""
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def save_checkpoint(path, state):
     """torch.save to a temporary file, then an atomic rename: a kill never leaves half a file."""
     tmp = f"{path}.tmp{os.getpid()}"
@@ -505,40 +530,48 @@ def save_checkpoint(path, state):
 
 def run_lm(task, init, seed, config, device, out_dir, data, progress=True, resume=False):
     """Train a GPT for config["iters"] iterations on random windows of the training stream;
-    evaluate and checkpoint every eval_every iterations; write result.json and mask pictures."""
+    evaluate and checkpoint every eval_every iterations; write result.json and mask pictures.
+
+    Under torchrun each process draws its own batches (batch_size per process) and
+    DistributedDataParallel averages the gradients; rank 0 evaluates, checkpoints (with every
+    rank's random state, so --resume is exact) and writes the results. Returns None elsewhere."""
+    rank, world, device = distributed_setup(device)
     os.makedirs(out_dir, exist_ok=True)
     checkpoint = os.path.join(out_dir, "checkpoint.pt")
-    seed_everything(seed)
+    seed_everything(seed)                        # the same initial weights on every rank
     model = build_lm_model(init, config, data["vocab_size"], seed).to(device)
     optimizer = lm_optimizer(model, config)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config["iters"])
-    batches = torch.Generator().manual_seed(seed)
+    batches = torch.Generator().manual_seed(seed + 1000 * rank)
+    torch.manual_seed(seed + 1000 * rank)       # dropout differs across ranks, as it should
     state = {"iter": 0, "history": [], "train_seconds": 0.0, "train_losses": []}
     if resume:
         saved = torch.load(checkpoint, map_location=device, weights_only=False)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
-        batches.set_state(saved["batches"])
-        torch.set_rng_state(saved["torch_rng"])
+        batches.set_state(saved["batches"][rank])
+        torch.set_rng_state(saved["torch_rng"][rank])
         state = saved["state"]
-    else:
+    elif rank == 0:
         save_pictures_lm(out_dir, "before", model)
+    trained = DDP(model) if world > 1 else model
 
     result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
-              "status": "running", "resumed_at": state["iter"] if resume else None}
+              "world_size": world, "status": "running", "resumed_at": state["iter"] if resume else None}
     with tqdm(total=config["iters"], initial=state["iter"], desc=f"{task}/{init}/seed{seed}",
-              disable=not progress, leave=False, dynamic_ncols=True) as bar:
+              disable=not progress or rank != 0, leave=False, dynamic_ncols=True) as bar:
         while state["iter"] < config["iters"]:
             start = time.time()
             x, y = tasks.lm_batch(data["train"], config["block_size"], config["batch_size"], batches)
             with autocast(device):
-                _, loss = model(x.to(device), y.to(device))
+                _, loss = trained(x.to(device), y.to(device))
             state["iter"] += 1
-            if not torch.isfinite(loss):
-                result.update(status="diverged", error=f"loss became {loss.item()} at iteration "
+            if not all(gather(bool(torch.isfinite(loss)), world)):
+                result.update(status="diverged", error=f"loss became non-finite at iteration "
                               f"{state['iter']}", history=state["history"])
-                write_json(os.path.join(out_dir, "result.json"), result)
+                if rank == 0:
+                    write_json(os.path.join(out_dir, "result.json"), result)
                 raise Diverged(result["error"])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -549,19 +582,14 @@ def run_lm(task, init, seed, config, device, out_dir, data, progress=True, resum
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if state["iter"] % config["eval_every"] == 0 or state["iter"] == config["iters"]:
-                val_loss = lm_loss(model, data["val"], config["block_size"], device)
-                state["history"].append({"iter": state["iter"],
-                                         "train_loss": statistics.fmean(state["train_losses"]),
-                                         "val_loss": val_loss, "val_ppl": math.exp(val_loss)})
-                state["train_losses"] = []
-                save_checkpoint(checkpoint, {
-                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "schedule": schedule.state_dict(), "batches": batches.get_state(),
-                    "torch_rng": torch.get_rng_state(), "state": state, "config": config})
+                lm_evaluate_and_checkpoint(model, optimizer, schedule, batches, state, config, data,
+                                           device, checkpoint, rank, world)
 
+    if rank != 0:
+        return None
     val_loss = state["history"][-1]["val_loss"]
     test_loss = val_loss if data["test_is_val"] else lm_loss(model, data["test"], config["block_size"], device)
-    tokens_seen = config["iters"] * config["batch_size"] * config["block_size"]
+    tokens_seen = config["iters"] * config["batch_size"] * config["block_size"] * world
     result.update(status="done", seconds=state["train_seconds"], history=state["history"], final={
         "val_loss": val_loss, "val_ppl": math.exp(val_loss), "test_loss": test_loss,
         "test_ppl": math.exp(test_loss), "test_is_val": data["test_is_val"],
@@ -570,6 +598,24 @@ def run_lm(task, init, seed, config, device, out_dir, data, progress=True, resum
     save_pictures_lm(out_dir, "after", model)
     write_json(os.path.join(out_dir, "result.json"), result)
     return result
+
+
+def lm_evaluate_and_checkpoint(model, optimizer, schedule, batches, state, config, data, device,
+                               checkpoint, rank, world):
+    """Whole-split validation loss into the history, then an atomic checkpoint (rank 0)."""
+    rngs = gather((batches.get_state(), torch.get_rng_state()), world)
+    train_loss = statistics.fmean(state["train_losses"])
+    state["train_losses"] = []
+    if rank == 0:
+        val_loss = lm_loss(model, data["val"], config["block_size"], device)
+        state["history"].append({"iter": state["iter"], "train_loss": train_loss,
+                                 "val_loss": val_loss, "val_ppl": math.exp(val_loss)})
+        save_checkpoint(checkpoint, {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(), "batches": [r[0] for r in rngs],
+            "torch_rng": [r[1] for r in rngs], "state": state, "config": config})
+    if world > 1:
+        dist.barrier()
 
 
 def lm_sample(model, data, config, seed, device, new_tokens=120):
@@ -748,6 +794,8 @@ def main(argv=None):
                     datasets[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
                 result = run_lm(task, init, seed, lm_config(args, task), device, out_dir,
                                 datasets[task], not args.no_progress, args.resume)
+                if result is None:  # a torchrun worker other than rank 0: rank 0 reports
+                    continue
             else:
                 result = run_boolean(task, init, seed, boolean_config(args, task), device, out_dir,
                                      not args.no_progress)
@@ -764,7 +812,9 @@ def main(argv=None):
         print((lm_summary_line if language else summary_line)(result), flush=True)
         if not grid:
             print(f"wrote {os.path.join(out_dir, 'result.json')}")
-    if grid:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if grid and results:
         write_json(os.path.join(root, "grid.json"), results)
         write_tables(root, results)
     return 1 if failed else 0

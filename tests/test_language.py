@@ -182,3 +182,20 @@ def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(tmp_path, m
     assert resumed["history"] == whole["history"]
     assert resumed["final"]["val_loss"] == whole["final"]["val_loss"]
     assert resumed["final"]["sample"] == whole["final"]["sample"]
+
+
+def test_torchrun_two_cpu_processes_with_gloo(tmp_path):
+    """The DistributedDataParallel path on the CPU: 2 processes, gloo, one result from rank 0."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TIKTOKEN_CACHE_DIR", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         os.path.join(ROOT, "train.py"), "--task", "lm", "--init", "mask", "--out", str(tmp_path),
+         *TINY_LM], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("lm / mask / seed 0: val ppl") == 1      # rank 0 reports, once
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["world_size"] == 2 and [h["iter"] for h in result["history"]] == [4, 8]
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert len(saved["batches"]) == 2                                  # every rank's batch RNG
+    assert not torch.equal(saved["batches"][0], saved["batches"][1])
