@@ -9,6 +9,7 @@ Uses maskprior.py (models, masks) and tasks.py (data, metrics); neither imports 
 """
 
 import argparse
+import io
 import json
 import math
 import os
@@ -522,10 +523,10 @@ def gather(obj, world):
 
 
 def save_checkpoint(path, state):
-    """torch.save to a temporary file, then an atomic rename: a kill never leaves half a file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    """torch.save through write_atomic: a kill never leaves half a checkpoint."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomic(path, buffer.getvalue())
 
 
 def run_lm(task, init, seed, config, device, out_dir, data, progress=True, resume=False):
@@ -670,11 +671,11 @@ def mean_std(values):
     return f"{fmt(statistics.fmean(values))} ± {fmt(std, 2)}"
 
 
-def group_runs(results):
-    """{(task, init): [finished runs' final dicts]} in task order, then INITS order; plus counts."""
+def group_runs(results, task_order=BOOLEAN_TASK_NAMES, init_order=tuple(INITS)):
+    """{(task, init): ([finished runs' final dicts], number of runs)} in the given orders."""
     cells = {}
-    for r in sorted(results, key=lambda r: (BOOLEAN_TASK_NAMES.index(r["task"]),
-                                            list(INITS).index(r["init"]), r["seed"])):
+    for r in sorted(results, key=lambda r: (list(task_order).index(r["task"]),
+                                            list(init_order).index(r["init"]), r["seed"])):
         cells.setdefault((r["task"], r["init"]), []).append(r)
     return {key: ([r["final"] for r in runs if r["status"] == "done"], len(runs))
             for key, runs in cells.items()}
@@ -716,14 +717,10 @@ def lm_table(results):
     """The perplexity table: one row per (task, init), mean ± std over seeds, beside the paper's."""
     lines = ["| task | init | seeds | val ppl | test ppl | train tokens/s | paper val ppl | "
              "paper test ppl |", "|---|---|---|---|---|---|---|---|"]
-    cells = {}
-    for r in sorted(results, key=lambda r: (r["task"], LM_INITS.index(r["init"]), r["seed"])):
-        cells.setdefault((r["task"], r["init"]), []).append(r)
-    for (task, init), runs in cells.items():
-        done = [r["final"] for r in runs if r["status"] == "done"]
+    for (task, init), (done, total) in group_runs(results, tasks.LM_TASKS, LM_INITS).items():
         paper = PAPER_LM.get((task, init), (None, None))
         lines.append("| " + " | ".join([
-            task, init, f"{len(done)}/{len(runs)}", mean_std([f["val_ppl"] for f in done]),
+            task, init, f"{len(done)}/{total}", mean_std([f["val_ppl"] for f in done]),
             mean_std([f["test_ppl"] for f in done]), mean_std([f["tokens_per_second"] for f in done]),
             fmt(paper[0]), fmt(paper[1])]) + " |")
     return "\n".join(lines)
@@ -764,6 +761,8 @@ def main(argv=None):
     try:
         args = build_parser().parse_args(argv)
         device = resolve_device(args.device)
+        task_names = BOOLEAN_TASK_NAMES if "all" in args.task else list(dict.fromkeys(args.task))
+        language = not args.summarize and check_family(args, task_names)
     except UsageError as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
@@ -771,12 +770,6 @@ def main(argv=None):
         return summarize(args.summarize)
     if args.threads:
         torch.set_num_threads(args.threads)
-    task_names = BOOLEAN_TASK_NAMES if "all" in args.task else list(dict.fromkeys(args.task))
-    try:
-        language = check_family(args, task_names)
-    except UsageError as err:
-        print(f"train.py: error: {err}", file=sys.stderr)
-        return 2
     seeds = args.seeds if args.seeds is not None else [args.seed]
     runs = [(t, i, s) for t in task_names for i in dict.fromkeys(args.init) for s in seeds]
     grid = len(runs) > 1
