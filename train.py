@@ -762,7 +762,7 @@ def main(argv=None):
         args = build_parser().parse_args(argv)
         device = resolve_device(args.device)
         task_names = BOOLEAN_TASK_NAMES if "all" in args.task else list(dict.fromkeys(args.task))
-        language = not args.summarize and check_family(args, task_names)
+        family = None if args.summarize else check_family(args, task_names)
     except UsageError as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
@@ -774,24 +774,18 @@ def main(argv=None):
     runs = [(t, i, s) for t in task_names for i in dict.fromkeys(args.init) for s in seeds]
     grid = len(runs) > 1
     root = args.out or "runs/grid"
+    launch, summary = FAMILIES[family]["launch"], FAMILIES[family]["summary"]
 
     results, failed, datasets = [], 0, {}
     for task, init, seed in runs:
         out_dir = (os.path.join(root, f"{task}-{init}-seed{seed}") if grid
                    else args.out or f"runs/{task}-{init}-seed{seed}")
         try:
-            if language:
-                if args.resume and not os.path.isfile(os.path.join(out_dir, "checkpoint.pt")):
-                    raise UsageError(f"--resume: no checkpoint.pt in {out_dir}")
-                if task not in datasets:
-                    datasets[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
-                result = run_lm(task, init, seed, lm_config(args, task), device, out_dir,
-                                datasets[task], not args.no_progress, args.resume)
-                if result is None:  # a torchrun worker other than rank 0: rank 0 reports
-                    continue
-            else:
-                result = run_boolean(task, init, seed, boolean_config(args, task), device, out_dir,
-                                     not args.no_progress)
+            if args.resume and not os.path.isfile(os.path.join(out_dir, "checkpoint.pt")):
+                raise UsageError(f"--resume: no checkpoint.pt in {out_dir}")
+            result = launch(task, init, seed, args, device, out_dir, datasets)
+            if result is None:  # a torchrun worker other than rank 0: rank 0 reports
+                continue
         except (UsageError, tasks.DataError) as err:
             print(f"train.py: error: {err}", file=sys.stderr)
             return 2
@@ -802,7 +796,7 @@ def main(argv=None):
             results.append(json.load(open(os.path.join(out_dir, "result.json"))))
             continue
         results.append(result)
-        print((lm_summary_line if language else summary_line)(result), flush=True)
+        print(summary(result), flush=True)
         if not grid:
             print(f"wrote {os.path.join(out_dir, 'result.json')}")
     if dist.is_initialized():
@@ -813,25 +807,48 @@ def main(argv=None):
     return 1 if failed else 0
 
 
+def launch_boolean(task, init, seed, args, device, out_dir, datasets):
+    return run_boolean(task, init, seed, boolean_config(args, task), device, out_dir,
+                       not args.no_progress)
+
+
+def launch_language(task, init, seed, args, device, out_dir, datasets):
+    if task not in datasets:  # tokenise a corpus once per grid
+        datasets[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
+    return run_lm(task, init, seed, lm_config(args, task), device, out_dir, datasets[task],
+                  not args.no_progress, args.resume)
+
+
+# One entry per experiment family: its tasks, the inits it accepts, the flags only it accepts,
+# how to run one (task, init, seed) and how to summarise a result in one line.
+FAMILIES = {
+    "boolean": {"tasks": BOOLEAN_TASK_NAMES, "inits": tuple(INITS), "flags": ("epochs",),
+                "launch": launch_boolean, "summary": summary_line},
+    "language": {"tasks": list(tasks.LM_TASKS), "inits": LM_INITS,
+                 "flags": ("iters", "block_size", "resume"),
+                 "launch": launch_language, "summary": lm_summary_line},
+}
+
+
 def check_family(args, task_names):
-    """Boolean and language tasks take different flags and inits; returns True for language."""
-    language = [t for t in task_names if t in tasks.LM_TASKS]
-    if not language:
-        for flag in ("iters", "block_size", "resume"):
-            if getattr(args, flag):
-                raise UsageError(f"--{flag.replace('_', '-')} applies to language tasks only")
-        return False
-    if len(language) != len(task_names):
-        raise UsageError("--task: Boolean and language tasks cannot share one grid")
-    if args.epochs is not None:
-        raise UsageError("--epochs applies to Boolean tasks; language tasks take --iters")
-    wrong = [i for i in args.init if i not in LM_INITS]
+    """All tasks of one run must belong to one family, and every family-specific flag and init
+    must be one that family takes. Returns the family's name."""
+    families = {name for t in task_names for name, f in FAMILIES.items() if t in f["tasks"]}
+    if len(families) > 1:
+        raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
+    family = families.pop()
+    for flag in sorted({f for spec in FAMILIES.values() for f in spec["flags"]}):
+        takers = [name for name, spec in FAMILIES.items() if flag in spec["flags"]]
+        if getattr(args, flag) and family not in takers:
+            raise UsageError(f"--{flag.replace('_', '-')} applies to {' and '.join(takers)} "
+                             f"tasks only")
+    wrong = [i for i in args.init if i not in FAMILIES[family]["inits"]]
     if wrong:
-        raise UsageError(f"--init {wrong[0]} is not available for language tasks "
-                         f"(choose from {', '.join(LM_INITS)})")
-    if args.preset == "paper" and args.seeds is None and args.seed == 0:
+        raise UsageError(f"--init {wrong[0]} is not available for {family} tasks "
+                         f"(choose from {', '.join(FAMILIES[family]['inits'])})")
+    if family == "language" and args.preset == "paper" and args.seeds is None and args.seed == 0:
         args.seed = LM_PAPER_SEED  # Table "NLP task setup"
-    return True
+    return family
 
 
 def summarize(root):
