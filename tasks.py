@@ -2,6 +2,10 @@
 
   1. Boolean GOTU tasks (Section 5.1, Table 1; Abbe et al. "Generalization on the Unseen"):
      target, seen domain, minimum-degree interpolator (MDI), metrics, Fourier coefficients.
+  2. Language modelling (Appendix "Wiki-text and Tiny-stories"): the offline corpus, TinyStories,
+     WikiText-2, GPT-2 tokens through tiktoken, batches and whole-split windows.
+  3. Three-digit arithmetic (Section 5.2): all 10^6 pairs, the seeded split, the digit layout the
+     masks assume, and the metrics of Table "Performance of arithmetic tasks".
 
 Imports torch only (plus the standard library); never imports train.py.
 """
@@ -277,3 +281,80 @@ def lm_windows(tokens, block_size):
     y = torch.full((windows * block_size,), -100, dtype=torch.long)
     x[:n], y[:n] = tokens[:-1], tokens[1:]
     return x.view(windows, block_size), y.view(windows, block_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Three-digit arithmetic (Section 5.2, Tables "Arithmetic task setup" and "Performance of
+#    arithmetic tasks")
+# ----------------------------------------------------------------------------------------------
+# Every pair (a, b) with 0 <= a, b <= 999 (10^6 pairs), three digits each with leading zeros; a
+# seeded fraction trains, the rest is held out. An encoder predicts the whole answer in one
+# forward pass. One input row is the six operand digits, then one placeholder per answer digit,
+# every number least significant digit first:
+#
+#   position   0   1   2   3   4   5   6   7  ...  6+K-1
+#   token     a0  a1  a2  b0  b1  b2   _   _  ...   _        a0 = units digit of a, _ = token 10
+#   target                             c0  c1  ...  c(K-1)   c_k = the 10^k digit of a + b or a * b
+#
+# Least significant first makes "digit i of a" and "digit i of b" the same offset from their
+# number's start, and the digit a carry comes from (c_{k-1}) sits right before the one it changes;
+# the masks in maskprior.py are written in this order. K = 4 for addition (999 + 999 = 1998) and
+# 6 for multiplication (999 * 999 = 998001). Pair id = 1000 a + b.
+
+ARITHMETIC_TASKS = {"addition": 4, "multiplication": 6}          # task -> answer digits K
+ARITHMETIC_TRAIN_FRAC = {"addition": 0.004, "multiplication": 0.03}  # the paper's Table
+OPERAND_DIGITS = 3
+PLACEHOLDER = 10                                                # token of an answer slot
+ARITHMETIC_VOCAB = 11                                           # digits 0-9 and the placeholder
+ALL_PAIRS = 10 ** (2 * OPERAND_DIGITS)
+
+
+def digits(n, count):
+    """(P,) integers -> (P, count) decimal digits, least significant first."""
+    return torch.div(n[:, None], 10 ** torch.arange(count), rounding_mode="floor") % 10
+
+
+def arithmetic_split(train_frac, seed):
+    """(train ids, held-out ids): a seeded permutation of all 10^6 pair ids, the first
+    round(train_frac * 10^6) of it for training."""
+    if not 0 < train_frac < 1:
+        raise ValueError(f"train_frac must lie in (0, 1), got {train_frac}")
+    perm = torch.randperm(ALL_PAIRS, generator=torch.Generator().manual_seed(seed))
+    n_train = max(1, round(train_frac * ALL_PAIRS))
+    return perm[:n_train], perm[n_train:]
+
+
+def arithmetic_examples(task, ids):
+    """Pair ids (P,) -> input tokens (P, 6 + K) and answer digits (P, K), in the layout above."""
+    k = ARITHMETIC_TASKS[task]
+    a, b = ids // 1000, ids % 1000
+    value = a + b if task == "addition" else a * b
+    slots = torch.full((len(ids), k), PLACEHOLDER)
+    tokens = torch.cat([digits(a, OPERAND_DIGITS), digits(b, OPERAND_DIGITS), slots], 1)
+    return tokens, digits(value, k)
+
+
+def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
+    """Train and evaluation tensors of one run. The evaluation set is a fixed (seeded) random
+    sample of eval_size held-out pairs, or every held-out pair when eval_size is None; it never
+    overlaps the training pairs."""
+    train_ids, held_out = arithmetic_split(train_frac, seed)
+    if eval_size is not None and eval_size < len(held_out):
+        pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed + 1))
+        held_out = held_out[pick[:eval_size]]
+    x_train, y_train = arithmetic_examples(task, train_ids)
+    x_eval, y_eval = arithmetic_examples(task, held_out)
+    return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval,
+            "eval_pairs": len(held_out), "held_out_pairs": ALL_PAIRS - len(train_ids)}
+
+
+def arithmetic_metrics(logits, answers):
+    """Table "Performance of arithmetic tasks": sequence accuracy (every answer digit right),
+    digit accuracy and mean cross-entropy per digit (percent for the accuracies), plus the
+    accuracy of each answer position, least significant first. logits (P, K, 10), answers (P, K)."""
+    right = logits.argmax(-1) == answers                                  # (P, K)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), answers.flatten())
+    return {"test_loss": loss.item(),
+            "seq_acc": 100.0 * right.all(1).float().mean().item(),
+            "digit_acc": 100.0 * right.float().mean().item(),
+            "position_acc": (100.0 * right.float().mean(0)).tolist()}

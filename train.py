@@ -64,11 +64,12 @@ PAPER_BOOLEAN = {
 }
 
 # --init value -> (attention mode, how the prior is put in). The pattern is always the task's mask
-# pattern (maskprior.BOOLEAN_MASKS), so "same prior, different place" holds literally.
+# pattern (maskprior.BOOLEAN_MASKS, maskprior.ARITHMETIC_MASKS), so "same prior, different place"
+# holds literally.
 INITS = {
     "default": ("none", None),                  # vanilla Transformer, no prior
     "mask": ("learnable", "mask"),              # the paper: learnable log sigmoid(M), M = pattern
-    "mask-zero": ("learnable", "zero"),         # Appendix A.1: learnable, all-zero start
+    "mask-zero": ("learnable", "zero"),         # Appendix A.1: learnable, M = 0 (no preference)
     "mask-fixed": ("fixed", "mask"),            # Appendix A.2: the pattern, never trained
     "mask-hadamard": ("hadamard", "mask"),      # Appendix B: sigma(M) o softmax(...)
     "structured-svd": ("none", "svd"),          # pattern in W_Q/W_K, closed form (Zheng 2025)
@@ -96,6 +97,32 @@ PAPER_LM = {("wikitext2", "default"): (172.78, 181.91), ("wikitext2", "mask"): (
             ("tinystories", "default"): (10.42, 10.49), ("tinystories", "mask"): (10.40, 10.48),
             ("tinystories", "mimetic"): (10.64, 10.60)}
 
+# Three-digit arithmetic (Section 5.2). "paper" is Table "Arithmetic task setup": 6 layers, 4
+# heads of 64, width 256, MLP 256, learned positions, AdamW lr 1e-3, weight decay 1e-3, batch 256,
+# 50 epochs, cosine. "cpu" halves the width (heads of 32) and drops to 4 layers; the epochs are
+# per task (ARITHMETIC_CPU_EPOCHS). README "Arithmetic" says what this changes: at the paper's
+# width the default model does not even fit 0.4 % of the additions in 50 epochs
+# (arithmetic-probe.md), at this one it does, so the cpu preset is the harder test for the mask.
+ARITHMETIC_PRESETS = {
+    "paper": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256, "layers": 6,
+              "heads": 4, "dim": 256, "head_dim": 64, "mlp_dim": 256},
+    "cpu": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256, "layers": 4,
+            "heads": 4, "dim": 128, "head_dim": None, "mlp_dim": 128},
+}
+ARITHMETIC_CPU_EPOCHS = {"addition": 50, "multiplication": 20}
+# Structured (SVD) on arithmetic: open = 10000, close = 0 (Table "Arithmetic task setup").
+ARITHMETIC_SVD = {"open_logit": 1e4, "noise_scale": 0.0}
+# Table "Performance of arithmetic tasks" (seq acc %, digit acc %, loss) at the paper's fractions.
+PAPER_ARITHMETIC = {
+    ("multiplication", "default"): (5.01, 70.78, 2.27),
+    ("multiplication", "structured-svd"): (11.13, 74.57, 1.77),
+    ("multiplication", "structured-opt"): (27.82, 82.37, 0.85),
+    ("multiplication", "mask"): (69.49, 94.13, 0.20),
+    ("addition", "default"): (1.19, 40.59, 4.51), ("addition", "structured-svd"): (0.87, 38.56, 4.59),
+    ("addition", "structured-opt"): (3.39, 49.87, 3.40), ("addition", "mask"): (77.49, 93.86, 0.23),
+}
+ARITHMETIC_TASK_NAMES = list(tasks.ARITHMETIC_TASKS)
+
 
 # ----------------------------------------------------------------------------------------------
 # Command line
@@ -122,6 +149,21 @@ def positive(kind):
     return parse
 
 
+def fraction(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {text}")
+    return value
+
+
+def eval_size(text):
+    """A positive pair count, or 'all' (every held-out pair)."""
+    return text if text == "all" else positive(int)(text)
+
+
 def non_negative_int(text):
     try:
         value = int(text)
@@ -135,8 +177,9 @@ def non_negative_int(text):
 def build_parser():
     p = Parser(prog="train.py", description=__doc__.split("\n")[0])
     p.add_argument("--task", nargs="+", default=["majority"],
-                   choices=BOOLEAN_TASK_NAMES + ["all"] + list(tasks.LM_TASKS),
-                   help="task(s); 'all' = every Boolean task; lm, tinystories, wikitext2 = language")
+                   choices=BOOLEAN_TASK_NAMES + ["all"] + list(tasks.LM_TASKS) + ARITHMETIC_TASK_NAMES,
+                   help="task(s); 'all' = every Boolean task; lm, tinystories, wikitext2 = language; "
+                        "addition, multiplication = arithmetic")
     p.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS))
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--seeds", type=non_negative_int, nargs="+", help="several seeds (a grid)")
@@ -152,6 +195,11 @@ def build_parser():
                         "default iters / 5), and after the last")
     p.add_argument("--iters", type=positive(int), help="training iterations (language tasks)")
     p.add_argument("--block-size", type=positive(int), help="context length (language tasks)")
+    p.add_argument("--train-frac", type=fraction, nargs="+",
+                   help="arithmetic: fraction(s) of the 10^6 pairs to train on (default 0.004 for "
+                        "addition, 0.03 for multiplication); several make a data-efficiency sweep")
+    p.add_argument("--eval-size", type=eval_size,
+                   help="arithmetic: held-out pairs to score, a number or 'all' (default 100000)")
     p.add_argument("--data-dir", default="data", help="where TinyStories / WikiText-2 files live")
     p.add_argument("--bpe-file", help="GPT-2 ranks file for tiktoken (offline tokenizer)")
     p.add_argument("--resume", action="store_true",
@@ -207,6 +255,22 @@ def lm_config(args, task):
             config[key] = getattr(args, key)
     config["eval_every"] = args.eval_every or max(1, config["iters"] // 5)
     config["preset"] = args.preset
+    return config
+
+
+def arithmetic_config(args, task, train_frac):
+    """The preset, with the task's cpu epochs and train fraction, overridden by the user's flags."""
+    config = dict(ARITHMETIC_PRESETS[args.preset])
+    if args.preset == "cpu":
+        config["epochs"] = ARITHMETIC_CPU_EPOCHS[task]
+    for key in ("epochs", "lr", "batch_size", "layers", "heads", "dim"):
+        if getattr(args, key) is not None:
+            config[key] = getattr(args, key)
+    if args.dim is not None:
+        config["mlp_dim"] = args.dim
+        config["head_dim"] = None
+    config.update(train_frac=train_frac or tasks.ARITHMETIC_TRAIN_FRAC[task],
+                  eval_size=None if args.eval_size == "all" else args.eval_size or 100_000, eval_every=args.eval_every or 5, preset=args.preset)
     return config
 
 
@@ -340,24 +404,34 @@ def mse_loss(pred, target):
     return F.mse_loss(pred, target)
 
 
-def build_boolean_model(task, init, config, seed):
-    """The GOTU-style encoder with the init's prior; returns (model, pattern, init seconds)."""
+def build_encoder(init, pattern, seed, svd_scales=None, **shape):
+    """A maskprior.Transformer of the given shape carrying the init's prior (INITS) for the
+    (layers, heads, N, N) pattern: in M (mask inits) or in W_Q / W_K (QK inits); svd_scales
+    overrides structured_svd_init_'s open logit and noise. Returns (model, seconds the QK init
+    took)."""
     mode, prior = INITS[init]
-    layers, heads = config["layers"], config["heads"]
-    pattern = maskprior.BOOLEAN_MASKS[task](layers, heads)        # (layers, heads, N, N)
-    masks = {"mask": pattern, "zero": maskprior.mask_zero(layers, heads)}.get(prior)
-    model = maskprior.Transformer(vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1, dim=config["dim"],
-                                  depth=layers, heads=heads, mlp_dim=config["mlp_dim"], out_dim=1,
-                                  head_dim=config["head_dim"], masks=masks, mode=mode)
+    masks = {"mask": pattern, "zero": torch.zeros_like(pattern)}.get(prior)
+    model = maskprior.Transformer(masks=masks, mode=mode, **shape)
     start = time.time()
     generator = torch.Generator().manual_seed(seed)
     if prior == "svd":
-        maskprior.structured_svd_init_(model, pattern, generator=generator)
+        maskprior.structured_svd_init_(model, pattern, generator=generator, **(svd_scales or {}))
     elif prior == "opt":
         maskprior.structured_opt_init_(model, pattern, generator=generator)
     elif prior == "mimetic":
         maskprior.mimetic_init_(model, generator=generator)
-    return model, pattern, time.time() - start
+    return model, time.time() - start
+
+
+def build_boolean_model(task, init, config, seed):
+    """The GOTU-style encoder (CLS readout of one scalar) with the init's prior; returns
+    (model, pattern, init seconds)."""
+    pattern = maskprior.BOOLEAN_MASKS[task](config["layers"], config["heads"])  # (L, H, N, N)
+    model, seconds = build_encoder(
+        init, pattern, seed, vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1, dim=config["dim"],
+        depth=config["layers"], heads=config["heads"], mlp_dim=config["mlp_dim"], out_dim=1,
+        head_dim=config["head_dim"])
+    return model, pattern, seconds
 
 
 @torch.no_grad()
@@ -466,9 +540,10 @@ def build_lm_model(init, config, vocab_size, seed):
     return model
 
 
-def lm_optimizer(model, config):
-    """AdamW; no weight decay on the mask M (decay would pull the prior towards the neutral M = 0),
-    nor on biases, LayerNorms and positions (nanoGPT decays only weight matrices)."""
+def adamw(model, config):
+    """AdamW (language and arithmetic runs); no weight decay on the mask M (decay would pull the
+    prior towards the neutral M = 0), nor on biases, LayerNorms and positions (nanoGPT decays
+    only weight matrices)."""
     decay = [p for n, p in model.named_parameters()
              if p.requires_grad and p.dim() == 2 and not n.endswith("mask") and n != "pos"]
     ids = {id(p) for p in decay}
@@ -541,7 +616,7 @@ def run_lm(task, init, seed, config, device, out_dir, data, progress=True, resum
     checkpoint = os.path.join(out_dir, "checkpoint.pt")
     seed_everything(seed)                        # the same initial weights on every rank
     model = build_lm_model(init, config, data["vocab_size"], seed).to(device)
-    optimizer = lm_optimizer(model, config)
+    optimizer = adamw(model, config)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config["iters"])
     batches = torch.Generator().manual_seed(seed + 1000 * rank)
     torch.manual_seed(seed + 1000 * rank)       # dropout differs across ranks, as it should
@@ -638,6 +713,112 @@ def save_pictures_lm(out_dir, when, model):
 
 
 # ----------------------------------------------------------------------------------------------
+# Arithmetic run (Section 5.2, Table "Performance of arithmetic tasks", Figure "data_efficiency")
+# ----------------------------------------------------------------------------------------------
+
+def build_arithmetic_model(task, init, config, seed):
+    """The digit encoder: 11 input symbols, learned positions, no CLS, a 10-way head at every
+    position (the answer slots are read in arithmetic_logits). Returns (model, pattern, seconds)."""
+    pattern = maskprior.ARITHMETIC_MASKS[task](config["layers"], config["heads"])  # (L, H, N, N)
+    model, seconds = build_encoder(
+        init, pattern, seed, ARITHMETIC_SVD, vocab_size=tasks.ARITHMETIC_VOCAB,
+        seq_len=pattern.shape[-1], dim=config["dim"], depth=config["layers"], heads=config["heads"],
+        mlp_dim=config["mlp_dim"], out_dim=10, head_dim=config["head_dim"], cls_token=False,
+        readout="tokens")
+    return model, pattern, seconds
+
+
+def answer_logits(model, tokens):
+    """Digit logits of the answer slots: the last K positions, (B, K, 10)."""
+    k = tokens.shape[1] - 2 * tasks.OPERAND_DIGITS
+    return model(tokens)[:, -k:]
+
+
+@torch.inference_mode()
+def arithmetic_logits(model, x, device, batch=4096):
+    """answer_logits over many pairs in large no-grad batches (evaluation is matmul-bound:
+    tests/bench_arithmetic.py), (P, K, 10) float32 on the CPU."""
+    model.eval()
+    out = []
+    for i in range(0, len(x), batch):
+        with autocast(device):
+            out.append(answer_logits(model, x[i:i + batch].to(device)).float().cpu())
+    model.train()
+    return torch.cat(out)
+
+
+def run_arithmetic(task, init, seed, config, device, out_dir, progress=True):
+    """Train on the seeded train fraction, evaluate on held-out pairs; write result.json (final:
+    test_loss, seq_acc, digit_acc, position_acc, persistence fields) and the pictures."""
+    os.makedirs(out_dir, exist_ok=True)
+    seed_everything(seed)
+    data = tasks.arithmetic_dataset(task, config["train_frac"], seed, config["eval_size"])
+    model, pattern, init_seconds = build_arithmetic_model(task, init, config, seed)
+    model.to(device)
+    probe = data["x_eval"][:4096]        # held-out inputs the persistence numbers average over
+    attn_before, bias_before = mean_attention(model, probe, device), mask_biases(model)
+    save_pictures(out_dir, "before", attn_before, bias_before)
+    result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
+              "status": "running", "seconds": None, "init_seconds": init_seconds,
+              "train_pairs": len(data["x_train"]), "eval_pairs": data["eval_pairs"],
+              "held_out_pairs": data["held_out_pairs"], "final": None, "history": []}
+    start = time.time()
+    try:
+        train_arithmetic(model, task, data, config, seed, device, result["history"], progress)
+    except Diverged as err:
+        result.update(status="diverged", error=str(err), seconds=time.time() - start)
+        write_json(os.path.join(out_dir, "result.json"), result)
+        raise
+    seconds = time.time() - start
+    logits = arithmetic_logits(model, data["x_eval"], device)
+    attn_after, bias_after = mean_attention(model, probe, device), mask_biases(model)
+    save_pictures(out_dir, "after", attn_after, bias_after)
+    result["final"] = {**tasks.arithmetic_metrics(logits, data["y_eval"]),
+                       "train_loss": result["history"][-1]["train_loss"],
+                       **persistence_fields(attn_before, attn_after, pattern, bias_before, bias_after)}
+    result.update(status="done", seconds=seconds)
+    write_json(os.path.join(out_dir, "result.json"), result)
+    return result
+
+
+def train_arithmetic(model, task, data, config, seed, device, history, progress):
+    """AdamW with cosine decay over every step, cross-entropy on the answer digits (Table
+    "Arithmetic task setup"); one history entry per epoch, with metrics on the first 10k
+    evaluation pairs every eval_every epochs (the whole evaluation set is scored at the end)."""
+    optimizer = adamw(model, config)
+    steps_per_epoch = math.ceil(len(data["x_train"]) / config["batch_size"])
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config["epochs"] * steps_per_epoch)
+    shuffle = torch.Generator().manual_seed(seed)
+    x_train, y_train = data["x_train"].to(device), data["y_train"].to(device)
+    step = 0
+    with tqdm(total=config["epochs"] * steps_per_epoch, desc=f"{task}/seed{seed}",
+              disable=not progress, leave=False, dynamic_ncols=True) as bar:
+        for epoch in range(1, config["epochs"] + 1):
+            losses = []
+            for idx in torch.randperm(len(x_train), generator=shuffle).split(config["batch_size"]):
+                step += 1
+                with autocast(device):
+                    logits = answer_logits(model, x_train[idx])              # (B, K, 10)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y_train[idx].flatten())
+                if not torch.isfinite(loss):
+                    raise Diverged(f"loss became {loss.item()} at epoch {epoch}, step {step}")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+                losses.append(loss.item())
+                bar.update()
+                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            entry = {"epoch": epoch, "train_loss": statistics.fmean(losses),
+                     "lr": schedule.get_last_lr()[0]}
+            if epoch % config["eval_every"] == 0 or epoch == config["epochs"]:
+                logits = arithmetic_logits(model, data["x_eval"][:10_000], device)
+                metrics = tasks.arithmetic_metrics(logits, data["y_eval"][:10_000])
+                entry.update({f"sample_{key}": value for key, value in metrics.items()})
+            history.append(entry)
+
+
+# ----------------------------------------------------------------------------------------------
 # Summaries and the grid table
 # ----------------------------------------------------------------------------------------------
 
@@ -671,12 +852,18 @@ def mean_std(values):
     return f"{fmt(statistics.fmean(values))} ± {fmt(std, 2)}"
 
 
+def train_frac(result):
+    """The run's arithmetic train fraction; None for the other families."""
+    return result["config"].get("train_frac")
+
+
 def group_runs(results, task_order=BOOLEAN_TASK_NAMES, init_order=tuple(INITS)):
-    """{(task, init): ([finished runs' final dicts], number of runs)} in the given orders."""
+    """{(task, init, train fraction): ([finished runs' final dicts], number of runs)}, in the
+    given task and init orders, fractions ascending (the fraction is None outside arithmetic)."""
     cells = {}
-    for r in sorted(results, key=lambda r: (list(task_order).index(r["task"]),
+    for r in sorted(results, key=lambda r: (list(task_order).index(r["task"]), train_frac(r) or 0,
                                             list(init_order).index(r["init"]), r["seed"])):
-        cells.setdefault((r["task"], r["init"]), []).append(r)
+        cells.setdefault((r["task"], r["init"], train_frac(r)), []).append(r)
     return {key: ([r["final"] for r in runs if r["status"] == "done"], len(runs))
             for key, runs in cells.items()}
 
@@ -688,7 +875,7 @@ def markdown_table(results):
     lines = ["| task | init | seeds | train loss | test loss | test acc (%) | unseen MSE to target | "
              "unseen MSE to MDI | learned target | paper loss | paper acc (%) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (task, init), (done, total) in group_runs(results).items():
+    for (task, init, _), (done, total) in group_runs(results).items():
         paper = PAPER_BOOLEAN.get((task, init), (None, None))
         closer = sum(f["unseen_loss"] < f["unseen_mse_to_mdi"] for f in done)
         lines.append("| " + " | ".join([
@@ -705,7 +892,7 @@ def persistence_table(results):
     layers and heads, then mean ± std over seeds), and the relative drift of log sigmoid(M)."""
     lines = ["| task | init | seeds | prior mass init | prior mass final | pattern corr init | "
              "pattern corr final | mask drift |", "|---|---|---|---|---|---|---|---|"]
-    for (task, init), (done, total) in group_runs(results).items():
+    for (task, init, _), (done, total) in group_runs(results).items():
         lines.append("| " + " | ".join([task, init, f"{len(done)}/{total}"] + [
             mean_std([f.get(key) for f in done]) for key in (
                 "prior_mass_init", "prior_mass_final", "pattern_corr_init", "pattern_corr_final",
@@ -717,12 +904,98 @@ def lm_table(results):
     """The perplexity table: one row per (task, init), mean ± std over seeds, beside the paper's."""
     lines = ["| task | init | seeds | val ppl | test ppl | train tokens/s | paper val ppl | "
              "paper test ppl |", "|---|---|---|---|---|---|---|---|"]
-    for (task, init), (done, total) in group_runs(results, tasks.LM_TASKS, LM_INITS).items():
+    for (task, init, _), (done, total) in group_runs(results, tasks.LM_TASKS, LM_INITS).items():
         paper = PAPER_LM.get((task, init), (None, None))
         lines.append("| " + " | ".join([
             task, init, f"{len(done)}/{total}", mean_std([f["val_ppl"] for f in done]),
             mean_std([f["test_ppl"] for f in done]), mean_std([f["tokens_per_second"] for f in done]),
             fmt(paper[0]), fmt(paper[1])]) + " |")
+    return "\n".join(lines)
+
+
+def arithmetic_summary_line(result):
+    f = result["final"]
+    return (f"{result['task']} / {result['init']} / seed {result['seed']} / train frac "
+            f"{train_frac(result):g}: seq acc {f['seq_acc']:.2f}%, digit acc {f['digit_acc']:.2f}%, "
+            f"test loss {fmt(f['test_loss'])} on {result['eval_pairs']} held-out pairs, train loss "
+            f"{fmt(f['train_loss'])}, prior mass {f['prior_mass_init']:.2f} -> "
+            f"{f['prior_mass_final']:.2f}, {result['seconds']:.0f} s")
+
+
+def arithmetic_table(results):
+    """Table "Performance of arithmetic tasks": one row per (task, train fraction, init), mean ±
+    std over seeds, beside the paper's numbers (which exist at 0.4 % addition, 3 % multiplication)."""
+    lines = ["| task | train frac | init | seeds | seq acc (%) | digit acc (%) | test loss | "
+             "train loss | prior mass init | prior mass final | paper seq acc | paper digit acc | "
+             "paper loss |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (task, init, frac), (done, total) in group_runs(results, ARITHMETIC_TASK_NAMES).items():
+        paper = (PAPER_ARITHMETIC.get((task, init), (None,) * 3)
+                 if frac == tasks.ARITHMETIC_TRAIN_FRAC[task] else (None,) * 3)
+        lines.append("| " + " | ".join([task, f"{frac:g}", init, f"{len(done)}/{total}"] + [
+            mean_std([f[key] for f in done]) for key in (
+                "seq_acc", "digit_acc", "test_loss", "train_loss", "prior_mass_init",
+                "prior_mass_final")] + [fmt(v) for v in paper]) + " |")
+    return "\n".join(lines)
+
+
+def efficiency_curves(results):
+    """{task: {init: [(train fraction, mean seq acc over seeds)]}} of finished arithmetic runs."""
+    curves = {}
+    for (task, init, frac), (done, _) in group_runs(results, ARITHMETIC_TASK_NAMES).items():
+        if done:
+            acc = statistics.fmean(f["seq_acc"] for f in done)
+            curves.setdefault(task, {}).setdefault(init, []).append((frac, acc))
+    return curves
+
+
+def efficiency_svg(curves, width=360, height=260, pad=48):
+    """Figure "data_efficiency" as an SVG: held-out sequence accuracy against the train fraction
+    (log scale), one panel per task, one line per init. Plain text, no plotting library."""
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+    fracs = sorted({f for lines in curves.values() for pts in lines.values() for f, _ in pts})
+    lo, hi = math.log10(fracs[0]), math.log10(fracs[-1])
+    x_of = lambda f: pad + (math.log10(f) - lo) / ((hi - lo) or 1) * (width - 1.5 * pad)
+    y_of = lambda acc: height - pad - acc / 100 * (height - 1.5 * pad)
+    parts = []
+    for panel, (task, lines) in enumerate(curves.items()):
+        dx = panel * width
+        parts.append(f'<g transform="translate({dx},0)" font-family="sans-serif" font-size="11">'
+                     f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13">{task}</text>'
+                     f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad / 2}" y2="{height - pad}" '
+                     f'stroke="black"/><line x1="{pad}" y1="{pad / 2}" x2="{pad}" y2="{height - pad}" '
+                     f'stroke="black"/>')
+        for acc in (0, 25, 50, 75, 100):
+            parts.append(f'<text x="{pad - 4}" y="{y_of(acc) + 4}" text-anchor="end">{acc}</text>')
+        for f in fracs:
+            parts.append(f'<text x="{x_of(f)}" y="{height - pad + 14}" text-anchor="middle">'
+                         f'{100 * f:g}%</text>')
+        parts.append(f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">train fraction'
+                     f'</text><text x="12" y="{height / 2}" transform="rotate(-90 12 {height / 2})" '
+                     f'text-anchor="middle">held-out seq acc (%)</text>')
+        for i, (init, pts) in enumerate(lines.items()):
+            colour = colours[list(INITS).index(init) % len(colours)]
+            xy = " ".join(f"{x_of(f):.1f},{y_of(a):.1f}" for f, a in pts)
+            parts.append(f'<polyline points="{xy}" fill="none" stroke="{colour}" stroke-width="2"/>')
+            parts += [f'<circle cx="{x_of(f):.1f}" cy="{y_of(a):.1f}" r="3" fill="{colour}"/>'
+                      for f, a in pts]
+            parts.append(f'<text x="{pad + 8}" y="{pad / 2 + 14 * (i + 1)}" fill="{colour}">{init}'
+                         f'</text>')
+        parts.append("</g>")
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(curves)}" '
+            f'height="{height}">' + "".join(parts) + "</svg>\n")
+
+
+def efficiency_table(curves):
+    """The data-efficiency curve as a table: held-out seq acc (%) per init and train fraction."""
+    lines = []
+    for task, per_init in curves.items():
+        fracs = sorted({f for pts in per_init.values() for f, _ in pts})
+        lines += [f"| {task} | " + " | ".join(f"{100 * f:g} %" for f in fracs) + " |",
+                  "|---" * (len(fracs) + 1) + "|"]
+        for init, pts in per_init.items():
+            acc = dict(pts)
+            lines.append(f"| {init} | " + " | ".join(fmt(acc.get(f)) for f in fracs) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -741,6 +1014,7 @@ def write_tables(root, results):
     (language); printed too."""
     boolean = [r for r in results if r["task"] in BOOLEAN_TASK_NAMES]
     language = [r for r in results if r["task"] in tasks.LM_TASKS]
+    arithmetic = [r for r in results if r["task"] in ARITHMETIC_TASK_NAMES]
     text = ""
     if boolean:
         text += (f"## Results\n\n{markdown_table(boolean)}\n\n"
@@ -748,6 +1022,12 @@ def write_tables(root, results):
     if language:
         text += f"{chr(10) if text else ''}## Perplexity\n\n{lm_table(language)}\n"
     os.makedirs(root, exist_ok=True)
+    if arithmetic:
+        text += f"{chr(10) if text else ''}## Arithmetic\n\n{arithmetic_table(arithmetic)}\n"
+        curves = efficiency_curves(arithmetic)
+        if any(len(pts) > 1 for lines in curves.values() for pts in lines.values()):
+            write_atomic(os.path.join(root, "data_efficiency.svg"), efficiency_svg(curves))
+            text += f"\n## Data efficiency (held-out seq acc %)\n\n{efficiency_table(curves)}\n"
     write_atomic(os.path.join(root, "table.md"), text)
     print("\n" + text)
     print(f"wrote {os.path.join(root, 'table.md')}")
@@ -771,19 +1051,21 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     seeds = args.seeds if args.seeds is not None else [args.seed]
-    runs = [(t, i, s) for t in task_names for i in dict.fromkeys(args.init) for s in seeds]
+    fracs = list(dict.fromkeys(args.train_frac)) if args.train_frac else [None]
+    runs = [(t, i, s, f) for t in task_names for f in fracs for i in dict.fromkeys(args.init)
+            for s in seeds]
     grid = len(runs) > 1
     root = args.out or "runs/grid"
     launch, summary = FAMILIES[family]["launch"], FAMILIES[family]["summary"]
 
     results, failed, datasets = [], 0, {}
-    for task, init, seed in runs:
-        out_dir = (os.path.join(root, f"{task}-{init}-seed{seed}") if grid
-                   else args.out or f"runs/{task}-{init}-seed{seed}")
+    for task, init, seed, frac in runs:
+        name = f"{task}-{init}-seed{seed}" + (f"-frac{frac:g}" if frac else "")
+        out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
         try:
             if args.resume and not os.path.isfile(os.path.join(out_dir, "checkpoint.pt")):
                 raise UsageError(f"--resume: no checkpoint.pt in {out_dir}")
-            result = launch(task, init, seed, args, device, out_dir, datasets)
+            result = launch(task, init, seed, frac, args, device, out_dir, datasets)
             if result is None:  # a torchrun worker other than rank 0: rank 0 reports
                 continue
         except (UsageError, tasks.DataError) as err:
@@ -807,16 +1089,24 @@ def main(argv=None):
     return 1 if failed else 0
 
 
-def launch_boolean(task, init, seed, args, device, out_dir, datasets):
+# Each launcher runs one (task, init, seed, train fraction) of its family; frac is None except
+# for arithmetic sweeps. datasets caches data shared by the runs of a grid.
+
+def launch_boolean(task, init, seed, frac, args, device, out_dir, datasets):
     return run_boolean(task, init, seed, boolean_config(args, task), device, out_dir,
                        not args.no_progress)
 
 
-def launch_language(task, init, seed, args, device, out_dir, datasets):
+def launch_language(task, init, seed, frac, args, device, out_dir, datasets):
     if task not in datasets:  # tokenise a corpus once per grid
         datasets[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
     return run_lm(task, init, seed, lm_config(args, task), device, out_dir, datasets[task],
                   not args.no_progress, args.resume)
+
+
+def launch_arithmetic(task, init, seed, frac, args, device, out_dir, datasets):
+    return run_arithmetic(task, init, seed, arithmetic_config(args, task, frac), device, out_dir,
+                          not args.no_progress)
 
 
 # One entry per experiment family: its tasks, the inits it accepts, the flags only it accepts,
@@ -824,6 +1114,9 @@ def launch_language(task, init, seed, args, device, out_dir, datasets):
 FAMILIES = {
     "boolean": {"tasks": BOOLEAN_TASK_NAMES, "inits": tuple(INITS), "flags": ("epochs",),
                 "launch": launch_boolean, "summary": summary_line},
+    "arithmetic": {"tasks": ARITHMETIC_TASK_NAMES, "inits": tuple(INITS),
+                   "flags": ("epochs", "train_frac", "eval_size"),
+                   "launch": launch_arithmetic, "summary": arithmetic_summary_line},
     "language": {"tasks": list(tasks.LM_TASKS), "inits": LM_INITS,
                  "flags": ("iters", "block_size", "resume"),
                  "launch": launch_language, "summary": lm_summary_line},
