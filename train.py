@@ -616,6 +616,7 @@ def run_lm(task, init, seed, config, device, out_dir, data, progress=True, resum
     checkpoint = os.path.join(out_dir, "checkpoint.pt")
     seed_everything(seed)                        # the same initial weights on every rank
     model = build_lm_model(init, config, data["vocab_size"], seed).to(device)
+    bias_init = mask_biases(model)               # the prior as initialised (also on --resume)
     optimizer = adamw(model, config)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config["iters"])
     batches = torch.Generator().manual_seed(seed + 1000 * rank)
@@ -671,6 +672,9 @@ def run_lm(task, init, seed, config, device, out_dir, data, progress=True, resum
         "test_ppl": math.exp(test_loss), "test_is_val": data["test_is_val"],
         "tokens_per_second": tokens_seen / state["train_seconds"],
         "sample": lm_sample(model, data, config, seed, device)})
+    if mask_biases(model) is not None:
+        result["final"]["bias_by_distance_init"] = bias_by_distance(bias_init)
+        result["final"]["bias_by_distance_final"] = bias_by_distance(mask_biases(model))
     save_pictures_lm(out_dir, "after", model)
     write_json(os.path.join(out_dir, "result.json"), result)
     return result
@@ -700,6 +704,13 @@ def lm_sample(model, data, config, seed, device, new_tokens=120):
     out = model.generate(prompt, new_tokens, top_k=40,
                          generator=torch.Generator(device=device).manual_seed(seed))
     return data["decode"](out[0].tolist())
+
+
+def bias_by_distance(bias):
+    """Mean of the causal bias log sigmoid(s M) at each distance d = i - j >= 0 (over layers,
+    heads and query rows): the profile Figure "nlp_mask" shows flattening. bias (L, H, N, N)."""
+    n = bias.shape[-1]
+    return [bias[..., torch.arange(d, n), torch.arange(0, n - d)].mean().item() for d in range(n)]
 
 
 def save_pictures_lm(out_dir, when, model):

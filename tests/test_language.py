@@ -143,6 +143,12 @@ def test_lm_run_writes_perplexities_sample_and_mask_pictures(tmp_path):
     assert [h["iter"] for h in result["history"]] == [4, 8]
     for name in ("mask_before.png", "mask_after.png", "checkpoint.pt"):
         assert (tmp_path / name).exists()
+    # the relative-bias profile: log sigmoid(10 * -d) at distance d before training
+    block = result["config"]["block_size"]
+    profile = final["bias_by_distance_init"]
+    assert len(profile) == len(final["bias_by_distance_final"]) == block
+    assert profile[:3] == pytest.approx([-math.log(2), -10 - math.log1p(math.exp(-10)),
+                                         -20 - math.log1p(math.exp(-20))], rel=1e-5)
 
 
 @pytest.mark.parametrize("args, message", [
