@@ -15,6 +15,8 @@ Read top to bottom beside the paper:
                            (Zheng et al.), and mimetic (Trockman and Kolter), Sections 2.1, 5.1.
   6. GPT                   a causal decoder with the relative-distance mask prior (Appendix
                            "Wiki-text and Tiny-stories").
+  7. ViT, impulse masks    a Vision Transformer on the same block, with the 3x3 impulse pattern
+                           of Zheng et al. as mask prior (Section 5.3).
 
 This file imports torch and nothing else, so any class can be copied out on its own.
 """
@@ -170,24 +172,43 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x))."""
+    """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)).
+
+    drop_path: None, or a module applied to each residual branch before it is added, e.g.
+      torchvision.ops.StochasticDepth(p, "row") for the ViT's drop path (Table tab:init_1, 0.1).
+      It is passed in (built by train.py) because this file imports torch only.
+    """
 
     def __init__(self, dim, heads, seq_len, mlp_dim, head_dim=None, mask_init=None,
-                 mode="learnable", causal=False, mask_scale=1.0, dropout=0.0):
+                 mode="learnable", causal=False, mask_scale=1.0, dropout=0.0, qkv_bias=False,
+                 drop_path=None):
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
         self.attn = MaskedSelfAttention(dim, heads, seq_len, head_dim, mask_init, mode, causal,
-                                        mask_scale, dropout)
+                                        mask_scale, dropout, qkv_bias)
         self.ln2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, mlp_dim, dropout)
         self.resid_dropout = nn.Dropout(dropout)
+        self.drop_path = drop_path if drop_path is not None else nn.Identity()
 
     def forward(self, x, return_attn=False):
         h = self.attn(self.ln1(x), return_attn=return_attn)
         h, attn = h if return_attn else (h, None)
-        x = x + self.resid_dropout(h)
-        x = x + self.mlp(self.ln2(x))
+        x = x + self.drop_path(self.resid_dropout(h))
+        x = x + self.drop_path(self.mlp(self.ln2(x)))
         return (x, attn) if return_attn else x
+
+
+def run_blocks(blocks, x, return_attn=False):
+    """x through every block; with return_attn also each layer's attention, [(B, H, N, N)]."""
+    attns = []
+    for block in blocks:
+        if return_attn:
+            x, attn = block(x, return_attn=True)
+            attns.append(attn)                                     # (B, H, N, N)
+        else:
+            x = block(x)
+    return x, attns
 
 
 class Transformer(nn.Module):
@@ -227,13 +248,7 @@ class Transformer(nn.Module):
         if self.cls is not None:
             x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, N = n + 1, dim)
         x = x + self.pos[:, :x.shape[1]]
-        attns = []
-        for block in self.blocks:
-            if return_attn:
-                x, attn = block(x, return_attn=True)
-                attns.append(attn)                                 # (B, H, N, N)
-            else:
-                x = block(x)
+        x, attns = run_blocks(self.blocks, x, return_attn)
         x = self.norm(x)
         out = self.head(x[:, 0] if self.readout == "cls" else x)
         return (out, attns) if return_attn else out
@@ -676,3 +691,112 @@ class GPT(nn.Module):
             nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
             idx = torch.cat([idx, nxt], 1)
         return idx
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. Vision Transformer with impulse masks (Section 5.3, Table "Best Top-1 accuracy")
+# ----------------------------------------------------------------------------------------------
+# Section 5.3 follows Zheng et al. (2025): each head starts as one 3x3 convolution "impulse"
+# filter, i.e. a patch attends to exactly one neighbour (Appendix "Visualization of Structure
+# Initialization"). Facts from their code (anchors.md): head i gets offset k[i mod 9] of the
+# 3x3 window with k = IMPULSE_ORDER, (row, col) offset = (k // 3 - 1, k % 3 - 1), so heads 0..4
+# are identity, up, right, left, down, then the diagonals; ViT-Tiny's 3 heads get identity, up,
+# right. Every layer gets the same offsets.
+#
+# Token layout of the ViT: position 0 is CLS, patch (r, c) of the grid x grid patches sits at
+# position 1 + r * grid + c (row-major, as Conv2d + flatten produce them). N = grid^2 + 1.
+# The impulse covers patches only; our mask needs a row and column for CLS as well:
+#   - CLS row (CLS as query): OPEN to every key. CLS is the readout token; it must gather the
+#     whole image, as a global average pool does (the reference's impulse init used one).
+#   - CLS column (patches as queries, CLS as key): CLOSED. A patch row then holds exactly its
+#     impulse, so patch-to-patch attention starts as the 3x3 filter and nothing else.
+#   - A patch whose neighbour lies off the grid (zero padding in the filter) gets an empty row,
+#     all CLOSED. Softmax is shift-invariant, so an all-closed row acts like an unmasked one:
+#     such a patch starts with plain content-based attention over all positions.
+
+IMPULSE_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
+
+
+def impulse_offsets(heads):
+    """The (row, col) offset of each head's impulse, [(dr, dc)] of length heads."""
+    return [(k // 3 - 1, k % 3 - 1) for k in (IMPULSE_ORDER[h % 9] for h in range(heads))]
+
+
+def patch_position(r, c, grid):
+    """Sequence position of patch (r, c); position 0 is CLS."""
+    return 1 + r * grid + c
+
+
+def impulse_mask(depth, heads, grid):
+    """Impulse mask logits over CLS + a grid x grid patch grid, (depth, heads, N, N), N = grid^2 + 1:
+    query patch (r, c) of head h is OPEN to key patch (r + dr, c + dc) only; the CLS row is OPEN
+    everywhere; everything else is CLOSE (the treatment of CLS and off-grid rows is above)."""
+    n = grid * grid + 1
+    m = torch.full((heads, n, n), CLOSE)
+    m[:, 0, :] = OPEN                                              # CLS reads the whole image
+    for h, (dr, dc) in enumerate(impulse_offsets(heads)):
+        for r in range(grid):
+            for c in range(grid):
+                if 0 <= r + dr < grid and 0 <= c + dc < grid:      # off-grid: empty row
+                    m[h, patch_position(r, c, grid), patch_position(r + dr, c + dc, grid)] = OPEN
+    return m.expand(depth, heads, n, n).clone()
+
+
+class ViT(nn.Module):
+    """A ViT on our Block: patch embedding, CLS token, learned positions, pre-LN blocks with drop
+    path, final LayerNorm and a linear classifier (timm's vit_tiny_patch16_224 at width 192,
+    depth 12, 3 heads, MLP 768, patch 16 on 224 x 224; Table tab:init_1).
+
+    masks: None, or (depth, heads, N, N) mask_init per layer (impulse_mask for the paper's prior).
+    pool: "cls" reads the CLS token (timm's default, our CIFAR runs); "avg" averages the patch
+      tokens (Table tab:init_3, "Global pool avg", ImageNet100).
+    drop_paths: None, or one module per block for its residual branches, e.g.
+      torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
+    qkv_bias=True as in timm's ViT; the biases start at zero, so no init below is affected.
+    """
+
+    def __init__(self, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
+                 masks=None, mode="none", pool="cls", drop_paths=None, channels=3):
+        super().__init__()
+        if image_size % patch_size:
+            raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
+        if pool not in ("cls", "avg"):
+            raise ValueError(f"pool must be 'cls' or 'avg', got {pool!r}")
+        self.grid = image_size // patch_size
+        self.pool = pool
+        seq_len = self.grid ** 2 + 1
+        # Patch embedding: a stride-p convolution = a linear map of each p x p x C patch.
+        self.patch_embed = nn.Conv2d(channels, dim, patch_size, stride=patch_size)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.empty(1, seq_len, dim))
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, seq_len, mlp_dim, mask_init=None if masks is None else masks[layer],
+                  mode=mode, qkv_bias=True,
+                  drop_path=None if drop_paths is None else drop_paths[layer])
+            for layer in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+        # timm's ViT init: Linear weights trunc-normal(0.02), biases 0, positions trunc-normal(0.02).
+        self.apply(self._init_weights)
+        nn.init.trunc_normal_(self.pos, std=0.02)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.trunc_normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, images, return_attn=False):
+        """images (B, C, H, W) -> class logits (B, num_classes) [, each layer's (B, H, N, N)]."""
+        x = self.patch_embed(images).flatten(2).transpose(1, 2)    # (B, grid^2, dim), row-major
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)     # (B, N, dim)
+        x = x + self.pos
+        x, attns = run_blocks(self.blocks, x, return_attn)
+        x = self.norm(x)
+        features = x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1)   # (B, dim)
+        out = self.head(features)
+        return (out, attns) if return_attn else out
+
+    def attention_layers(self):
+        return [block.attn for block in self.blocks]

@@ -6,8 +6,11 @@
      WikiText-2, GPT-2 tokens through tiktoken, batches and whole-split windows.
   3. Three-digit arithmetic (Section 5.2): all 10^6 pairs, the seeded split, the digit layout the
      masks assume, and the metrics of Table "Performance of arithmetic tasks".
+  4. Image classification (Section 5.3): CIFAR-10/100 and ImageNet100 through torchvision, the
+     augmentation of Tables tab:init_1-3, and a synthetic CIFAR-format set for offline checks.
 
-Imports torch only (plus the standard library); never imports train.py.
+Imports torch and the standard library (torchvision, tiktoken only inside the functions that
+need them); never imports train.py.
 """
 
 import itertools
@@ -358,3 +361,164 @@ def arithmetic_metrics(logits, answers):
             "seq_acc": 100.0 * right.all(1).float().mean().item(),
             "digit_acc": 100.0 * right.float().mean().item(),
             "position_acc": (100.0 * right.float().mean(0)).tolist()}
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Image classification (Section 5.3, Tables tab:init_1, tab:init_2, tab:init_3)
+# ----------------------------------------------------------------------------------------------
+# torchvision reads the data and does the augmentation; nothing here re-implements it.
+#   cifar10, cifar100  torchvision.datasets.CIFAR10 / CIFAR100 from --data-dir, the standard
+#                      python-pickle layout (cifar-10-batches-py/, cifar-100-python/). torchvision
+#                      checks every file's MD5 sum; files that fail it are refused.
+#   imagenet100        an ImageFolder tree DATA/imagenet100/{train,val}/<class>/<image> (e.g. the
+#                      100 classes of https://huggingface.co/datasets/clane9/imagenet-100 written
+#                      out as image files), as the paper's Appendix describes the subset.
+# --download is opt-in (CIFAR only); without it a missing dataset raises DataError at once.
+
+VISION_TASKS = ("cifar10", "cifar100", "imagenet100")
+VISION_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet100": 100}
+CIFAR_LAYOUT = {  # folder torchvision expects under --data-dir, and the files in it
+    "cifar10": ("cifar-10-batches-py",
+                tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")),
+    "cifar100": ("cifar-100-python", ("train", "test", "meta")),
+}
+IMAGENET100_FOLDER = "imagenet100"
+# Per-channel mean and std for Normalize: CIFAR's own (as timm's CIFAR recipes) and ImageNet's.
+NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+                 "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+                 "imagenet100": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+
+
+def vision_transform(name, image_size, train, randaugment_magnitude=9):
+    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (3, S, S).
+
+    train: random crop (CIFAR: resize to image_size, then a crop padded by image_size / 8 as in
+    the usual 4-pixel CIFAR crop; ImageNet100: RandomResizedCrop, timm's default), horizontal
+    flip, RandAugment at magnitude 9 (the tables' "RandAug (m9)"). test: resize (ImageNet100:
+    resize to image_size / 0.875 and centre crop, timm's crop_pct). MixUp / CutMix act on whole
+    batches (mixup_cutmix below)."""
+    from torchvision.transforms import v2
+    mean, std = NORMALIZATION[name]
+    if train and name == "imagenet100":
+        geometry = [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
+    elif train:
+        geometry = [v2.Resize(image_size, antialias=True),
+                    v2.RandomCrop(image_size, padding=image_size // 8), v2.RandomHorizontalFlip()]
+    elif name == "imagenet100":
+        geometry = [v2.Resize(int(image_size / 0.875), antialias=True), v2.CenterCrop(image_size)]
+    else:
+        geometry = [v2.Resize(image_size, antialias=True)]
+    augment = [v2.RandAugment(magnitude=randaugment_magnitude)] if train else []
+    return v2.Compose([v2.ToImage(), *geometry, *augment, v2.ToDtype(torch.float32, scale=True),
+                       v2.Normalize(mean, std)])
+
+
+def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
+    """Batch augmentation of the tables, "Mixup / CutMix 0.8 / 1.0": each batch gets MixUp
+    (Beta(0.8, 0.8)) or CutMix (Beta(1, 1)) with equal chance, as timm's Mixup with switch
+    probability 0.5. Called as images, soft_targets = mix(images (B, C, H, W), labels (B,))."""
+    from torchvision.transforms import v2
+    return v2.RandomChoice([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes),
+                            v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)])
+
+
+def _cifar(name, data_dir, transform, train, download):
+    """torchvision's CIFAR10 / CIFAR100 split, or DataError naming the folder and layout."""
+    import os
+    from torchvision import datasets
+    folder, files = CIFAR_LAYOUT[name]
+    path = os.path.join(data_dir, folder)
+    pretty = "CIFAR-10" if name == "cifar10" else "CIFAR-100"
+    if not download and not all(os.path.isfile(os.path.join(path, f)) for f in files):
+        raise DataError(f"{pretty}: expected {path}/ holding {', '.join(files)} (the python "
+                        f"version, unpacked; --data-dir {data_dir}), or pass --download")
+    cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    try:
+        return cls(data_dir, train=train, transform=transform, download=download)
+    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted" (MD5 mismatch)
+        raise DataError(f"{pretty} in {path} failed torchvision's MD5 check of its files ({err})")
+    except OSError as err:       # --download without a network
+        raise DataError(f"{pretty}: download into {path} failed ({err})")
+
+
+def _imagenet100(data_dir, split, transform):
+    import os
+    from torchvision import datasets
+    path = os.path.join(data_dir, IMAGENET100_FOLDER, split)
+    if not os.path.isdir(path) or not any(os.scandir(path)):
+        raise DataError(f"ImageNet100: expected an ImageFolder tree {path}/<class>/<image> "
+                        f"(and {split} beside train/val; --data-dir {data_dir}); it cannot be "
+                        f"downloaded by --download")
+    return datasets.ImageFolder(path, transform=transform)
+
+
+def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9):
+    """{"train", "test", "classes"}: torchvision datasets with the train / test pipelines."""
+    if name == "imagenet100" and download:
+        raise DataError("ImageNet100 has no --download; build the ImageFolder tree "
+                        f"{data_dir}/{IMAGENET100_FOLDER}/{{train,val}}/<class>/<image>")
+    train_tf = vision_transform(name, image_size, True, randaugment_magnitude)
+    test_tf = vision_transform(name, image_size, False)
+    if name == "imagenet100":
+        train, test = _imagenet100(data_dir, "train", train_tf), _imagenet100(data_dir, "val", test_tf)
+    else:
+        train = _cifar(name, data_dir, train_tf, True, download)
+        test = _cifar(name, data_dir, test_tf, False, False)
+    return {"train": train, "test": test, "classes": VISION_CLASSES[name]}
+
+
+def write_synthetic_cifar10(root, train_size=500, test_size=100, seed=0):
+    """A synthetic data set in CIFAR-10's python-pickle layout, root/cifar-10-batches-py/:
+    data_batch_1..5 (the training images split evenly), test_batch and batches.meta, each a
+    pickled dict as in the real files ("data": one row of 3072 uint8 per image, channel-major
+    R then G then B, row-major 32 x 32; "labels": ints). Rows are array.array('B') so that no
+    NumPy is needed to write them; torchvision's loader stacks them into uint8 arrays.
+
+    Each of the 10 classes has a random low-frequency colour pattern (4 x 4 blocks of 8 x 8
+    pixels); an image is its class pattern, randomly shifted by up to 4 pixels, plus uniform
+    noise of +-48 grey levels, so a model can learn it but not at once. The real files' MD5
+    sums do not match, so torchvision refuses these files unless its check is bypassed (tests
+    and the README measurement do that themselves; the product keeps the check)."""
+    import array
+    import os
+    import pickle
+    g = torch.Generator().manual_seed(seed)
+    patterns = torch.randint(40, 216, (10, 3, 4, 4), generator=g).float()
+    patterns = patterns.repeat_interleave(8, 2).repeat_interleave(8, 3)           # (10, 3, 32, 32)
+
+    def images(count):
+        labels = torch.arange(count) % 10
+        shifts = torch.randint(-4, 5, (count, 2), generator=g)
+        rows = []
+        for label, (dy, dx) in zip(labels.tolist(), shifts.tolist()):
+            img = patterns[label].roll((dy, dx), (1, 2))
+            img = (img + torch.empty(img.shape).uniform_(-48, 48, generator=g)).clamp(0, 255)
+            rows.append(array.array("B", bytes(img.round().to(torch.uint8).flatten().tolist())))
+        return rows, labels.tolist()
+
+    folder = os.path.join(root, CIFAR_LAYOUT["cifar10"][0])
+    os.makedirs(folder, exist_ok=True)
+
+    def dump(name, obj):
+        with open(os.path.join(folder, name), "wb") as f:
+            pickle.dump(obj, f)
+
+    rows, labels = images(train_size)
+    for i in range(5):
+        part = slice(i * train_size // 5, (i + 1) * train_size // 5)
+        dump(f"data_batch_{i + 1}", {"batch_label": f"training batch {i + 1} of 5",
+                                     "data": rows[part], "labels": labels[part]})
+    rows, labels = images(test_size)
+    dump("test_batch", {"batch_label": "testing batch 1 of 1", "data": rows, "labels": labels})
+    dump("batches.meta", {"label_names": [f"class{c}" for c in range(10)],
+                          "num_cases_per_batch": train_size // 5, "num_vis": 3072})
+    return folder
+
+
+if __name__ == "__main__":
+    # python tasks.py synthetic-cifar10 DIR [TRAIN_SIZE TEST_SIZE]: write the synthetic set above.
+    import sys
+    if len(sys.argv) not in (3, 5) or sys.argv[1] != "synthetic-cifar10":
+        sys.exit("usage: python tasks.py synthetic-cifar10 DIR [TRAIN_SIZE TEST_SIZE]")
+    sizes = [int(s) for s in sys.argv[3:5]] or [500, 100]
+    print(f"wrote {write_synthetic_cifar10(sys.argv[2], *sizes)}")

@@ -153,7 +153,7 @@ def test_lm_run_writes_perplexities_sample_and_mask_pictures(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--task", "lm", "--init", "structured-svd"], "--init structured-svd is not available"),
-    (["--task", "lm", "--epochs", "3"], "--epochs applies to boolean and arithmetic tasks only"),
+    (["--task", "lm", "--epochs", "3"], "--epochs applies to boolean, arithmetic and vision tasks only"),
     (["--task", "majority", "--iters", "5"], "--iters applies to language tasks only"),
     (["--task", "lm", "majority"], "cannot share one grid"),
     (["--task", "lm", "--resume", "--out", "/nonexistent/run"], "no checkpoint.pt in /nonexistent/run"),

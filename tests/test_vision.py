@@ -1,0 +1,283 @@
+"""Image classification (Section 5.3): the ViT, the impulse mask and its QK counterpart, the
+CIFAR data pipeline on a tiny data set in CIFAR-10's real pickle layout, every init through the
+command line, bad input, torchrun with 2 gloo processes, and kill + --resume."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+import torchvision.datasets.cifar
+from hypothesis import given, settings, strategies as st
+
+import maskprior
+import tasks
+import train
+from conftest import ROOT
+from test_baselines import mass_on_pseudo_input
+
+# A tiny ViT on 32 x 32 images: patch 8 -> 4 x 4 patches + CLS = 17 positions, width 16.
+TINY = ["--dim", "16", "--layers", "2", "--heads", "2", "--patch-size", "8", "--batch-size", "16",
+        "--no-progress"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The in-process runs use one torch thread (the CI machine's other core may be busy)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------------------------
+# The model and the impulse mask
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pool", ["cls", "avg"])
+def test_vit_shapes(pool):
+    torch.manual_seed(0)
+    masks = maskprior.impulse_mask(2, 3, 4)                          # (2, 3, 17, 17)
+    vit = maskprior.ViT(32, 8, 10, 24, 2, 3, 96, masks=masks, mode="learnable", pool=pool)
+    logits, attns = vit(torch.randn(5, 3, 32, 32), return_attn=True)
+    assert logits.shape == (5, 10) and vit.grid == 4
+    assert len(attns) == 2 and attns[0].shape == (5, 3, 17, 17)
+    torch.testing.assert_close(attns[1].sum(-1), torch.ones(5, 3, 17))
+    torch.testing.assert_close(vit(torch.randn(2, 3, 32, 32)).shape, torch.Size([2, 10]))
+    with pytest.raises(ValueError, match="multiple"):
+        maskprior.ViT(30, 8, 10, 24, 2, 3, 96)
+
+
+def test_paper_preset_is_vit_tiny_patch16_224():
+    config = dict(train.VISION_PRESETS["paper"])
+    model, pattern = train.build_vision_model("mask", config, 100, seed=0)
+    blocks = model.blocks
+    assert len(blocks) == 12 and model.grid == 14 and pattern.shape == (12, 3, 197, 197)
+    attn = blocks[0].attn
+    assert (attn.heads, attn.head_dim, attn.seq_len, attn.mode) == (3, 64, 197, "learnable")
+    assert blocks[0].mlp.fc.weight.shape == (768, 192) and model.head.weight.shape == (100, 192)
+    # drop path is torchvision's StochasticDepth, rising linearly from 0 to 0.1 (timm's rule)
+    rates = [b.drop_path.p for b in blocks]
+    assert type(blocks[0].drop_path).__name__ == "StochasticDepth"
+    assert rates[0] == 0 and rates[-1] == pytest.approx(0.1) and rates == sorted(rates)
+
+
+def test_impulse_offsets_follow_the_reference_order():
+    # k = [4, 1, 5, 3, 7, 0, 2, 6, 8], (row, col) = (k // 3 - 1, k % 3 - 1)
+    nine = [(0, 0), (-1, 0), (0, 1), (0, -1), (1, 0), (-1, -1), (-1, 1), (1, -1), (1, 1)]
+    assert maskprior.impulse_offsets(9) == nine
+    assert maskprior.impulse_offsets(3) == [(0, 0), (-1, 0), (0, 1)]   # ViT-Tiny: identity, up, right
+    assert maskprior.impulse_offsets(11)[9:] == nine[:2]                # head i uses k[i mod 9]
+
+
+@settings(deadline=None, max_examples=30)
+@given(depth=st.integers(1, 2), heads=st.integers(1, 10), grid=st.integers(1, 6))
+def test_impulse_mask_matches_its_definition(depth, heads, grid):
+    m = maskprior.impulse_mask(depth, heads, grid)
+    n = grid * grid + 1
+    assert m.shape == (depth, heads, n, n)
+    assert set(m.unique().tolist()) <= {maskprior.OPEN, maskprior.CLOSE}
+    assert torch.equal(m[0].expand_as(m), m)                              # every layer the same
+    offsets = maskprior.impulse_offsets(heads)
+    for h in range(heads):
+        assert (m[0, h, 0] == maskprior.OPEN).all()                       # CLS row: all open
+        assert (m[0, h, 1:, 0] == maskprior.CLOSE).all()                  # CLS column: closed
+        dr, dc = offsets[h]
+        for r in range(grid):
+            for c in range(grid):
+                row = m[0, h, 1 + r * grid + c]
+                open_keys = (row == maskprior.OPEN).nonzero().flatten().tolist()
+                on_grid = 0 <= r + dr < grid and 0 <= c + dc < grid
+                # exactly the neighbour at the head's offset, or an empty row off the grid
+                assert open_keys == ([1 + (r + dr) * grid + (c + dc)] if on_grid else [])
+
+
+def test_impulse_qk_init_puts_most_attention_on_the_pattern():
+    """At the cpu preset's shape (8 x 8 patches + CLS, width 96, 3 heads of 32, 6 layers), the SVD
+    solver writes the impulse into W_Q / W_K: attention computed on the pseudo-input (positions
+    only) puts this mass on the open entries, mean over query rows (measured, seed 0): identity
+    head 1.00, up and right 0.81 each, mean 0.873. Up and right have 8 empty rows (top row /
+    right column of the grid), so at most 57/65 = 0.877 is reachable for them (0.918 overall).
+    Default init: 0.03."""
+    config = train.VISION_PRESETS["cpu"]
+    torch.manual_seed(0)
+    pattern = maskprior.impulse_mask(6, 3, 8)
+    default = mass_on_pseudo_input(train.build_vision_model("default", config, 10, 0)[0], pattern)
+    torch.manual_seed(0)
+    model, _ = train.build_vision_model("impulse", config, 10, 0)
+    mass = mass_on_pseudo_input(model, pattern)                        # (layers, heads)
+    assert mass.mean() > 0.8 and mass[:, 0].min() > 0.99 and mass.min() > 0.7
+    assert default.max() < 0.1
+
+
+# ------------------------------------------------------------------------------------------
+# Data: a tiny data set in CIFAR-10's python-pickle layout
+# ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cifar_dir(tmp_path_factory):
+    """60 training and 20 test images of 32 x 32 written as the real files are: pickled dicts in
+    cifar-10-batches-py/ (data_batch_1..5, test_batch, batches.meta)."""
+    root = tmp_path_factory.mktemp("data")
+    tasks.write_synthetic_cifar10(str(root), train_size=60, test_size=20, seed=0)
+    return str(root)
+
+
+@pytest.fixture
+def skip_md5(monkeypatch):
+    """Our files cannot have the real MD5 sums: bypass torchvision's check in this process only."""
+    monkeypatch.setattr(torchvision.datasets.cifar, "check_integrity", lambda *a, **k: True)
+
+
+def test_tiny_cifar_files_are_real_pickles(cifar_dir):
+    folder = os.path.join(cifar_dir, "cifar-10-batches-py")
+    assert sorted(os.listdir(folder)) == sorted(tasks.CIFAR_LAYOUT["cifar10"][1])
+    with open(os.path.join(folder, "data_batch_3"), "rb") as f:
+        batch = pickle.load(f, encoding="latin1")
+    assert len(batch["data"]) == len(batch["labels"]) == 12 and len(batch["data"][0]) == 3072
+    with open(os.path.join(folder, "batches.meta"), "rb") as f:
+        assert len(pickle.load(f)["label_names"]) == 10
+
+
+def test_torchvision_reads_the_tiny_set_and_the_pipeline(cifar_dir, skip_md5):
+    data = tasks.vision_dataset("cifar10", cifar_dir, 32)
+    assert len(data["train"]) == 60 and len(data["test"]) == 20 and data["classes"] == 10
+    image, label = data["test"][3]
+    assert image.shape == (3, 32, 32) and image.dtype == torch.float32 and label == 3
+    raw = data["test"].data[3]                        # (32, 32, 3) uint8, as torchvision stores it
+    with open(os.path.join(cifar_dir, "cifar-10-batches-py", "test_batch"), "rb") as f:
+        row = pickle.load(f)["data"][3]
+    assert bytes(raw.transpose(2, 0, 1).tobytes()) == bytes(row)  # channel-major rows, unchanged
+    randaugment = [t for t in data["train"].transform.transforms if type(t).__name__ == "RandAugment"]
+    assert len(randaugment) == 1 and randaugment[0].magnitude == 9      # "RandAug (m9)"
+    images, soft = tasks.mixup_cutmix(10)(torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3]))
+    assert soft.shape == (4, 10) and torch.allclose(soft.sum(1), torch.ones(4))
+
+
+def test_torchvision_refuses_files_that_fail_its_md5_check(cifar_dir):
+    with pytest.raises(tasks.DataError, match="MD5"):
+        tasks.vision_dataset("cifar10", cifar_dir, 32)
+
+
+# ------------------------------------------------------------------------------------------
+# Runs through the command line
+# ------------------------------------------------------------------------------------------
+
+def test_every_init_trains_through_the_cli(cifar_dir, skip_md5, tmp_path, capsys):
+    """One grid of the five inits, 2 epochs each: result.json with final.top1 and the persistence
+    numbers, the pictures, and table.md."""
+    inits = list(train.VISION_INITS)
+    assert train.main(["--task", "cifar10", "--init", *inits, "--epochs", "2", "--data-dir",
+                       cifar_dir, "--out", str(tmp_path), *TINY]) == 0
+    out = capsys.readouterr().out
+    finals = {}
+    for init in inits:
+        folder = tmp_path / f"cifar10-{init}-seed0"
+        result = json.loads((folder / "result.json").read_text())
+        assert result["status"] == "done" and f"cifar10 / {init} / seed 0: top-1" in out
+        final = finals[init] = result["final"]
+        assert 0 <= final["top1"] <= 100 and final["best_top1"] >= final["top1"]
+        assert [h["epoch"] for h in result["history"]] == [1, 2]
+        for key in ("prior_mass_init", "prior_mass_final", "pattern_corr_init", "pattern_corr_final"):
+            assert isinstance(final[key], float)
+        assert torch.tensor(final["prior_mass_init_per_head"]).shape == (2, 2)   # (layers, heads)
+        pictures = ["attn_before.png", "attn_after.png", "attn_query_before.png", "attn_query_after.png"]
+        if init.startswith("mask"):
+            pictures += ["mask_before.png", "mask_after.png", "mask_query_before.png", "mask_query_after.png"]
+        else:
+            assert final["mask_drift"] is None and not (folder / "mask_after.png").exists()
+        for name in pictures:
+            assert (folder / name).read_bytes()[:8] == PNG, name
+        assert not [p for p in os.listdir(folder) if ".tmp" in p]
+    # the prior is where each init puts it: mask 0.88 (CLS row + one open key per patch row, the
+    # rest at -10), impulse in W_Q / W_K less sharply (0.46 at this tiny width), default 0.11
+    assert finals["mask"]["prior_mass_init"] > 0.8 and finals["mask-fixed"]["prior_mass_init"] > 0.8
+    assert finals["mask"]["prior_mass_init"] > finals["impulse"]["prior_mass_init"] > \
+        finals["default"]["prior_mass_init"]
+    assert finals["mask-fixed"]["mask_drift"] == 0 and finals["mask"]["mask_drift"] > 0
+    table = (tmp_path / "table.md").read_text()
+    assert "## Best top-1 accuracy" in table and "| cifar10 | impulse | 1/1 |" in table and "95.12" in table
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, "--threads", "1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+def test_missing_dataset_is_one_line_and_exit_2(tmp_path):
+    proc = run_cli("--task", "cifar100", "--init", "mask", "--data-dir", str(tmp_path), *TINY,
+                   timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"expected {tmp_path}/cifar-100-python/" in lines[0], proc.stderr
+    assert "--download" in lines[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "imagenet100", "--data-dir", "/nonexistent"],
+     "expected an ImageFolder tree /nonexistent/imagenet100/train/<class>/<image>"),
+    (["--task", "imagenet100", "--download"], "ImageNet100 has no --download"),
+    (["--task", "majority", "--download"], "--download applies to vision tasks only"),
+    (["--task", "lm", "--epochs", "3"], "--epochs applies to boolean, arithmetic and vision tasks only"),
+    (["--task", "majority", "--resume"], "--resume applies to language and vision tasks only"),
+    (["--task", "cifar10", "--init", "structured-svd"], "--init structured-svd is not available"),
+    (["--task", "majority", "--init", "impulse"], "--init impulse is not available"),
+    (["--task", "cifar10", "--epochs", "1"], "--warmup-epochs 1 must be below the 1 epochs"),
+    (["--task", "cifar10", "--patch-size", "5"], "--image-size 32 is not a multiple"),
+    (["--task", "cifar10", "--resume", "--out", "/nonexistent/run"], "no checkpoint.pt in"),
+])
+def test_vision_bad_input_exits_2_with_one_line(args, message, capsys):
+    assert train.main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(cifar_dir, skip_md5,
+                                                                     tmp_path, monkeypatch):
+    args = ["--task", "cifar10", "--init", "mask", "--epochs", "3", "--data-dir", cifar_dir, *TINY]
+    assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    real_save = train.save_checkpoint
+
+    def save_then_die(path, state):                     # killed right after the first epoch
+        real_save(path, state)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*args, "--out", str(tmp_path / "killed")])
+    assert not (tmp_path / "killed" / "result.json").exists()
+    monkeypatch.setattr(train, "save_checkpoint", real_save)
+    assert train.main([*args, "--out", str(tmp_path / "killed"), "--resume"]) == 0
+    whole = json.loads((tmp_path / "whole" / "result.json").read_text())
+    resumed = json.loads((tmp_path / "killed" / "result.json").read_text())
+    assert resumed["resumed_at"] == 1 and len(whole["history"]) == 3
+    assert resumed["history"] == whole["history"]       # losses, lr, top-1 of every epoch
+    for key in ("top1", "test_loss", "prior_mass_init", "prior_mass_final", "mask_drift"):
+        assert resumed["final"][key] == whole["final"][key], key
+
+
+def test_torchrun_two_cpu_processes_with_gloo(cifar_dir, tmp_path):
+    """DistributedDataParallel on the CPU: 2 processes, gloo, the global batch of 16 split 8 + 8,
+    one result from rank 0. The launcher script bypasses the MD5 check in the test's processes."""
+    launcher = tmp_path / "train_tiny_cifar.py"
+    launcher.write_text(
+        "import runpy, sys\n"
+        f"sys.path.insert(0, {ROOT!r})\n"
+        "import torchvision.datasets.cifar\n"
+        "torchvision.datasets.cifar.check_integrity = lambda *a, **k: True  # test data only\n"
+        f"runpy.run_path({os.path.join(ROOT, 'train.py')!r}, run_name='__main__')\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(launcher), "--task", "cifar10", "--init", "mask", "--epochs", "2", "--data-dir",
+         cifar_dir, "--out", str(out), "--threads", "1", *TINY],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("cifar10 / mask / seed 0: top-1") == 1       # rank 0 reports, once
+    result = json.loads((out / "result.json").read_text())
+    assert result["world_size"] == 2 and [h["epoch"] for h in result["history"]] == [1, 2]
+    assert 0 <= result["final"]["top1"] <= 100 and (out / "mask_query_after.png").exists()
