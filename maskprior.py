@@ -118,9 +118,11 @@ class MaskedSelfAttention(nn.Module):
                 bias = _add_causal(bias, N, x.device, q.dtype)
             if self.use_sdpa and not return_attn:
                 # Fast path. scaled_dot_product_attention adds a float attn_mask to the scaled
-                # logits and back-propagates into it, so M receives its gradient from here.
+                # logits and back-propagates into it, so M receives its gradient from here. The
+                # bias goes in as (1, H, N, N): PyTorch's CPU flash kernel accepts only 2-D or 4-D
+                # masks and sends a 3-D one to the slower math kernel.
                 y = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
+                    q, k, v, attn_mask=None if bias is None else bias.to(q.dtype)[None],
                     dropout_p=self.dropout if self.training else 0.0)
                 attn = None
             else:

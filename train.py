@@ -827,9 +827,10 @@ def answer_logits(model, tokens):
 
 
 @torch.inference_mode()
-def arithmetic_logits(model, x, device, batch=4096):
-    """answer_logits over many pairs in large no-grad batches (evaluation is matmul-bound:
-    tests/bench_arithmetic.py), (P, K, 10) float32 on the CPU."""
+def arithmetic_logits(model, x, device, batch=512):
+    """answer_logits over many pairs in no-grad batches, (P, K, 10) float32 on the CPU. 512 pairs
+    (6k tokens) keep each activation in cache on the CPU; larger batches measured slower
+    (tests/bench_arithmetic.py: evaluation runs at about the machine's matmul rate)."""
     model.eval()
     out = []
     for i in range(0, len(x), batch):
@@ -1317,8 +1318,9 @@ def efficiency_svg(curves, width=360, height=260, pad=48):
             parts.append(f'<polyline points="{xy}" fill="none" stroke="{colour}" stroke-width="2"/>')
             parts += [f'<circle cx="{x_of(f):.1f}" cy="{y_of(a):.1f}" r="3" fill="{colour}"/>'
                       for f, a in pts]
-            parts.append(f'<text x="{pad + 8}" y="{pad / 2 + 14 * (i + 1)}" fill="{colour}">{init}'
-                         f'</text>')
+            legend_y = height - pad - 8 - 14 * (len(lines) - 1 - i)     # bottom right
+            parts.append(f'<text x="{width - pad / 2}" y="{legend_y}" text-anchor="end" '
+                         f'fill="{colour}">{init}</text>')
         parts.append("</g>")
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(curves)}" '
             f'height="{height}">' + "".join(parts) + "</svg>\n")
