@@ -564,21 +564,33 @@ def run_boolean(task, init, seed, config, device, out_dir, progress=True):
 
 def train_boolean(model, task, data, config, seed, device, history, progress):
     """Adam with cosine decay over every step (Table "Training setup for Boolean tasks"), MSE on
-    the seen points; appends one entry per epoch to history, with whole-cube metrics every
-    eval_every epochs. Raises Diverged on a non-finite loss."""
+    the seen points, whole-cube metrics every eval_every epochs."""
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config["lr"])
-    steps_per_epoch = math.ceil(len(data["x_train"]) / config["batch_size"])
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config["epochs"] * steps_per_epoch)
+    loss_of = lambda x, y: mse_loss(model(x).squeeze(-1), y)
+    evaluate = lambda: tasks.boolean_metrics(task, predict(model, data["x_test"], device),
+                                             data["x_test"])
+    train_epochs(optimizer, loss_of, tasks.boolean_tokens(data["x_train"]), data["y_train"],
+                 config, seed, device, history, evaluate, f"{task}/seed{seed}", progress)
+
+
+def train_epochs(optimizer, loss_of, x_train, y_train, config, seed, device, history, evaluate,
+                 desc, progress):
+    """The epoch loop of the Boolean and arithmetic runs: seeded shuffled mini-batches, cosine
+    decay of the learning rate over every step, loss_of(x, y) on each batch (on the device).
+    Appends one entry per epoch to history, with evaluate()'s metrics every eval_every epochs and
+    after the last. Raises Diverged on a non-finite loss."""
+    steps_per_epoch = math.ceil(len(x_train) / config["batch_size"])
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
+                                                          config["epochs"] * steps_per_epoch)
     shuffle = torch.Generator().manual_seed(seed)
-    x_train, y_train = tasks.boolean_tokens(data["x_train"]), data["y_train"]
     step = 0
-    with tqdm(total=config["epochs"] * steps_per_epoch, desc=f"{task}/seed{seed}",
-              disable=not progress, leave=False, dynamic_ncols=True) as bar:
+    with tqdm(total=config["epochs"] * steps_per_epoch, desc=desc, disable=not progress,
+              leave=False, dynamic_ncols=True) as bar:
         for epoch in range(1, config["epochs"] + 1):
             losses = []
             for idx in torch.randperm(len(x_train), generator=shuffle).split(config["batch_size"]):
                 step += 1
-                loss = mse_loss(model(x_train[idx].to(device)).squeeze(-1), y_train[idx].to(device))
+                loss = loss_of(x_train[idx].to(device), y_train[idx].to(device))
                 if not torch.isfinite(loss):
                     raise Diverged(f"loss became {loss.item()} at epoch {epoch}, step {step}")
                 optimizer.zero_grad(set_to_none=True)
@@ -591,8 +603,7 @@ def train_boolean(model, task, data, config, seed, device, history, progress):
             entry = {"epoch": epoch, "train_loss": statistics.fmean(losses),
                      "lr": schedule.get_last_lr()[0]}
             if epoch % config["eval_every"] == 0 or epoch == config["epochs"]:
-                pred = predict(model, data["x_test"], device)
-                entry.update(tasks.boolean_metrics(task, pred, data["x_test"]))
+                entry.update(evaluate())
             history.append(entry)
 
 
@@ -876,41 +887,23 @@ def run_arithmetic(task, init, seed, config, device, out_dir, progress=True):
 
 def train_arithmetic(model, task, data, config, seed, device, history, progress):
     """AdamW with cosine decay over every step, cross-entropy on the answer digits (Table
-    "Arithmetic task setup"); one history entry per epoch, with metrics on the first 10k
-    evaluation pairs every eval_every epochs (the whole evaluation set is scored at the end)."""
-    optimizer = adamw(model, config)
-    steps_per_epoch = math.ceil(len(data["x_train"]) / config["batch_size"])
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config["epochs"] * steps_per_epoch)
-    shuffle = torch.Generator().manual_seed(seed)
-    x_train, y_train = data["x_train"].to(device), data["y_train"].to(device)
-    step = 0
-    with tqdm(total=config["epochs"] * steps_per_epoch, desc=f"{task}/seed{seed}",
-              disable=not progress, leave=False, dynamic_ncols=True) as bar:
-        for epoch in range(1, config["epochs"] + 1):
-            losses = []
-            for idx in torch.randperm(len(x_train), generator=shuffle).split(config["batch_size"]):
-                step += 1
-                with autocast(device):
-                    logits = answer_logits(model, x_train[idx])              # (B, K, 10)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y_train[idx].flatten())
-                if not torch.isfinite(loss):
-                    raise Diverged(f"loss became {loss.item()} at epoch {epoch}, step {step}")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                schedule.step()
-                losses.append(loss.item())
-                bar.update()
-                bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            entry = {"epoch": epoch, "train_loss": statistics.fmean(losses),
-                     "lr": schedule.get_last_lr()[0]}
-            if epoch % config["eval_every"] == 0 or epoch == config["epochs"]:
-                logits = arithmetic_logits(model, data["x_eval"][:10_000], device)
-                metrics = tasks.arithmetic_metrics(logits, data["y_eval"][:10_000])
-                entry.update({f"sample_{key}": value for key, value in metrics.items()})
-            history.append(entry)
+    "Arithmetic task setup"); every eval_every epochs the metrics of the first 10k evaluation
+    pairs, as sample_* (the whole evaluation set is scored at the end)."""
+    def loss_of(x, y):
+        with autocast(device):
+            logits = answer_logits(model, x)                              # (B, K, 10)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    def evaluate():
+        logits = arithmetic_logits(model, data["x_eval"][:10_000], device)
+        metrics = tasks.arithmetic_metrics(logits, data["y_eval"][:10_000])
+        return {f"sample_{key}": value for key, value in metrics.items()}
+
+    train_epochs(adamw(model, config), loss_of, data["x_train"], data["y_train"], config, seed,
+                 device, history, evaluate, f"{task}/seed{seed}", progress)
 
 
+# ----------------------------------------------------------------------------------------------
 # Vision run (Section 5.3, Table "Best Top-1 accuracy"; setup Tables tab:init_1-3)
 # ----------------------------------------------------------------------------------------------
 

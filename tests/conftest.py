@@ -1,7 +1,9 @@
 """Shared test set-up: import the three top-level modules from the repository root."""
+import json
 import os
 import sys
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -10,3 +12,25 @@ sys.path.insert(0, ROOT)
 # The suite runs on a 2-core CI machine; torch's default thread count is already the core count,
 # and subprocess tests run one at a time, so nothing oversubscribes the cores.
 torch.manual_seed(0)
+
+
+def kill_then_resume(args, tmp_path, monkeypatch):
+    """Run train.main(args) to the end in tmp_path/whole; run it again in tmp_path/killed, killed
+    right after its first checkpoint (KeyboardInterrupt), then --resume it. Returns both
+    result.json dicts (whole, resumed) for the caller to compare."""
+    import train  # the repository root is on sys.path only from this file's top on
+    assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    real_save = train.save_checkpoint
+
+    def save_then_die(path, state):
+        real_save(path, state)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*args, "--out", str(tmp_path / "killed")])
+    assert not (tmp_path / "killed" / "result.json").exists()
+    monkeypatch.setattr(train, "save_checkpoint", real_save)
+    assert train.main([*args, "--out", str(tmp_path / "killed"), "--resume"]) == 0
+    return (json.loads((tmp_path / "whole" / "result.json").read_text()),
+            json.loads((tmp_path / "killed" / "result.json").read_text()))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import maskprior
 import tasks
 import train
-from conftest import ROOT
+from conftest import ROOT, kill_then_resume
 
 TINY_LM = ["--iters", "8", "--eval-every", "4", "--layers", "1", "--heads", "2", "--dim", "16",
            "--block-size", "16", "--batch-size", "4", "--no-progress"]
@@ -169,21 +169,7 @@ def test_language_bad_input_exits_2_with_one_line(args, message):
 
 def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(tmp_path, monkeypatch):
     args = ["--task", "lm", "--init", "mask", "--iters", "12", *TINY_LM[2:]]
-    assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
-    real_save = train.save_checkpoint
-
-    def save_then_die(path, state):                     # killed right after the first checkpoint
-        real_save(path, state)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(train, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        train.main([*args, "--out", str(tmp_path / "killed")])
-    assert not (tmp_path / "killed" / "result.json").exists()
-    monkeypatch.setattr(train, "save_checkpoint", real_save)
-    assert train.main([*args, "--out", str(tmp_path / "killed"), "--resume"]) == 0
-    whole = json.loads((tmp_path / "whole" / "result.json").read_text())
-    resumed = json.loads((tmp_path / "killed" / "result.json").read_text())
+    whole, resumed = kill_then_resume(args, tmp_path, monkeypatch)   # killed at iteration 4
     assert resumed["resumed_at"] == 4
     assert resumed["history"] == whole["history"]
     assert resumed["final"]["val_loss"] == whole["final"]["val_loss"]

@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 import maskprior
 import tasks
 import train
-from conftest import ROOT
+from conftest import ROOT, kill_then_resume
 from test_baselines import mass_on_pseudo_input
 
 # A tiny ViT on 32 x 32 images: patch 8 -> 4 x 4 patches + CLS = 17 positions, width 16.
@@ -238,21 +238,7 @@ def test_vision_bad_input_exits_2_with_one_line(args, message, capsys):
 def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(cifar_dir, skip_md5,
                                                                      tmp_path, monkeypatch):
     args = ["--task", "cifar10", "--init", "mask", "--epochs", "3", "--data-dir", cifar_dir, *TINY]
-    assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
-    real_save = train.save_checkpoint
-
-    def save_then_die(path, state):                     # killed right after the first epoch
-        real_save(path, state)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(train, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        train.main([*args, "--out", str(tmp_path / "killed")])
-    assert not (tmp_path / "killed" / "result.json").exists()
-    monkeypatch.setattr(train, "save_checkpoint", real_save)
-    assert train.main([*args, "--out", str(tmp_path / "killed"), "--resume"]) == 0
-    whole = json.loads((tmp_path / "whole" / "result.json").read_text())
-    resumed = json.loads((tmp_path / "killed" / "result.json").read_text())
+    whole, resumed = kill_then_resume(args, tmp_path, monkeypatch)   # killed after epoch 1
     assert resumed["resumed_at"] == 1 and len(whole["history"]) == 3
     assert resumed["history"] == whole["history"]       # losses, lr, top-1 of every epoch
     for key in ("top1", "test_loss", "prior_mass_init", "prior_mass_final", "mask_drift"):
