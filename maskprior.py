@@ -802,3 +802,51 @@ class ViT(nn.Module):
 
     def attention_layers(self):
         return [block.attn for block in self.blocks]
+
+
+# ----------------------------------------------------------------------------------------------
+# 8. Measuring the prior (Section 6.1, Figure "comparison_pattern"): where attention goes
+# ----------------------------------------------------------------------------------------------
+
+def attention_modules(model):
+    """Every MaskedSelfAttention in model, first layer to last."""
+    return [m for m in model.modules() if isinstance(m, MaskedSelfAttention)]
+
+
+@torch.no_grad()
+def mean_attention(model, inputs, device, batch=4096):
+    """Each layer's and head's attention map averaged over the inputs, (L, H, N, N)."""
+    model.eval()
+    total = 0
+    for i in range(0, len(inputs), batch):
+        _, attns = model(inputs[i:i + batch].to(device), return_attn=True)
+        total = total + torch.stack([a.float().sum(0) for a in attns]).cpu()   # (L, H, N, N)
+    model.train()
+    return total / len(inputs)
+
+
+def mask_biases(model):
+    """log sigmoid(s M) of every layer, (L, H, N, N); None for a model without a mask."""
+    layers = attention_modules(model)
+    if layers[0].mask is None:
+        return None
+    return torch.stack([a.logit_bias(a.seq_len).detach().float().cpu() for a in layers])
+
+
+def prior_stats(mean_attn, pattern):
+    """Per layer and head (L, H): the attention mass on the pattern's open entries (mean over
+    query rows; 1 = all mass where the prior says) and the Pearson correlation of the mean map
+    with the binary pattern."""
+    target = pattern_targets(pattern)                              # (L, H, N, N)
+    mass = (mean_attn * target).sum(-1).mean(-1)
+    a = mean_attn.flatten(2) - mean_attn.flatten(2).mean(-1, keepdim=True)
+    t = target.flatten(2) - target.flatten(2).mean(-1, keepdim=True)
+    corr = (a * t).sum(-1) / (a.norm(dim=-1) * t.norm(dim=-1)).clamp(min=1e-12)
+    return mass, corr
+
+
+def bias_by_distance(bias):
+    """Mean causal bias log sigmoid(s M) at each distance d = i - j >= 0 (over layers, heads and
+    query rows): (L, H, N, N) -> N numbers, the profile of Figure "nlp_mask"."""
+    n = bias.shape[-1]
+    return [bias[..., torch.arange(d, n), torch.arange(0, n - d)].mean().item() for d in range(n)]

@@ -11,7 +11,7 @@ cross-entropy, backward, AdamW step). The two are timed alternately `repeats` ti
 each; it prints the median images/s of each and the ratio of their step times (the issue asks
 for at most 1.15). Synthetic images are enough for throughput: the step does not look at them.
 
-train-synthetic: write tasks.write_synthetic_cifar10 into DIR (if it is not there yet), then run
+train-synthetic: write tests/synthetic.py's set into DIR (if it is not there yet), then run
 train.py's main() on it with the arguments after "--" (add --task cifar10 --data-dir DIR). The
 synthetic files cannot carry the real CIFAR-10 MD5 sums, so this process (only) turns off
 torchvision's integrity check; train.py itself keeps it.
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
 import train  # noqa: E402
+from synthetic import write_synthetic_cifar10  # noqa: E402
 
 
 def time_steps(model, optimizer, images, soft_targets, steps):
@@ -76,7 +77,7 @@ def train_synthetic(argv):
     split = argv.index("--")
     root, sizes = argv[0], [int(s) for s in argv[1:split]] or [500, 100]
     if not os.path.isdir(os.path.join(root, "cifar-10-batches-py")):
-        print(f"wrote {tasks.write_synthetic_cifar10(root, *sizes)}", flush=True)
+        print(f"wrote {write_synthetic_cifar10(root, *sizes)}", flush=True)
     import torchvision.datasets.cifar
     torchvision.datasets.cifar.check_integrity = lambda *a, **k: True   # synthetic files only
     return train.main(argv[split + 1:])

@@ -16,6 +16,7 @@ import maskprior
 import tasks
 import train
 from conftest import ROOT, kill_then_resume
+from synthetic import write_synthetic_cifar10
 from test_baselines import mass_on_pseudo_input
 
 # A tiny ViT on 32 x 32 images: patch 8 -> 4 x 4 patches + CLS = 17 positions, width 16.
@@ -122,7 +123,7 @@ def cifar_dir(tmp_path_factory):
     """60 training and 20 test images of 32 x 32 written as the real files are: pickled dicts in
     cifar-10-batches-py/ (data_batch_1..5, test_batch, batches.meta)."""
     root = tmp_path_factory.mktemp("data")
-    tasks.write_synthetic_cifar10(str(root), train_size=60, test_size=20, seed=0)
+    write_synthetic_cifar10(str(root), train_size=60, test_size=20, seed=0)
     return str(root)
 
 
