@@ -425,7 +425,7 @@ def png_bytes(image):
 
 def mask_biases(model):
     """log sigmoid(s M) of every layer, (layers, heads, N, N); None for a vanilla model."""
-    layers = model.attention_layers()
+    layers = maskprior.attention_modules(model)
     if layers[0].mask is None:
         return None
     return torch.stack([a.logit_bias(a.seq_len).detach().cpu() for a in layers])
