@@ -4,9 +4,9 @@ Reference implementation of "Mask-Based Priors Are More Persistent than Query-Ke
 Read top to bottom beside the paper:
 
   1. MaskedSelfAttention   the block of Section 4.1: softmax(Q K^T / sqrt(d) + log sigmoid(M)) V,
-                           plus the fixed (Appendix A.2), Hadamard (Appendix B) and vanilla variants;
-                           masked_attention, the same equation as one function; attention_modules,
-                           every such block of a model, first layer to last.
+                           plus the fixed (Appendix A.2), Hadamard (Appendix B) and vanilla
+                           variants; masked_attention, the same equation as one function;
+                           attention_modules, every such block of a model, first layer to last.
      add_mask_prior        the same prior put into the nn.MultiheadAttention modules of an existing
                            model (e.g. torchvision's ViT) in one call.
   2. Block, Transformer    a pre-LayerNorm encoder with one mask per layer (Principle 4, layer-wise
@@ -36,7 +36,8 @@ import torch.nn.functional as F
 # an open entry adds log sigmoid(10) = -4.5e-5 to its logit and a closed entry adds
 # log sigmoid(-10) = -10.00005. Softmax only sees differences within a row, so in a row that mixes
 # the two an open key outweighs a closed key with the same content score by
-# sigmoid(10) / sigmoid(-10) = e^10 = 22026, while open keys keep their vanilla ratios to each other.
+# sigmoid(10) / sigmoid(-10) = e^10 = 22026, while open keys keep their vanilla ratios to each
+# other.
 OPEN, CLOSE = 10.0, -10.0
 
 
@@ -173,15 +174,16 @@ class MaskedSelfAttention(nn.Module):
         return hard[None] if bias is None else bias + hard
 
 
-# The same attention as one function, to read beside Section 4.1 (the class's plain path computes
-# exactly this, per head h, for the first n positions of its mask):
+# The same attention as one function, to read beside Section 4.1. The class's plain path computes
+# this on the first n positions of its mask, plus attention dropout and, if causal, the hard -inf:
 #
 #     Attention(Q, K, V; M) = softmax( Q K^T / sqrt(d) + log sigmoid(s M) ) V
 #
 # Q, K, V: (..., N, d), M: (H, N, N) (broadcast over the batch), s the mask scale (1 in the paper
 # except for the GPT prior, where s = 10).
 def masked_attention(q, k, v, mask, scale=1.0):
-    """softmax(q k^T / sqrt(d) + log sigmoid(scale * mask)) v; q, k, v (B, H, N, d) -> (B, H, N, d)."""
+    """softmax(q k^T / sqrt(d) + log sigmoid(scale * mask)) v.
+    q, k, v (B, H, N, d) and mask (H, N, N), broadcast over the batch -> (B, H, N, d)."""
     logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])      # (B, H, N, N)
     return (logits + F.logsigmoid(scale * mask)).softmax(dim=-1) @ v
 
@@ -209,8 +211,8 @@ def attention_modules(model):
 # off (use_nested_tensor = False) on every nn.TransformerEncoder of the model.
 
 # nn.MultiheadAttention.forward's arguments in order, to read positional arguments by name.
-MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
-                 "average_attn_weights", "is_causal")
+_MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+                  "average_attn_weights", "is_causal")
 
 
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
@@ -221,7 +223,9 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
       in that order. N must equal the sequence length the module sees (checked at forward time).
     mode: "learnable" (M is trained) or "fixed" (M has requires_grad=False), as in
       MaskedSelfAttention. M is registered as the parameter `mask`, so it is in the state_dict.
-    The modules must be used as self-attention (query is key); batch_first True and False and
+    Every nn.MultiheadAttention is patched, so each must be used as self-attention: a call whose
+    query or key length is not N raises ValueError (a cross-attention with N keys and queries would
+    get the prior too; patch only the encoder of such a model). batch_first True and False and
     unbatched inputs all work.
     """
     if mode not in ("learnable", "fixed"):
@@ -238,7 +242,8 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
         _check_mask_fits(name, attn, mask)
     for (name, attn), mask in zip(named, masks):
         weight = attn.out_proj.weight                # M takes the module's dtype and device
-        attn.mask = nn.Parameter(mask.detach().to(weight).clone(), requires_grad=(mode == "learnable"))
+        attn.mask = nn.Parameter(mask.detach().to(weight).clone(),
+                                 requires_grad=(mode == "learnable"))
         attn.mask_scale = scale
         attn.mask_prior_name = name                # for the forward-time error message
         attn.register_forward_pre_hook(_add_mask_prior_to_call, with_kwargs=True)
@@ -249,8 +254,8 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
 
 
 def _check_mask_fits(name, attn, mask):
-    """ValueError naming the module unless mask is a square (num_heads, N, N) for an unpatched attn."""
-    if "mask" in attn._parameters:
+    """ValueError naming the module unless attn is unpatched and mask is (num_heads, N, N)."""
+    if hasattr(attn, "mask_prior_name"):
         raise ValueError(f"{name or 'model'} already has a mask prior")
     heads, rows, cols = mask.shape
     if heads != attn.num_heads or rows != cols:
@@ -260,40 +265,42 @@ def _check_mask_fits(name, attn, mask):
 
 
 def _add_mask_prior_to_call(attn, args, kwargs):
-    """Forward pre-hook: the call's arguments with attn_mask = log sigmoid(s M) + the caller's mask."""
-    call = dict(zip(MHA_ARGUMENTS, args), **kwargs)
+    """Forward pre-hook: the call's arguments, attn_mask = log sigmoid(s M) + the caller's mask."""
+    call = dict(zip(_MHA_ARGUMENTS, args), **kwargs)
     query, key = call["query"], call["key"]
-    name = attn.mask_prior_name or "model"
-    if key is not query:
-        raise ValueError(f"{name}: the mask prior is for self-attention, but the module was called "
-                         f"with a key that is not the query")
     batched = query.dim() == 3
-    n = query.shape[1 if batched and attn.batch_first else 0]
-    if attn.mask.shape[-1] != n:
-        raise ValueError(f"{name}: mask of shape {tuple(attn.mask.shape)} is for sequences of "
-                         f"length {attn.mask.shape[-1]}, got length {n} (query {tuple(query.shape)})")
+    position_dim = 1 if batched and attn.batch_first else 0
+    n, n_keys = query.shape[position_dim], key.shape[position_dim]
+    if attn.mask.shape[-1] != n or n_keys != n:
+        raise ValueError(f"{attn.mask_prior_name or 'model'}: mask of shape "
+                         f"{tuple(attn.mask.shape)} is for self-attention over sequences of length "
+                         f"{attn.mask.shape[-1]}, got length {n} (query {tuple(query.shape)}, key "
+                         f"{tuple(key.shape)})")
     bias = F.logsigmoid(attn.mask_scale * attn.mask).to(query.dtype)         # (H, N, N)
     if batched:                                                             # row b * H + h
         batch = query.shape[0 if attn.batch_first else 1]
         bias = bias.expand(batch, -1, -1, -1).reshape(-1, n, n)             # (B * H, N, N)
-    caller_mask = call.get("attn_mask")
-    if caller_mask is None and call.get("is_causal"):                       # a causal hint alone
+    caller_mask = call.get("attn_mask")                                     # (N, N), (B * H, N, N)
+    if caller_mask is None and call.get("is_causal"):                       # hint alone: build it
         caller_mask = torch.ones(n, n, dtype=torch.bool, device=query.device).triu(1)
-    call["attn_mask"] = bias + _float_mask(caller_mask, query)             # (B * H, N, N)
-    # is_causal would make nn.MultiheadAttention drop attn_mask; the causal part is in it now.
+    caller_mask = _as_logits(caller_mask, query.dtype)
+    call["attn_mask"] = bias if caller_mask is None else bias + caller_mask # (B * H, N, N)
+    # With is_causal=True (and no padding mask, no weights asked for) F.multi_head_attention_forward
+    # drops attn_mask and lets SDPA apply the causal mask alone; the causal -inf is in attn_mask.
     call["is_causal"] = False
     # A Boolean key_padding_mask beside a float attn_mask draws a deprecation warning; same values.
-    call["key_padding_mask"] = _float_mask(call.get("key_padding_mask"), query, none=None)
+    call["key_padding_mask"] = _as_logits(call.get("key_padding_mask"), query.dtype)
     return (), call
 
 
-def _float_mask(mask, query, none=0.0):
-    """mask as additive float logits of query's dtype (True = blocked becomes -inf); none if None."""
+def _as_logits(mask, dtype):
+    """An attention mask as additive logits of dtype: Boolean (True = blocked) becomes 0 / -inf,
+    float is kept, None stays None."""
     if mask is None:
-        return none
+        return None
     if mask.dtype == torch.bool:
-        return torch.zeros_like(mask, dtype=query.dtype).masked_fill(mask, float("-inf"))
-    return mask.to(query.dtype)
+        return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
+    return mask.to(dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -402,8 +409,8 @@ class Transformer(nn.Module):
 # Token layout of the Boolean model: position 0 is the CLS token the readout uses, position
 # 1 + i holds bit x_i, so d = 15 bits give N = 16. Each constructor returns (depth, heads, N, N)
 # logits M: OPEN where a query may attend to a key, CLOSE elsewhere. Row = query, column = key.
-# The paper shows these masks as pictures (Figure "mask_all") and states the principles behind them
-# (Section 4.2); each constructor's docstring says which principle each group of open entries serves.
+# The paper shows these masks as pictures (Figure "mask_all") and states the principles behind
+# them (Section 4.2); each constructor's docstring says which principle its open entries serve.
 
 def _bit(i):
     """Sequence position of bit x_i (position 0 is CLS)."""
@@ -757,8 +764,8 @@ GPT_MASK_SCALE = 10.0
 
 
 def _init_weights(model, truncated):
-    """The GPT-2 / timm initialisation shared by GPT and ViT: every nn.Linear and nn.Embedding weight
-    drawn with std 0.02, every nn.Linear bias zero. truncated=False draws N(0, 0.02^2)
+    """The GPT-2 / timm initialisation shared by GPT and ViT: every nn.Linear and nn.Embedding
+    weight drawn with std 0.02, every nn.Linear bias zero. truncated=False draws N(0, 0.02^2)
     (nn.init.normal_, GPT-2 and nanoGPT); truncated=True draws nn.init.trunc_normal_ (timm's ViT;
     its cut at +-2 lies 100 std out). model.apply visits the layers in registration order, which
     fixes the order of the random draws. (The ViT has no nn.Embedding.)"""

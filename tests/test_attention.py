@@ -53,7 +53,8 @@ def test_learnable_block_equals_written_out_formula(n):
     torch.testing.assert_close(attn.sum(-1), torch.ones(2, 3, n, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("n, mask_scale, causal", [(7, 1.0, False), (4, 10.0, False), (7, 1.0, True)])
+@pytest.mark.parametrize("n, mask_scale, causal",
+                         [(7, 1.0, False), (4, 10.0, False), (7, 1.0, True)])
 def test_plain_path_equals_the_functional_form(n, mask_scale, causal):
     """The class's return_attn path computes maskprior.masked_attention, the one-line Section 4.1
     equation (plus the hard causal -inf when causal)."""

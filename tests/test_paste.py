@@ -24,7 +24,7 @@ def class_source(name="MaskedSelfAttention"):
 
 
 def pasted_class(tmp_path):
-    """Write HEADER + the class source to a fresh file, import it, return (class, module globals)."""
+    """HEADER + the class source written to a fresh file and imported: (class, module globals)."""
     path = tmp_path / "pasted_attention.py"
     path.write_text(HEADER + class_source() + "\n")
     spec = importlib.util.spec_from_file_location("pasted_attention", path)
