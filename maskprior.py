@@ -4,7 +4,11 @@ Reference implementation of "Mask-Based Priors Are More Persistent than Query-Ke
 Read top to bottom beside the paper:
 
   1. MaskedSelfAttention   the block of Section 4.1: softmax(Q K^T / sqrt(d) + log sigmoid(M)) V,
-                           plus the fixed (Appendix A.2), Hadamard (Appendix B) and vanilla variants.
+                           plus the fixed (Appendix A.2), Hadamard (Appendix B) and vanilla
+                           variants; masked_attention, the same equation as one function;
+                           attention_modules, every such block of a model, first layer to last.
+     add_mask_prior        the same prior put into the nn.MultiheadAttention modules of an existing
+                           model (e.g. torchvision's ViT) in one call.
   2. Block, Transformer    a pre-LayerNorm encoder with one mask per layer (Principle 4, layer-wise
                            composition), the model of the Boolean GOTU experiments (Section 5.1).
   3. Boolean masks         the patterns of Appendix "Design of Mask Pattern" for 2parity, majority,
@@ -18,7 +22,8 @@ Read top to bottom beside the paper:
   7. ViT, impulse masks    a Vision Transformer on the same block, with the 3x3 impulse pattern
                            of Zheng et al. as mask prior (Section 5.3).
 
-This file imports torch and nothing else, so any class can be copied out on its own.
+This file imports torch and nothing else; MaskedSelfAttention needs nothing else from it, so its
+class can be copied into another file on its own.
 """
 
 import math
@@ -28,11 +33,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # Appendix "Experiment Details": open positions get M = 10, closed ones M = -10. After log sigmoid,
-# an open entry adds log sigmoid(10) = -4.5e-5 (nothing) to its logit and a closed entry adds
-# log sigmoid(-10) = -10.00005, i.e. its attention weight is divided by about e^10 = 22026.
+# an open entry adds log sigmoid(10) = -4.5e-5 to its logit and a closed entry adds
+# log sigmoid(-10) = -10.00005. Softmax only sees differences within a row, so in a row that mixes
+# the two an open key outweighs a closed key with the same content score by
+# sigmoid(10) / sigmoid(-10) = e^10 = 22026, while open keys keep their vanilla ratios to each
+# other.
 OPEN, CLOSE = 10.0, -10.0
-
-MASK_MODES = ("learnable", "fixed", "hadamard", "none")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -44,9 +50,16 @@ class MaskedSelfAttention(nn.Module):
 
     Section 4.1:  A = softmax(Q K^T / sqrt(d) + log sigmoid(M)),  y = A V.
 
-    Since log sigmoid(M) <= 0, the bias can only down-weight an interaction; an open entry
-    (M >> 0) leaves attention exactly as vanilla attention would compute it. M is a raw parameter
-    named `mask`, shape (heads, seq_len, seq_len): one full N x N matrix per head.
+    Since log sigmoid(M) <= 0, the bias can only down-weight an interaction: it multiplies the
+    unnormalised weight exp(q_i . k_j / sqrt(d)) of entry (i, j) by sigmoid(M_ij) <= 1. What reaches
+    the output is the row after renormalisation, so a row whose entries all carry the same M (all
+    open, all closed, or the all-zero mask) is exactly vanilla attention: the common factor
+    cancels. In a row that mixes values, an open entry (M = 10, factor sigmoid(10) = e^-4.5e-5)
+    keeps its vanilla ratio to every other open entry and gains the factor
+    sigmoid(10) / sigmoid(-10) = e^10 over each closed entry (M = -10); the row is then vanilla
+    attention with its closed keys down-weighted, not vanilla attention itself.
+    M is a raw parameter named `mask`, shape (heads, seq_len, seq_len): one full N x N matrix per
+    head.
 
     mode:
       "learnable"  the paper: M is trained jointly with the rest of the model.
@@ -59,7 +72,12 @@ class MaskedSelfAttention(nn.Module):
       "Wiki-text and Tiny-stories", which initialises M_ij = -max(i - j, 0) and uses s = 10.
 
     Inputs shorter than seq_len use the top-left (n, n) block of M.
+
+    The class uses only math, torch, torch.nn as nn and torch.nn.functional as F, so its source
+    can be copied into another file on its own.
     """
+
+    MODES = ("learnable", "fixed", "hadamard", "none")
 
     # Set to False to force the plain path everywhere (e.g. a backend that cannot return the
     # gradient of a float attn_mask). The two paths compute the same function.
@@ -68,8 +86,8 @@ class MaskedSelfAttention(nn.Module):
     def __init__(self, dim, heads, seq_len, head_dim=None, mask_init=None, mode="learnable",
                  causal=False, mask_scale=1.0, dropout=0.0, qkv_bias=False):
         super().__init__()
-        if mode not in MASK_MODES:
-            raise ValueError(f"mode must be one of {MASK_MODES}, got {mode!r}")
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
         self.heads = heads
         self.head_dim = head_dim or dim // heads
         self.seq_len = seq_len
@@ -115,7 +133,7 @@ class MaskedSelfAttention(nn.Module):
         else:
             bias = self.logit_bias(N)  # (H, N, N) or None
             if self.causal:
-                bias = _add_causal(bias, N, x.device, q.dtype)
+                bias = self._with_causal(bias, N, x.device, q.dtype)
             if self.use_sdpa and not return_attn:
                 # Fast path. scaled_dot_product_attention adds a float attn_mask to the scaled
                 # logits and back-propagates into it, so M receives its gradient from here. The
@@ -143,21 +161,150 @@ class MaskedSelfAttention(nn.Module):
     def _hadamard(self, q, k, v):
         """Appendix B: A = sigma(s * M) o softmax(Q K^T / sqrt(d) [+ causal]); y = A V."""
         N = q.shape[-2]
-        causal = _add_causal(None, N, q.device, q.dtype) if self.causal else None
+        causal = self._with_causal(None, N, q.device, q.dtype) if self.causal else None
         _, attn = self._plain(q, k, v, causal)
         attn = torch.sigmoid(self.mask_scale * self.mask[:, :N, :N]) * attn  # (B, H, N, N)
         return attn @ v, attn
 
+    @staticmethod
+    def _with_causal(bias, n, device, dtype):
+        """bias + the hard causal mask (-inf where key j > query i); (H or 1, n, n)."""
+        future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+        hard = torch.zeros(n, n, dtype=dtype, device=device).masked_fill(future, float("-inf"))
+        return hard[None] if bias is None else bias + hard
 
-def _add_causal(bias, n, device, dtype):
-    """bias + the hard causal mask (-inf where key j > query i); (H or 1, n, n)."""
-    future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
-    hard = torch.zeros(n, n, dtype=dtype, device=device).masked_fill(future, float("-inf"))
-    return hard[None] if bias is None else bias + hard
+
+# The same attention as one function, to read beside Section 4.1. The class's plain path computes
+# this on the first n positions of its mask, plus attention dropout and, if causal, the hard -inf:
+#
+#     Attention(Q, K, V; M) = softmax( Q K^T / sqrt(d) + log sigmoid(s M) ) V
+#
+# Q, K, V: (..., N, d), M: (H, N, N) (broadcast over the batch), s the mask scale (1 in the paper
+# except for the GPT prior, where s = 10).
+def masked_attention(q, k, v, mask, scale=1.0):
+    """softmax(q k^T / sqrt(d) + log sigmoid(scale * mask)) v.
+    q, k, v (B, H, N, d) and mask (H, N, N), broadcast over the batch -> (B, H, N, d)."""
+    logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])      # (B, H, N, N)
+    return (logits + F.logsigmoid(scale * mask)).softmax(dim=-1) @ v
+
+
+def attention_modules(model):
+    """Every MaskedSelfAttention inside model, in model.modules() order (first layer to last)."""
+    return [m for m in model.modules() if isinstance(m, MaskedSelfAttention)]
 
 
 # ----------------------------------------------------------------------------------------------
-# 2. The Transformer encoder (Section 5.1; model of the GOTU code, anchors.md)
+# 1b. The same prior inside an existing model's nn.MultiheadAttention (Section 4.1)
+# ----------------------------------------------------------------------------------------------
+# add_mask_prior gives every nn.MultiheadAttention of a model a parameter `mask` M (heads, N, N)
+# and a forward pre-hook that adds log sigmoid(s * M) to the attention logits: nn.MultiheadAttention
+# adds a float attn_mask to Q K^T / sqrt(d) before its softmax, so the module then computes
+# softmax(Q K^T / sqrt(d) + log sigmoid(s M)) V, the attention of Section 4.1, and nothing else in
+# the model changes. The hook passes the bias as attn_mask (B * heads, N, N), added to any mask the
+# caller gave. Two PyTorch shortcuts would bypass it, and neither runs on a patched module:
+#   - nn.MultiheadAttention's own fused path (torch._native_multi_head_attention, eval mode) is
+#     never taken with a float attn_mask;
+#   - nn.TransformerEncoderLayer's fused path (torch._transformer_encoder_layer_fwd) is never taken
+#     while any of its sub-modules has a forward hook, and the hook is one.
+# nn.TransformerEncoder's nested-tensor path (eval with a padding mask) would feed the layers
+# nested tensors, which nn.MultiheadAttention refuses off its fused path; add_mask_prior turns it
+# off (use_nested_tensor = False) on every nn.TransformerEncoder of the model.
+
+# nn.MultiheadAttention.forward's arguments in order, to read positional arguments by name.
+_MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+                  "average_attn_weights", "is_causal")
+
+
+def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
+    """Put the Section 4.1 mask prior log sigmoid(scale * M) into every nn.MultiheadAttention of
+    model; returns the patched modules in model.named_modules() order.
+
+    mask_init: (heads, N, N), the same M for every module, or (layers, heads, N, N), one per module
+      in that order. N must equal the sequence length the module sees (checked at forward time).
+    mode: "learnable" (M is trained) or "fixed" (M has requires_grad=False), as in
+      MaskedSelfAttention. M is registered as the parameter `mask`, so it is in the state_dict.
+    Every nn.MultiheadAttention is patched, so each must be used as self-attention: a call whose
+    query or key length is not N raises ValueError (a cross-attention with N keys and queries would
+    get the prior too; patch only the encoder of such a model). batch_first True and False and
+    unbatched inputs all work.
+    """
+    if mode not in ("learnable", "fixed"):
+        raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
+    named = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
+    if not named:
+        raise ValueError(f"{type(model).__name__} contains no nn.MultiheadAttention to patch")
+    if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
+        raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) "
+                         f"for the modules {[name for name, _ in named]}, "
+                         f"got {tuple(mask_init.shape)}")
+    masks = mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1)
+    for (name, attn), mask in zip(named, masks):
+        _check_mask_fits(name, attn, mask)
+    for (name, attn), mask in zip(named, masks):
+        weight = attn.out_proj.weight                # M takes the module's dtype and device
+        attn.mask = nn.Parameter(mask.detach().to(weight).clone(),
+                                 requires_grad=(mode == "learnable"))
+        attn.mask_scale = scale
+        attn.mask_prior_name = name                # for the forward-time error message
+        attn.register_forward_pre_hook(_add_mask_prior_to_call, with_kwargs=True)
+    for encoder in model.modules():
+        if isinstance(encoder, nn.TransformerEncoder):
+            encoder.use_nested_tensor = False
+    return [attn for _, attn in named]
+
+
+def _check_mask_fits(name, attn, mask):
+    """ValueError naming the module unless attn is unpatched and mask is (num_heads, N, N)."""
+    if hasattr(attn, "mask_prior_name"):
+        raise ValueError(f"{name or 'model'} already has a mask prior")
+    heads, rows, cols = mask.shape
+    if heads != attn.num_heads or rows != cols:
+        raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit an "
+                         f"nn.MultiheadAttention with num_heads={attn.num_heads}; expected "
+                         f"({attn.num_heads}, N, N)")
+
+
+def _add_mask_prior_to_call(attn, args, kwargs):
+    """Forward pre-hook: the call's arguments, attn_mask = log sigmoid(s M) + the caller's mask."""
+    call = dict(zip(_MHA_ARGUMENTS, args), **kwargs)
+    query, key = call["query"], call["key"]
+    batched = query.dim() == 3
+    position_dim = 1 if batched and attn.batch_first else 0
+    n, n_keys = query.shape[position_dim], key.shape[position_dim]
+    if attn.mask.shape[-1] != n or n_keys != n:
+        raise ValueError(f"{attn.mask_prior_name or 'model'}: mask of shape "
+                         f"{tuple(attn.mask.shape)} is for self-attention over sequences of length "
+                         f"{attn.mask.shape[-1]}, got length {n} (query {tuple(query.shape)}, key "
+                         f"{tuple(key.shape)})")
+    bias = F.logsigmoid(attn.mask_scale * attn.mask).to(query.dtype)         # (H, N, N)
+    if batched:                                                             # row b * H + h
+        batch = query.shape[0 if attn.batch_first else 1]
+        bias = bias.expand(batch, -1, -1, -1).reshape(-1, n, n)             # (B * H, N, N)
+    caller_mask = call.get("attn_mask")                                     # (N, N), (B * H, N, N)
+    if caller_mask is None and call.get("is_causal"):                       # hint alone: build it
+        caller_mask = torch.ones(n, n, dtype=torch.bool, device=query.device).triu(1)
+    caller_mask = _as_logits(caller_mask, query.dtype)
+    call["attn_mask"] = bias if caller_mask is None else bias + caller_mask # (B * H, N, N)
+    # With is_causal=True (and no padding mask, no weights asked for) F.multi_head_attention_forward
+    # drops attn_mask and lets SDPA apply the causal mask alone; the causal -inf is in attn_mask.
+    call["is_causal"] = False
+    # A Boolean key_padding_mask beside a float attn_mask draws a deprecation warning; same values.
+    call["key_padding_mask"] = _as_logits(call.get("key_padding_mask"), query.dtype)
+    return (), call
+
+
+def _as_logits(mask, dtype):
+    """An attention mask as additive logits of dtype: Boolean (True = blocked) becomes 0 / -inf,
+    float is kept, None stays None."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
+    return mask.to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. The Transformer encoder (Section 5.1; the model of the GOTU code, github.com/aryol/GOTU)
 # ----------------------------------------------------------------------------------------------
 
 class MLP(nn.Module):
@@ -233,9 +380,8 @@ class Transformer(nn.Module):
             raise ValueError("readout='cls' needs cls_token=True")
         self.readout = readout
         self.embed = nn.Embedding(vocab_size, dim)
-        # CLS starts at zero and learned positions at N(0, 0.02^2), as in nanoGPT and timm's ViT.
-        # (The GOTU code draws both N(0, 1); with that, mask runs on 2parity and threesym stayed on
-        # the MDI in our measurements, README "What we tried".)
+        # CLS starts at zero and learned positions at N(0, 0.02^2), as in nanoGPT and timm's ViT
+        # (the GOTU code draws both from N(0, 1)).
         self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if cls_token else None
         self.pos = nn.Parameter(0.02 * torch.randn(1, seq_len, dim))
         self.blocks = nn.ModuleList(
@@ -255,9 +401,6 @@ class Transformer(nn.Module):
         out = self.head(x[:, 0] if self.readout == "cls" else x)
         return (out, attns) if return_attn else out
 
-    def attention_layers(self):
-        """The MaskedSelfAttention module of every layer, first to last."""
-        return [block.attn for block in self.blocks]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -266,8 +409,8 @@ class Transformer(nn.Module):
 # Token layout of the Boolean model: position 0 is the CLS token the readout uses, position
 # 1 + i holds bit x_i, so d = 15 bits give N = 16. Each constructor returns (depth, heads, N, N)
 # logits M: OPEN where a query may attend to a key, CLOSE elsewhere. Row = query, column = key.
-# The paper's figures of these masks are missing from the text we have; the shapes below follow
-# its principles and were chosen and checked by the measurements in the README.
+# The paper shows these masks as pictures (Figure "mask_all") and states the principles behind
+# them (Section 4.2); each constructor's docstring says which principle its open entries serve.
 
 def _bit(i):
     """Sequence position of bit x_i (position 0 is CLS)."""
@@ -438,7 +581,8 @@ ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplica
 
 
 # ----------------------------------------------------------------------------------------------
-# 5. Query-key initialisation baselines (Sections 2.1 and 5.1; facts in anchors.md)
+# 5. Query-key initialisation baselines (Sections 2.1 and 5.1; following the public code of
+#    Zheng et al., github.com/osiriszjq/structured_initialization)
 # ----------------------------------------------------------------------------------------------
 # The paper's comparison: put the SAME pattern into W_Q / W_K instead of into M. Every function
 # below takes a model built from MaskedSelfAttention (mode="none") and the (depth, heads, N, N)
@@ -489,7 +633,7 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
     "Perplexity comparison". Per head W_Q W_K^T ~ alpha1 Z1 + beta1 I, per layer
     W_V W_O ~ alpha2 Z2 - beta2 I, with Z having N(0, 1/D) entries, each factored by SVD. It
     mimics the identity-plus-noise attention of trained Transformers and takes no task pattern."""
-    for attn in _attention_modules(model):
+    for attn in attention_modules(model):
         dim = attn.qkv.weight.shape[1]
         inner = attn.heads * attn.head_dim
         eye = torch.eye(dim)
@@ -537,7 +681,7 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
     p = pseudo_input(model)                                        # (N, D)
     n, dim = p.shape
     u, s, vh = torch.linalg.svd(p.T @ p)                           # P^T P = U S V^T, (D, D)
-    for layer, attn in enumerate(_attention_modules(model)):
+    for layer, attn in enumerate(attention_modules(model)):
         rank = min(attn.head_dim, int((s > s[0] * 1e-6).sum()))
         p_plus = vh[:rank].T @ torch.diag(1 / s[:rank]) @ u[:, :rank].T @ p.T   # (D, N)
         for h in range(attn.heads):
@@ -568,7 +712,7 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
     """
     scale_positions_(model, pos_scale)
     p = pseudo_input(model)
-    attns = _attention_modules(model)
+    attns = attention_modules(model)
     heads, rank = attns[0].heads, attns[0].head_dim
     solved = []                                                    # [(target, (Q, K))]
     for layer, attn in enumerate(attns):
@@ -606,11 +750,6 @@ def _fit_qk(p, target, rank, steps, lr, renorm_every, generator):
     return q.detach(), k.detach()
 
 
-def _attention_modules(model):
-    """Every MaskedSelfAttention inside model, in order."""
-    return [m for m in model.modules() if isinstance(m, MaskedSelfAttention)]
-
-
 # ----------------------------------------------------------------------------------------------
 # 6. GPT with a causal relative-distance mask prior (Appendix "Wiki-text and Tiny-stories")
 # ----------------------------------------------------------------------------------------------
@@ -622,6 +761,23 @@ def _attention_modules(model):
 # paper's units. The hard causal mask (-inf above the diagonal) is added on top.
 
 GPT_MASK_SCALE = 10.0
+
+
+def _init_weights(model, truncated):
+    """The GPT-2 / timm initialisation shared by GPT and ViT: every nn.Linear and nn.Embedding
+    weight drawn with std 0.02, every nn.Linear bias zero. truncated=False draws N(0, 0.02^2)
+    (nn.init.normal_, GPT-2 and nanoGPT); truncated=True draws nn.init.trunc_normal_ (timm's ViT;
+    its cut at +-2 lies 100 std out). model.apply visits the layers in registration order, which
+    fixes the order of the random draws. (The ViT has no nn.Embedding.)"""
+    draw = nn.init.trunc_normal_ if truncated else nn.init.normal_
+
+    def init(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            draw(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    model.apply(init)
 
 
 def relative_distance_mask(heads, block_size):
@@ -653,18 +809,11 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # weight tying, as in GPT-2 and nanoGPT
-        self.apply(self._init_weights)
+        _init_weights(self, truncated=False)
         for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
             if name.endswith("attn.proj.weight") or name.endswith("mlp.out.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
         nn.init.normal_(self.pos, std=0.02)
-
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
 
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> logits (B, T, vocab); with targets also the mean cross-entropy."""
@@ -672,15 +821,12 @@ class GPT(nn.Module):
         if T > self.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
         x = self.drop(self.embed(idx) + self.pos[:, :T])
-        for block in self.blocks:
-            x = block(x)
+        x, _ = run_blocks(self.blocks, x)
         logits = self.head(self.norm(x))
         if targets is None:
             return logits
         return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
-    def attention_layers(self):
-        return [block.attn for block in self.blocks]
 
     @torch.no_grad()
     def generate(self, idx, new_tokens, temperature=1.0, top_k=None, generator=None):
@@ -700,7 +846,8 @@ class GPT(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Section 5.3 follows Zheng et al. (2025): each head starts as one 3x3 convolution "impulse"
 # filter, i.e. a patch attends to exactly one neighbour (Appendix "Visualization of Structure
-# Initialization"). Facts from their code (anchors.md): head i gets offset k[i mod 9] of the
+# Initialization"). In their code (github.com/osiriszjq/structured_initialization) head i gets
+# offset k[i mod 9] of the
 # 3x3 window with k = IMPULSE_ORDER, (row, col) offset = (k // 3 - 1, k % 3 - 1), so heads 0..4
 # are identity, up, right, left, down, then the diagonals; ViT-Tiny's 3 heads get identity, up,
 # right. Every layer gets the same offsets.
@@ -750,7 +897,7 @@ class ViT(nn.Module):
     depth 12, 3 heads, MLP 768, patch 16 on 224 x 224; Table tab:init_1).
 
     masks: None, or (depth, heads, N, N) mask_init per layer (impulse_mask for the paper's prior).
-    pool: "cls" reads the CLS token (timm's default, our CIFAR runs); "avg" averages the patch
+    pool: "cls" reads the CLS token (timm's default, used for CIFAR); "avg" averages the patch
       tokens (Table tab:init_3, "Global pool avg", ImageNet100).
     drop_paths: None, or one module per block for its residual branches, e.g.
       torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
@@ -779,15 +926,8 @@ class ViT(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
         # timm's ViT init: Linear weights trunc-normal(0.02), biases 0, positions trunc-normal(0.02).
-        self.apply(self._init_weights)
+        _init_weights(self, truncated=True)
         nn.init.trunc_normal_(self.pos, std=0.02)
-
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, nn.Linear):
-            nn.init.trunc_normal_(module.weight, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
 
     def forward(self, images, return_attn=False):
         """images (B, C, H, W) -> class logits (B, num_classes) [, each layer's (B, H, N, N)]."""
@@ -800,18 +940,9 @@ class ViT(nn.Module):
         out = self.head(features)
         return (out, attns) if return_attn else out
 
-    def attention_layers(self):
-        return [block.attn for block in self.blocks]
-
-
 # ----------------------------------------------------------------------------------------------
 # 8. Measuring the prior (Section 6.1, Figure "comparison_pattern"): where attention goes
 # ----------------------------------------------------------------------------------------------
-
-def attention_modules(model):
-    """Every MaskedSelfAttention in model, first layer to last."""
-    return [m for m in model.modules() if isinstance(m, MaskedSelfAttention)]
-
 
 @torch.no_grad()
 def mean_attention(model, inputs, device, batch=4096):

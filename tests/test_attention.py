@@ -53,6 +53,22 @@ def test_learnable_block_equals_written_out_formula(n):
     torch.testing.assert_close(attn.sum(-1), torch.ones(2, 3, n, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("n, mask_scale, causal",
+                         [(7, 1.0, False), (4, 10.0, False), (7, 1.0, True)])
+def test_plain_path_equals_the_functional_form(n, mask_scale, causal):
+    """The class's return_attn path computes maskprior.masked_attention, the one-line Section 4.1
+    equation (plus the hard causal -inf when causal)."""
+    block = make_block(mask_scale=mask_scale, causal=causal)
+    x = torch.randn(2, n, 12, dtype=torch.float64)
+    q, k, v = split_qkv(block, x)
+    mask = block.mask[:, :n, :n]
+    if causal:                           # sigmoid(-inf) = 0: log sigmoid adds the hard -inf
+        mask = mask.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    expected = merge(block, maskprior.masked_attention(q, k, v, mask, mask_scale))
+    torch.testing.assert_close(block(x, return_attn=True)[0], expected)
+    torch.testing.assert_close(block(x), expected)
+
+
 def test_mask_gradient_of_fast_path_equals_plain_path_and_autograd_of_formula():
     block = make_block()
     x = torch.randn(2, 7, 12, dtype=torch.float64)
@@ -148,7 +164,7 @@ def test_transformer_takes_one_mask_per_layer_and_returns_attention():
     masks = maskprior.mask_cyclic3(4, 3)
     masks[1] = maskprior.mask_majority(1, 3)[0]
     model = maskprior.Transformer(2, 16, 12, 4, 3, 12, 1, masks=masks, mode="learnable")
-    for layer, attn in enumerate(model.attention_layers()):
+    for layer, attn in enumerate(maskprior.attention_modules(model)):
         torch.testing.assert_close(attn.mask.detach(), masks[layer])
     tokens = torch.randint(0, 2, (5, 15))
     out, attns = model(tokens, return_attn=True)

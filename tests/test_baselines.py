@@ -19,7 +19,7 @@ def mass_on_pseudo_input(model, pattern):
     mass on the pattern's open entries averaged over query rows: (layers, heads)."""
     p = maskprior.pseudo_input(model)
     masses = []
-    for layer, attn in enumerate(model.attention_layers()):
+    for layer, attn in enumerate(maskprior.attention_modules(model)):
         inner = attn.heads * attn.head_dim
         w = attn.qkv.weight.detach()
         q = (p @ w[:inner].T).view(len(p), attn.heads, attn.head_dim).transpose(0, 1)
@@ -49,7 +49,7 @@ def test_structured_opt_puts_the_pattern_into_qk(task):
     assert mass.mean() > 0.85         # measured: 0.92 (2000 Adam steps at lr 1e-4)
     assert mass.min() > 0.6
     # one solution reused in every layer, since every layer has the same pattern
-    attns = model.attention_layers()
+    attns = maskprior.attention_modules(model)
     qk_rows = 2 * attns[0].heads * attns[0].head_dim           # the q and k rows of qkv.weight
     assert all(torch.equal(attns[0].qkv.weight[:qk_rows], a.qkv.weight[:qk_rows]) for a in attns)
 
@@ -60,7 +60,7 @@ def test_structured_opt_solves_each_distinct_layer_pattern():
     model = maskprior.structured_opt_init_(boolean_model(depth=2), pattern, steps=300, lr=1e-3)
     mass = mass_on_pseudo_input(model, pattern)
     assert mass.min() > 0.5
-    w0, w1 = (a.qkv.weight for a in model.attention_layers())
+    w0, w1 = (a.qkv.weight for a in maskprior.attention_modules(model))
     assert not torch.equal(w0, w1)
 
 
@@ -73,7 +73,7 @@ def test_mimetic_products_equal_their_targets_when_full_rank():
     g = torch.Generator().manual_seed(3)
     z1 = torch.randn(dim, dim, generator=g) / math.sqrt(dim)
     z2 = torch.randn(dim, dim, generator=g) / math.sqrt(dim)
-    attn = model.attention_layers()[0]
+    attn = maskprior.attention_modules(model)[0]
     w_q, w_k, w_v = attn.qkv.weight.detach().split(dim)
     eye = torch.eye(dim)
     torch.testing.assert_close(w_q.T @ w_k, 0.7 * z1 + 0.7 * eye, atol=1e-4, rtol=1e-4)
@@ -83,7 +83,7 @@ def test_mimetic_products_equal_their_targets_when_full_rank():
 
 def test_mimetic_heads_are_identity_like_at_the_paper_shape():
     model = maskprior.mimetic_init_(boolean_model())
-    for attn in model.attention_layers():
+    for attn in maskprior.attention_modules(model):
         inner = attn.heads * attn.head_dim
         w_q, w_k = attn.qkv.weight.detach()[:inner], attn.qkv.weight.detach()[inner:2 * inner]
         for h in range(3):

@@ -27,7 +27,7 @@ def test_relative_distance_mask_and_its_bias():
         for j in range(5):
             assert m[1, i, j] == -max(i - j, 0)
     gpt = maskprior.GPT(32, 5, 8, 2, 3, mode="learnable", masks=m.expand(2, -1, -1, -1))
-    bias = gpt.attention_layers()[0].logit_bias(5).detach()
+    bias = maskprior.attention_modules(gpt)[0].logit_bias(5).detach()
     torch.testing.assert_close(bias, F.logsigmoid(10.0 * m))   # log sigmoid(s M), s = 10
     assert bias[0, 3, 3] == pytest.approx(-math.log(2)) and bias[0, 3, 2] < -9.9
 
@@ -45,7 +45,7 @@ def test_gpt_is_causal_and_trains(init):
     logits, loss = gpt(x[:, :-1], x[:, 1:])
     assert logits.shape == (3, 11, 50) and loss.item() == pytest.approx(math.log(50), rel=0.1)
     loss.backward()
-    mask = gpt.attention_layers()[0].mask
+    mask = maskprior.attention_modules(gpt)[0].mask
     assert (mask is not None) == (init == "mask")
     if mask is not None:
         assert mask.grad is not None and mask.grad.abs().sum() > 0

@@ -5,12 +5,18 @@ Theorem 1 (Section 6.1, Appendix "Proof of Theorem 1"): the Jacobians of one mas
 with respect to q, each key k_j and each mask entry m_j. Corollary 1: their norm bounds.
 Proposition 1 (Appendix B): ||softmax(A)||_F >= 1, and the Hadamard mask sigma(M) o softmax(A)
 has a Jacobian no larger (in Frobenius norm) than softmax's own.
+
+Part 1 checks the algebra on hand-built tensors and does not use maskprior. Part 2 checks
+Theorem 1 and Corollary 1 on what maskprior.MaskedSelfAttention computes: the gradient that
+autograd sends into the module's `mask` parameter, against the theorem's closed form.
 """
 import math
 
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
+
+import maskprior
 
 SETTINGS = settings(deadline=None, max_examples=40, derandomize=True)
 
@@ -75,11 +81,11 @@ def test_corollary1_bounds_hold(row):
     # ||dp_i/dk_j|| <= p_i |delta_ij - p_j| B_q / sqrt(d) <= p_i B_q / sqrt(d)
     tight = p[:, None] * (eye - p[None, :]).abs() * b_q / math.sqrt(d)
     assert (dk.norm(dim=2) <= tight + slack).all()
-    assert (tight <= (p * b_q / math.sqrt(d))[:, None] + slack).all()
+    assert (dk.norm(dim=2) <= (p * b_q / math.sqrt(d))[:, None] + slack).all()
     # |dp_i/dm_j| <= p_i |delta_ij - p_j| sigma(-m_j) <= p_i
     tight_m = p[:, None] * (eye - p[None, :]).abs() * torch.sigmoid(-m)[None, :]
     assert (dm.abs() <= tight_m + slack).all()
-    assert (tight_m <= p[:, None] + slack).all()
+    assert (dm.abs() <= p[:, None] + slack).all()
 
 
 def test_corollary1_mask_gradient_shrinks_as_the_entry_opens():
@@ -109,9 +115,8 @@ def logits_and_mask(draw):
 @SETTINGS
 @given(logits_and_mask())
 def test_proposition1_softmax_frobenius_norm_at_least_one(am):
-    a, mask = am
+    a, _ = am
     assert torch.softmax(a, dim=-1).norm() >= 1 - 1e-12
-    assert (torch.sigmoid(mask) * torch.softmax(a, dim=-1)).norm() >= 0
 
 
 @SETTINGS
@@ -132,3 +137,97 @@ def test_proposition1_hadamard_can_collapse_where_additive_cannot():
     assert (torch.sigmoid(m) * torch.softmax(a, -1)).norm() < 1e-12
     additive = torch.softmax(a + F.logsigmoid(m), -1)
     torch.testing.assert_close(additive.sum(-1), torch.ones(4, dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------------------------
+# Part 2: Theorem 1 and Corollary 1 on maskprior.MaskedSelfAttention
+# ----------------------------------------------------------------------------------------------
+# The module computes p = softmax(Q K^T / sqrt(d) + log sigmoid(s M)) per batch element b and
+# head h, one row per query i. Theorem 1 with m_j = s M_hij (chain rule: dm_j/dM_hij = s) gives
+#     dp_bhia / dM_hij = s p_bhia (delta_aj - p_bhij) sigma(-s M_hij),
+# and no other entry of M reaches row (b, h, i). For a scalar L with G_bhia = dL/dp_bhia:
+#     dL/dM_hij = s sigma(-s M_hij) sum_b p_bhij (G_bhij - sum_a G_bhia p_bhia).
+
+
+@st.composite
+def attention_module(draw):
+    """A float64 MaskedSelfAttention (learnable) and an input x (B, n, dim), n <= seq_len."""
+    heads, head_dim = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    n = draw(st.integers(1, 6))
+    seq_len = n + draw(st.integers(0, 2))          # n < seq_len uses the top-left block of M
+    batch = draw(st.integers(1, 3))
+    mask_scale = draw(st.sampled_from([1.0, 10.0]))
+    causal = draw(st.booleans())
+    seed = draw(st.integers(0, 2 ** 31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    mask = draw(st.floats(0.5, 6.0)) * torch.randn(heads, seq_len, seq_len, generator=g)
+    if draw(st.booleans()):                         # the paper's +-10 patterns
+        mask = torch.where(mask > 0, maskprior.OPEN, maskprior.CLOSE)
+    dim = heads * head_dim
+    torch.manual_seed(seed)
+    block = maskprior.MaskedSelfAttention(dim, heads, seq_len, mask_init=mask, causal=causal,
+                                          mask_scale=mask_scale).double()
+    x = draw(st.floats(0.1, 3.0)) * torch.randn(batch, n, dim, generator=g, dtype=torch.float64)
+    return block, x
+
+
+def theorem1_mask_gradient(block, p, grad_p):
+    """dL/dM by Theorem 1 from p (B, H, n, n) and G = dL/dp (B, H, n, n); zero outside (n, n)."""
+    n, s = p.shape[-1], block.mask_scale
+    m = block.mask.detach()[:, :n, :n]                                   # (H, n, n)
+    centred = grad_p - (grad_p * p).sum(-1, keepdim=True)               # G_ij - sum_a G_ia p_ia
+    expected = torch.zeros_like(block.mask)
+    expected[:, :n, :n] = s * torch.sigmoid(-s * m) * (p * centred).sum(0)
+    return expected
+
+
+@settings(deadline=None, max_examples=25, derandomize=True)
+@given(attention_module())
+def test_theorem1_mask_gradient_of_the_modules_probabilities(module_and_input):
+    """L = sum(W o p) over the probabilities the module returns: G = W."""
+    block, x = module_and_input
+    _, p = block(x, return_attn=True)                                    # (B, H, n, n)
+    weights = torch.randn(p.shape, generator=torch.Generator().manual_seed(0), dtype=p.dtype)
+    (grad,) = torch.autograd.grad((weights * p).sum(), block.mask)
+    expected = theorem1_mask_gradient(block, p.detach(), weights)
+    torch.testing.assert_close(grad, expected, rtol=1e-9, atol=1e-12)
+
+
+@settings(deadline=None, max_examples=25, derandomize=True)
+@given(attention_module())
+def test_theorem1_mask_gradient_of_the_modules_output(module_and_input):
+    """L = sum(W o y) with y the module's output on its fused SDPA path: G = dL/dp = (dL/dO) V^T,
+    O = p V the per-head output before W_O."""
+    block, x = module_and_input
+    y = block(x)                                                         # SDPA path, (B, n, dim)
+    weights = torch.randn(y.shape, generator=torch.Generator().manual_seed(0), dtype=y.dtype)
+    (grad,) = torch.autograd.grad((weights * y).sum(), block.mask)
+    with torch.no_grad():
+        _, p = block(x, return_attn=True)                                # (B, H, n, n)
+        B, n, _ = x.shape
+        split = lambda t: t.view(B, n, block.heads, block.head_dim).transpose(1, 2)
+        v = split(x @ block.qkv.weight[2 * block.heads * block.head_dim:].T)   # (B, H, n, hd)
+        grad_o = split(weights @ block.proj.weight)                      # dL/dO, (B, H, n, hd)
+        expected = theorem1_mask_gradient(block, p, grad_o @ v.transpose(-1, -2))
+    torch.testing.assert_close(grad, expected, rtol=1e-8, atol=1e-11)
+
+
+@settings(deadline=None, max_examples=15, derandomize=True)
+@given(attention_module(), st.data())
+def test_corollary1_bounds_the_modules_mask_jacobian(module_and_input, data):
+    """Every |dp_bhia / dM_hij| of one returned row, by autograd: <= s p_a |delta_aj - p_j|
+    sigma(-s M_hij) <= s p_a (Corollary 1 in units of s M). Open entries (M = 10, s = 1) move by at
+    most sigma(-10) p_a = 4.5e-5 p_a."""
+    block, x = module_and_input
+    B, n, _ = x.shape
+    b, h, i = (data.draw(st.integers(0, top - 1)) for top in (B, block.heads, n))
+    _, p = block(x, return_attn=True)
+    row = p[b, h, i]                                                     # (n,)
+    jacobian = torch.stack([torch.autograd.grad(row[a], block.mask, retain_graph=True)[0][h, i, :n]
+                            for a in range(n)])                          # [a, j], (n, n)
+    row, s = row.detach(), block.mask_scale
+    m = block.mask.detach()[h, i, :n]
+    eye = torch.eye(n, dtype=row.dtype)
+    tight = s * row[:, None] * (eye - row[None, :]).abs() * torch.sigmoid(-s * m)[None, :]
+    assert (jacobian.abs() <= tight + 1e-12).all()
+    assert (jacobian.abs() <= s * row[:, None] + 1e-12).all()

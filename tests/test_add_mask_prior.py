@@ -1,0 +1,293 @@
+"""maskprior.add_mask_prior on modules the project did not write: torchvision's VisionTransformer
+and nn.TransformerEncoder (batch_first True and False). A patched nn.MultiheadAttention must compute
+softmax(Q K^T / sqrt(d) + log sigmoid(M)) V (Section 4.1) in train and eval mode, train M, save and
+load it, and refuse masks that do not fit."""
+import copy
+import math
+import os
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+
+import maskprior
+from conftest import ROOT
+
+# The snippet whose code block test_readme_snippet_runs executes.
+README_PATH = os.path.join(ROOT, "README_add_mask_prior.md")
+README_HEADING = "## Add a mask prior to your own model"
+
+WIDTH, HEADS, LAYERS = 32, 2, 2
+VIT_TOKENS = 17                                   # CLS + 4 x 4 patches of 8 x 8 in a 32 x 32 image
+ENCODER_TOKENS = 6
+
+
+# ----------------------------------------------------------------------------------------------
+# The three models, each with its input and its nn.MultiheadAttention modules
+# ----------------------------------------------------------------------------------------------
+
+def vit(seed=0):
+    torch.manual_seed(seed)
+    model = torchvision.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=LAYERS, num_heads=HEADS, hidden_dim=WIDTH,
+        mlp_dim=64, num_classes=10)
+    # torchvision starts the classifier at zero, which would make every output 0 whatever the mask.
+    nn.init.normal_(model.heads.head.weight, std=0.1)
+    return model
+
+
+def encoder(batch_first, seed=0):
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(WIDTH, HEADS, 64, dropout=0.0, batch_first=batch_first)
+    # batch_first=False cannot use the nested-tensor path and would warn that it is not used.
+    return nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=batch_first)
+
+
+MODELS = {  # name: (build(seed), tokens N, batch_first, model input of batch B)
+    "vit": (vit, VIT_TOKENS, True, lambda B: torch.randn(B, 3, 32, 32)),
+    "encoder_batch_first": (lambda seed=0: encoder(True, seed), ENCODER_TOKENS, True,
+                            lambda B: torch.randn(B, ENCODER_TOKENS, WIDTH)),
+    "encoder_seq_first": (lambda seed=0: encoder(False, seed), ENCODER_TOKENS, False,
+                          lambda B: torch.randn(ENCODER_TOKENS, B, WIDTH)),
+}
+
+
+def mha_modules(model):
+    return [m for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
+
+
+def random_masks(n, seed=1):
+    """(layers, heads, n, n) mask logits of all sizes, so rows mix open and closed entries."""
+    return 3 * torch.randn(LAYERS, HEADS, n, n, generator=torch.Generator().manual_seed(seed))
+
+
+def written_out(attn, x, mask, batch_first, logit_extra=None):
+    """softmax(Q K^T / sqrt(d) + log sigmoid(M) [+ logit_extra]) V, then W_O, from attn's own
+    in_proj / out_proj weights. Returns the output (in x's layout) and p (B, H, N, N)."""
+    if not batch_first:
+        x = x.transpose(0, 1)                                            # (B, N, E)
+    B, N, E = x.shape
+    d = E // attn.num_heads
+    q, k, v = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
+    split = lambda t: t.view(B, N, attn.num_heads, d).transpose(1, 2)   # (B, H, N, d)
+    logits = split(q) @ split(k).transpose(-1, -2) / math.sqrt(d) + F.logsigmoid(mask)
+    if logit_extra is not None:
+        logits = logits + logit_extra
+    p = logits.softmax(dim=-1)                                           # (B, H, N, N)
+    y = attn.out_proj((p @ split(v)).transpose(1, 2).reshape(B, N, E))
+    return (y if batch_first else y.transpose(0, 1)), p
+
+
+# ----------------------------------------------------------------------------------------------
+# What the patched model computes
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_open_mask_leaves_the_model_unchanged(name, training):
+    """M = +10 everywhere: every logit moves by log sigmoid(10) = -4.5e-5, the same in every row,
+    which softmax cancels. In eval mode the unpatched model takes PyTorch's fused paths."""
+    build, n, _, make_input = MODELS[name]
+    model = build().double().train(training)
+    reference = copy.deepcopy(model)
+    maskprior.add_mask_prior(model, torch.full((HEADS, n, n), maskprior.OPEN))
+    x = make_input(3).double()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_patched_module_computes_the_section_4_1_attention(name, training):
+    build, n, batch_first, _ = MODELS[name]
+    model = build().double().train(training)
+    masks = random_masks(n)
+    attn = maskprior.add_mask_prior(model, masks)[1]                     # the second layer's
+    x = torch.randn((3, n, WIDTH) if batch_first else (n, 3, WIDTH), dtype=torch.float64)
+    expected, p = written_out(attn, x, masks[1].double(), batch_first)
+    with torch.no_grad():                                                # eval: fused paths off
+        y, _ = attn(x, x, x, need_weights=False)
+        y_weights, weights = attn(x, x, x, need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(y, expected)
+    torch.testing.assert_close(y_weights, expected)
+    torch.testing.assert_close(weights, p)
+
+
+def test_caller_masks_and_unbatched_input_combine_with_the_prior():
+    """A Boolean causal attn_mask with is_causal=True and a Boolean key_padding_mask are added to
+    log sigmoid(M) as -inf entries; an unbatched (N, E) input gets the prior too."""
+    model = encoder(batch_first=True).double()
+    masks = random_masks(ENCODER_TOKENS)
+    attn = maskprior.add_mask_prior(model, masks)[0]
+    n = ENCODER_TOKENS
+    x = torch.randn(3, n, WIDTH, dtype=torch.float64)
+    causal = torch.ones(n, n, dtype=torch.bool).triu(1)
+    padding = torch.zeros(3, n, dtype=torch.bool)
+    padding[0, -2:] = True
+    blocked = causal[None, None] | padding[:, None, None, :]            # (B, 1, N, N)
+    extra = torch.zeros(blocked.shape, dtype=torch.float64).masked_fill(blocked, float("-inf"))
+    expected, _ = written_out(attn, x, masks[0].double(), True, extra)
+    y, _ = attn(x, x, x, attn_mask=causal, key_padding_mask=padding, need_weights=False,
+                is_causal=True)
+    torch.testing.assert_close(y, expected)
+    causal_only = torch.zeros(n, n, dtype=torch.float64).masked_fill(causal, float("-inf"))
+    y, _ = attn(x, x, x, attn_mask=causal, need_weights=False, is_causal=True)
+    torch.testing.assert_close(y, written_out(attn, x, masks[0].double(), True, causal_only)[0])
+    single, _ = attn(x[1], x[1], x[1], need_weights=False)               # unbatched (N, E)
+    torch.testing.assert_close(single, written_out(attn, x[1:2], masks[0].double(), True)[0][0])
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_prior_acts_in_train_and_in_eval_mode(name):
+    """Eval under no_grad is where PyTorch would bypass nn.MultiheadAttention.forward; the patched
+    model gives the train-mode output there (dropout is 0), which differs from the unpatched one."""
+    build, n, _, make_input = MODELS[name]
+    model = build()
+    reference = copy.deepcopy(model).eval()
+    maskprior.add_mask_prior(model, random_masks(n))
+    x = make_input(3)
+    trained_path = model.train()(x)
+    with torch.no_grad():
+        eval_path = model.eval()(x)
+        unpatched = reference(x)
+    torch.testing.assert_close(eval_path, trained_path.detach(), rtol=1e-5, atol=1e-5)
+    assert (eval_path - unpatched).abs().max() > 1e-3
+
+
+def test_encoder_padding_mask_in_eval_mode_matches_train_mode():
+    """nn.TransformerEncoder would turn a padded batch into nested tensors in eval mode; the
+    patched encoder keeps dense tensors and gives the train-mode output."""
+    model = encoder(batch_first=True)
+    maskprior.add_mask_prior(model, random_masks(ENCODER_TOKENS))
+    x = torch.randn(3, ENCODER_TOKENS, WIDTH)
+    padding = torch.zeros(3, ENCODER_TOKENS, dtype=torch.bool)
+    padding[0, -2:] = True
+    trained_path = model.train()(x, src_key_padding_mask=padding).detach()
+    with torch.no_grad():
+        eval_path = model.eval()(x, src_key_padding_mask=padding)
+    assert not eval_path.is_nested
+    torch.testing.assert_close(eval_path, trained_path, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training, modes, checkpoints
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_gradient_reaches_a_learnable_mask_and_not_a_fixed_one(name):
+    build, n, _, make_input = MODELS[name]
+    x = make_input(2)
+    for mode in ("learnable", "fixed"):
+        model = build()
+        patched = maskprior.add_mask_prior(model, random_masks(n), mode=mode)
+        model(x).square().sum().backward()
+        for attn in patched:
+            assert isinstance(attn.mask, nn.Parameter)
+            assert attn.mask.requires_grad is (mode == "learnable")
+            if mode == "learnable":
+                assert attn.mask.grad is not None and attn.mask.grad.abs().max() > 0
+            else:
+                assert attn.mask.grad is None
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_few_steps_train_the_patched_model_end_to_end(name):
+    build, n, _, make_input = MODELS[name]
+    model = build()
+    masks = maskprior.impulse_mask(LAYERS, HEADS, 4) if name == "vit" else random_masks(n)
+    patched = maskprior.add_mask_prior(model, masks)
+    x = make_input(8)
+    target = torch.randn(model(x).shape, generator=torch.Generator().manual_seed(2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(6):
+        loss = F.mse_loss(model(x), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0]
+    assert not torch.equal(patched[0].mask.detach(), masks[0])           # M moved
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_state_dict_round_trip_into_a_fresh_patched_model(name):
+    build, n, _, make_input = MODELS[name]
+    model = build(seed=0)
+    maskprior.add_mask_prior(model, random_masks(n, seed=1))
+    state = model.state_dict()
+    mask_keys = [key for key in state if key.endswith(".mask")]
+    assert len(mask_keys) == LAYERS
+    fresh = build(seed=5)
+    maskprior.add_mask_prior(fresh, torch.zeros(HEADS, n, n))
+    x = make_input(2)
+    assert not torch.equal(fresh.eval()(x), model.eval()(x))
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh(x), model(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# Refusals, with the module's qualified name
+# ----------------------------------------------------------------------------------------------
+
+FIRST_VIT_ATTENTION = "encoder.layers.encoder_layer_0.self_attention"
+
+
+def test_wrong_head_count_is_refused_at_call_time():
+    message = re.escape(FIRST_VIT_ATTENTION) + r".*\(3, 17, 17\).*num_heads=2"
+    with pytest.raises(ValueError, match=message):
+        maskprior.add_mask_prior(vit(), maskprior.impulse_mask(LAYERS, 3, 4))
+
+
+def test_wrong_sequence_length_is_refused_at_forward_time():
+    model = vit()
+    maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, HEADS, 3))  # 10 x 10, N = 17
+    message = re.escape(FIRST_VIT_ATTENTION) + r".*\(2, 10, 10\).*length 17"
+    with pytest.raises(ValueError, match=message):
+        model(torch.randn(1, 3, 32, 32))
+    model = encoder(batch_first=False)
+    maskprior.add_mask_prior(model, random_masks(ENCODER_TOKENS))
+    with pytest.raises(ValueError, match=r"layers\.0\.self_attn.*length 7"):
+        model(torch.randn(7, 2, WIDTH))                                   # (N, B, E)
+
+
+def test_models_without_multihead_attention_and_other_misuse_are_refused():
+    with pytest.raises(ValueError, match="Sequential contains no nn.MultiheadAttention"):
+        maskprior.add_mask_prior(nn.Sequential(nn.Linear(4, 4)), torch.zeros(2, 4, 4))
+    with pytest.raises(ValueError, match=r"layers = 2.*\(3, 2, 17, 17\)"):
+        maskprior.add_mask_prior(vit(), torch.zeros(3, HEADS, VIT_TOKENS, VIT_TOKENS))
+    with pytest.raises(ValueError, match="mode"):
+        maskprior.add_mask_prior(vit(), torch.zeros(HEADS, VIT_TOKENS, VIT_TOKENS), mode="hadamard")
+    model = vit()
+    maskprior.add_mask_prior(model, torch.zeros(HEADS, VIT_TOKENS, VIT_TOKENS))
+    with pytest.raises(ValueError, match=re.escape(FIRST_VIT_ATTENTION) + " already has a mask"):
+        maskprior.add_mask_prior(model, torch.zeros(HEADS, VIT_TOKENS, VIT_TOKENS))
+    attn = model.encoder.layers[0].self_attention
+    x, memory = torch.randn(1, VIT_TOKENS, WIDTH), torch.randn(1, 5, WIDTH)
+    message = re.escape(FIRST_VIT_ATTENTION) + r".*self-attention.*key \(1, 5, 32\)"
+    with pytest.raises(ValueError, match=message):
+        attn(x, memory, memory)                                          # cross-attention
+
+
+# ----------------------------------------------------------------------------------------------
+# The README snippet
+# ----------------------------------------------------------------------------------------------
+
+def readme_code(path=README_PATH, heading=README_HEADING):
+    """The first ```python block after the heading line in the file at path."""
+    with open(path) as f:
+        text = f.read()
+    section = text[text.index(heading + "\n"):]
+    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+
+
+def test_readme_snippet_runs():
+    namespace = {}
+    exec(compile(readme_code(), README_PATH, "exec"), namespace)
+    models = [v for v in namespace.values() if isinstance(v, nn.Module) and mha_modules(v)]
+    assert models, "the snippet builds no model with nn.MultiheadAttention"
+    for model in models:
+        assert all(isinstance(getattr(m, "mask", None), nn.Parameter) for m in mha_modules(model))
