@@ -14,6 +14,8 @@ need them); never imports train.py.
 """
 
 import itertools
+import math
+import statistics
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -313,6 +315,24 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
         return {"train": streams[0], "val": streams[1], "test": streams[2],
                 "vocab_size": enc.n_vocab, "decode": enc.decode, "test_is_val": False}
     raise ValueError(f"unknown language task {name!r}")
+
+
+def check_lm_sizes(data, block_size, batch_size, layers, heads):
+    """DataError, before anything is allocated, for a context longer than a split or attention
+    maps that cannot fit in this machine's memory: per layer the (batch, heads, T, T) scores,
+    probabilities and their gradient in float32."""
+    import os
+    T = block_size
+    for split in ("train", "val", "test"):
+        if len(data[split]) <= T + 1:
+            raise DataError(f"--block-size {T} needs more tokens than the {split} split holds "
+                            f"({len(data[split])}): choose a block size below {len(data[split]) - 1}")
+    need = 3 * 4 * layers * heads * T * T * max(batch_size, 64)
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise DataError(f"--block-size {T}: the attention maps of {layers} layers x {heads} heads "
+                        f"x {T} x {T} need about {need / 2**30:.0f} GiB, this machine has "
+                        f"{have / 2**30:.0f} GiB: choose a smaller block or batch")
 
 
 def lm_batch(tokens, block_size, batch_size, generator):
@@ -619,3 +639,207 @@ PAPER_VISION = {
     ("imagenet100", "impulse"): 83.16, ("imagenet100", "mask-fixed"): 81.78,
     ("imagenet100", "mask"): 85.92,
 }
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Result tables: ours beside the paper's numbers above (printed by train.py into table.md)
+# ----------------------------------------------------------------------------------------------
+# A cell is (task, init, train fraction, mask magnitude A, mask decay W); each table has one row
+# per cell, mean ± std over its seeds, and a column per metric: (header, function of the cell's
+# finished runs' "final" dicts and the cell).
+
+FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
+             **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
+
+
+def fmt(value, digits=4):
+    return "n/a" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
+
+def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{fmt(statistics.fmean(values))} ± {fmt(std, 2)}"
+
+stat = lambda key: lambda done, cell: mean_std([f.get(key) for f in done])
+paper = lambda table, i=None: lambda done, cell: fmt(
+    (table.get(cell[:2]) or (None,) * 3)[i] if i is not None else table.get(cell[:2]))
+# Columns of each table: (header, function of the cell's finished runs and its key).
+PERSISTENCE_COLUMNS = [(h, stat(k)) for h, k in (
+    ("prior mass init", "prior_mass_init"), ("prior mass final", "prior_mass_final"),
+    ("pattern corr init", "pattern_corr_init"), ("pattern corr final", "pattern_corr_final"),
+    ("mask drift", "mask_drift"))]
+BOOLEAN_COLUMNS = [
+    ("train loss", stat("train_loss")), ("test loss", stat("test_loss")),
+    ("test acc (%)", stat("test_acc")), ("unseen MSE to target", stat("unseen_loss")),
+    ("unseen MSE to MDI", stat("unseen_mse_to_mdi")),
+    # seeds whose unseen predictions are closer (MSE) to the target than to the MDI
+    ("learned target", lambda done, cell: f"{sum(f['unseen_loss'] < f['unseen_mse_to_mdi'] for f in done)}/{len(done)}"),
+    ("paper loss", paper(PAPER_BOOLEAN, 0)), ("paper acc (%)", paper(PAPER_BOOLEAN, 1))]
+ARITHMETIC_COLUMNS = [(h, stat(k)) for h, k in (
+    ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), ("test loss", "test_loss"),
+    ("train loss", "train_loss"), ("prior mass init", "prior_mass_init"),
+    ("prior mass final", "prior_mass_final"))] + [
+    (h, lambda done, cell, i=i: paper(PAPER_ARITHMETIC, i)(done, cell)
+     if cell[2] == ARITHMETIC_TRAIN_FRAC[cell[0]] else "n/a")
+    for i, h in enumerate(("paper seq acc", "paper digit acc", "paper loss"))]
+LM_COLUMNS = [("val ppl", stat("val_ppl")), ("test ppl", stat("test_ppl")),
+              ("train tokens/s", stat("tokens_per_second")), ("mask drift", stat("mask_drift")),
+              ("paper val ppl", paper(PAPER_LM, 0)), ("paper test ppl", paper(PAPER_LM, 1))]
+VISION_COLUMNS = [(h, stat(k)) for h, k in (
+    ("best top-1 (%)", "best_top1"), ("final top-1 (%)", "top1"),
+    ("prior mass init", "prior_mass_init"), ("prior mass final", "prior_mass_final"),
+    ("mask drift", "mask_drift"), ("train images/s", "images_per_second"))] + [
+    ("paper best top-1 (%)", paper(PAPER_VISION))]
+
+def cell_of(result):
+    """A run's table cell: (task, init, train fraction, mask magnitude A, mask decay W)."""
+    c = result["config"]
+    return (result["task"], result["init"], c.get("train_frac"), c.get("mask_magnitude"),
+            c.get("mask_decay") or 0.0)
+
+def group_runs(results, init_order):
+    """{cell: (finished runs' final dicts, number of runs)}, in task, sweep, init, seed order."""
+    every_task = list(FAMILY_OF)
+    order = lambda r: (every_task.index(r["task"]), r["config"].get("train_frac") or 0,
+                       r["config"].get("mask_magnitude") or 0, r["config"].get("mask_decay") or 0,
+                       init_order.index(r["init"]), r["seed"])
+    cells = {}
+    for r in sorted(results, key=order):
+        cells.setdefault(cell_of(r), []).append(r)
+    return {cell: ([r["final"] for r in runs if r["status"] == "done"], len(runs))
+            for cell, runs in cells.items()}
+
+def markdown_table(results, columns, init_order):
+    """One row per cell, mean ± std over seeds; train fraction, A and W columns appear when a
+    grid varies them (a data-efficiency or mask-magnitude sweep)."""
+    cells = group_runs(results, init_order)
+    shown = [i for i, name in ((2, "train frac"), (3, "A"), (4, "mask decay"))
+             if len({cell[i] for cell in cells}) > 1 or (i == 2 and any(c[2] for c in cells))]
+    names = {2: "train frac", 3: "A", 4: "mask decay"}
+    header = ["task", *[names[i] for i in shown if i == 2], "init", *[names[i] for i in shown if i > 2],
+              "seeds"] + [h for h, _ in columns]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for cell, (done, total) in cells.items():
+        keys = [cell[0], *[f"{cell[i]:g}" for i in shown if i == 2], cell[1],
+                *[f"{cell[i]:g}" for i in shown if i > 2], f"{len(done)}/{total}"]
+        lines.append("| " + " | ".join(keys + [fn(done, cell) for _, fn in columns]) + " |")
+    return "\n".join(lines)
+
+def result_tables(results, init_order):
+    """The markdown of table.md: per family its table (Boolean: also the persistence table), and
+    {file name: SVG} of the figures of the sweeps the results hold: the arithmetic data-efficiency
+    curve when the train fraction varies, the Boolean mask-magnitude figure when A varies."""
+    by_family, figures, sections = {}, {}, []
+    for r in results:
+        by_family.setdefault(FAMILY_OF[r["task"]], []).append(r)
+    table = lambda family, columns: markdown_table(by_family[family], columns, init_order)
+    if "boolean" in by_family:
+        sections += [f"## Results\n\n{table('boolean', BOOLEAN_COLUMNS)}\n",
+                     f"## Persistence of the prior\n\n{table('boolean', PERSISTENCE_COLUMNS)}\n"]
+        panels = magnitude_panels(by_family["boolean"], init_order)
+        if panels:
+            figures["mask_magnitude.svg"] = magnitude_svg(panels, init_order)
+    if "language" in by_family:
+        sections.append(f"## Perplexity\n\n{table('language', LM_COLUMNS)}\n")
+    if "vision" in by_family:
+        sections.append(f"## Best top-1 accuracy\n\n{table('vision', VISION_COLUMNS)}\n")
+    if "arithmetic" in by_family:
+        sections.append(f"## Arithmetic\n\n{table('arithmetic', ARITHMETIC_COLUMNS)}\n")
+        curves = curves_of(by_family["arithmetic"], init_order, x=lambda cell: cell[2], y="seq_acc")
+        if any(len({x for x, _ in points}) > 1 for lines in curves.values() for points in lines.values()):
+            figures["data_efficiency.svg"] = line_chart_svg(
+                curves, init_order, "train fraction", "held-out seq acc (%)", percent_x=True)
+    return "\n".join(sections), figures
+
+
+def curves_of(results, init_order, x, y, inits=None):
+    """{task: {init: [(x(cell), mean of final[y] over seeds)]}} of finished runs."""
+    curves = {}
+    for cell, (done, _) in group_runs(results, init_order).items():
+        values = [f[y] for f in done if f.get(y) is not None]
+        if values and (inits is None or cell[1] in inits) and x(cell):
+            curves.setdefault(cell[0], {}).setdefault(cell[1], []).append(
+                (x(cell), statistics.fmean(values)))
+    return curves
+
+def magnitude_panels(results, init_order):
+    """The figure of "Does the mask learn?": per Boolean task, test accuracy (threesym: test loss)
+    and mask drift against A, learnable (mask) vs fixed (mask-fixed), at mask decay 0."""
+    runs = [r for r in results if (r["config"].get("mask_decay") or 0) == 0]
+    if len({cell_of(r)[3] for r in runs if r["init"] in ("mask", "mask-fixed")}) < 2:
+        return None
+    pick = lambda y: curves_of(runs, init_order, x=lambda cell: cell[3], y=y, inits=("mask", "mask-fixed"))
+    return pick("test_acc"), pick("test_loss"), pick("mask_drift")
+
+def magnitude_svg(panels, init_order):
+    acc, loss, drift = panels
+    top = {t: (acc.get(t) if t != "threesym" else loss.get(t)) for t in {**acc, **loss}}
+    return (line_chart_svg({t: v for t, v in top.items() if v}, init_order, "mask magnitude A",
+                           "test acc (%) [threesym: test loss]", log_x=True, y_max=None)
+            + line_chart_svg(drift, init_order, "mask magnitude A", "mask drift", log_x=True, y_max=None))
+
+def line_chart_svg(curves, init_order, x_label, y_label, percent_x=False, log_x=True, y_max=100.0,
+                   width=360, height=260, pad=48):
+    """An SVG of one panel per task, one line per init, x on a log scale: the data-efficiency
+    figure (Figure "data_efficiency") and the mask-magnitude figure. Plain text, no plot library."""
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+    xs = sorted({x for lines in curves.values() for pts in lines.values() for x, _ in pts})
+    top = y_max or max(y for lines in curves.values() for pts in lines.values() for _, y in pts) or 1
+    lo, hi = math.log10(xs[0]), math.log10(xs[-1])
+    x_of = lambda v: pad + (math.log10(v) - lo) / ((hi - lo) or 1) * (width - 1.5 * pad)
+    y_of = lambda v: height - pad - v / top * (height - 1.5 * pad)
+    parts = []
+    for panel, (task, lines) in enumerate(curves.items()):
+        parts.append(f'<g transform="translate({panel * width},0)" font-family="sans-serif" '
+                     f'font-size="11"><text x="{width / 2}" y="16" text-anchor="middle" '
+                     f'font-size="13">{task}</text><path d="M{pad},{pad / 2}V{height - pad}'
+                     f'H{width - pad / 2}" fill="none" stroke="black"/>')
+        parts += [f'<text x="{pad - 4}" y="{y_of(v * top) + 4}" text-anchor="end">{fmt(v * top, 3)}'
+                  f'</text>' for v in (0, 0.25, 0.5, 0.75, 1)]
+        parts += [f'<text x="{x_of(v)}" y="{height - pad + 14}" text-anchor="middle">'
+                  f'{f"{100 * v:g}%" if percent_x else f"{v:g}"}</text>' for v in xs]
+        parts.append(f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">{x_label}</text>'
+                     f'<text x="12" y="{height / 2}" transform="rotate(-90 12 {height / 2})" '
+                     f'text-anchor="middle">{y_label}</text>')
+        for i, (init, pts) in enumerate(lines.items()):
+            colour = colours[init_order.index(init) % len(colours)]
+            parts.append(f'<polyline points="{" ".join(f"{x_of(x):.1f},{y_of(y):.1f}" for x, y in pts)}"'
+                         f' fill="none" stroke="{colour}" stroke-width="2"/>')
+            parts += [f'<circle cx="{x_of(x):.1f}" cy="{y_of(y):.1f}" r="3" fill="{colour}"/>'
+                      for x, y in pts]
+            parts.append(f'<text x="{width - pad / 2}" y="{height - pad - 8 - 14 * (len(lines) - 1 - i)}" '
+                         f'text-anchor="end" fill="{colour}">{init}</text>')
+        parts.append("</g>")
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(curves)}" '
+            f'height="{height}">' + "".join(parts) + "</svg>\n")
+
+
+def summary_line(result):
+    """One line per finished run, with the numbers of its family's table."""
+    f, c = result["final"], result["config"]
+    head = f"{result['task']} / {result['init']} / seed {result['seed']}"
+    family = FAMILY_OF[result["task"]]
+    if family == "boolean":
+        acc = "n/a" if f["test_acc"] is None else f"{f['test_acc']:.2f}%"
+        closer = "target" if f["unseen_loss"] < f["unseen_mse_to_mdi"] else "MDI"
+        text = (f"{head}: test loss {fmt(f['test_loss'])}, test acc {acc}, unseen loss "
+                f"{fmt(f['unseen_loss'])}, unseen MSE to MDI {fmt(f['unseen_mse_to_mdi'])} "
+                f"(closer to the {closer})")
+    elif family == "arithmetic":
+        text = (f"{head} / train frac {c['train_frac']:g}: seq acc {f['seq_acc']:.2f}%, digit acc "
+                f"{f['digit_acc']:.2f}%, test loss {fmt(f['test_loss'])} on {result['eval_pairs']} "
+                f"held-out pairs, train loss {fmt(f['train_loss'])}")
+    elif family == "language":
+        text = (f"{head}: val ppl {f['val_ppl']:.2f}, test ppl {f['test_ppl']:.2f}"
+                f"{' (= val)' if f['test_is_val'] else ''}, {f['tokens_per_second']:.0f} train tokens/s")
+    else:
+        text = (f"{head}: top-1 {f['top1']:.2f}% (best {f['best_top1']:.2f}%), test loss "
+                f"{f['test_loss']:.3f}, {f['images_per_second']:.0f} train images/s")
+        if "warmup_shortened_from" in c:
+            text += f", warmup shortened from {c['warmup_shortened_from']} to {c['warmup_epochs']} epochs"
+    if f.get("prior_mass_init") is not None:
+        text += f", prior mass {f['prior_mass_init']:.2f} -> {f['prior_mass_final']:.2f}"
+    text += f", {result['seconds']:.0f} s"
+    return text + (f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else "")

@@ -6,12 +6,11 @@
     python train.py --task cifar10 --init impulse --data-dir data  # vision, Section 5.3
     python train.py --summarize runs/grid                          # tables of finished runs
 
-Read top to bottom: the presets (the paper's setup tables), the command line, a few utilities,
-the four experiment families (each a small setup: model, batches, loss, evaluation), THE training
-loop (one function for every family), one run (snapshot of the prior -> train -> snapshot ->
-result.json), main, and last the reporting (summary lines, tables, pictures).
-Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, metrics); neither imports
-this file.
+Read top to bottom: presets (the paper's setup tables), command line, utilities, the four
+experiment families (each a small setup: model, batches, loss, evaluation), THE training loop
+(one for every family), one run (prior before -> train -> prior after -> result.json), main, and
+the pictures. Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, metrics,
+tables); neither imports this file.
 """
 
 import argparse
@@ -39,12 +38,10 @@ import tasks
 # 1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu")
 # ----------------------------------------------------------------------------------------------
 # Boolean GOTU, Table "Training setup for Boolean tasks": 4 layers, 3 heads, Adam, lr 1e-3, batch
-# 256, 90 epochs, a learning-rate schedule (the paper names none; we use cosine decay). The width
-# is not in the paper; the aryol/GOTU code it builds on uses width 256 with heads of 64, and Adam
-# with weight decay 1e-3 (coupled L2) on every parameter, which "paper" follows (M excepted: its
-# decay is --mask-decay). "cpu" keeps depth, heads, lr and batch, shrinks the width to 64 (heads
-# of 21) and the epochs, and uses no weight decay; cyclic3 gets 20 epochs, since its default
-# model needs them to fit its own training set at this width.
+# 256, 90 epochs, a schedule the paper does not name (cosine here). The width and the optimizer's
+# coupled weight decay 1e-3 on every parameter come from the aryol/GOTU code (M excepted: its
+# decay is --mask-decay). "cpu" shrinks the width to 64 (heads of 21) and the epochs (cyclic3's
+# default needs 20 to fit its training set), without weight decay.
 BOOLEAN_PRESETS = {
     "paper": {"epochs": 90, "lr": 1e-3, "batch_size": 256, "layers": 4, "heads": 3, "dim": 256,
               "head_dim": 64, "mlp_dim": 256, "optimizer": "adam", "weight_decay": 1e-3},
@@ -78,20 +75,15 @@ LM_PRESETS = {
 # 1e-3 scaled by the global batch over 512, 5 warmup and 10 cooldown epochs (after the cosine, at
 # the floor, as timm does), seed 42, global average pool. "cpu": a CIFAR-native ViT, 32 x 32
 # input, patch 4 (64 patches + CLS), width 96, depth 6, 3 heads, MLP 384, batch 128, 10 epochs.
-VISION_PRESETS = {
-    "paper": {"epochs": 400, "lr": 2e-3, "lr_base_size": None, "batch_size": 512,
-              "warmup_epochs": 50, "cooldown_epochs": 0, "warmup_lr": 1e-6, "min_lr": 1e-6,
-              "weight_decay": 0.05, "drop_path": 0.1, "label_smoothing": 0.1, "mixup": 0.8,
-              "cutmix": 1.0, "randaugment": 9, "image_size": 224, "patch_size": 16,
-              "layers": 12, "heads": 3, "dim": 192, "mlp_dim": 768, "pool": "cls",
-              "optimizer": "adamw"},
-    "cpu": {"epochs": 10, "lr": 1e-3, "lr_base_size": None, "batch_size": 128,
-            "warmup_epochs": 1, "cooldown_epochs": 0, "warmup_lr": 1e-5, "min_lr": 1e-5,
-            "weight_decay": 0.05, "drop_path": 0.1, "label_smoothing": 0.1, "mixup": 0.8,
-            "cutmix": 1.0, "randaugment": 9, "image_size": 32, "patch_size": 4,
-            "layers": 6, "heads": 3, "dim": 96, "mlp_dim": 384, "pool": "cls",
-            "optimizer": "adamw"},
-}
+VISION_PRESETS = {"paper": {
+    "epochs": 400, "lr": 2e-3, "lr_base_size": None, "batch_size": 512, "warmup_epochs": 50,
+    "cooldown_epochs": 0, "warmup_lr": 1e-6, "min_lr": 1e-6, "weight_decay": 0.05, "drop_path": 0.1,
+    "label_smoothing": 0.1, "mixup": 0.8, "cutmix": 1.0, "randaugment": 9, "image_size": 224,
+    "patch_size": 16, "layers": 12, "heads": 3, "dim": 192, "mlp_dim": 768, "pool": "cls",
+    "optimizer": "adamw"}}
+VISION_PRESETS["cpu"] = {**VISION_PRESETS["paper"], "epochs": 10, "lr": 1e-3, "batch_size": 128,
+                         "warmup_epochs": 1, "warmup_lr": 1e-5, "min_lr": 1e-5, "image_size": 32,
+                         "patch_size": 4, "layers": 6, "dim": 96, "mlp_dim": 384}
 # Per-task changes to a preset: (family, preset) -> {task: {key: value}}.
 TASK_PRESETS = {
     ("boolean", "cpu"): {"cyclic3": {"epochs": 20}},
@@ -118,8 +110,7 @@ INITS = {
     "impulse": ("none", "svd"),                 # vision: the impulse pattern in W_Q/W_K by SVD
 }
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
-# The four families: their tasks, the inits they take, the flags only some families take, and
-# the paper's mask magnitude A (open +A, closed -A; the GPT prior's scale s).
+# The four families: tasks, inits, and the paper's mask magnitude A (open +A, closed -A).
 FAMILIES = {
     "boolean": {"tasks": list(tasks.BOOLEAN_TASKS), "inits": ENCODER_INITS, "magnitude": 10.0},
     "arithmetic": {"tasks": list(tasks.ARITHMETIC_TASKS), "inits": ENCODER_INITS, "magnitude": 5.0},
@@ -128,47 +119,33 @@ FAMILIES = {
     "vision": {"tasks": list(tasks.VISION_TASKS), "magnitude": 10.0,
                "inits": ("default", "mimetic", "impulse", "mask-fixed", "mask")},
 }
-FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "iters": ("language",),
-                "block_size": ("language",), "train_frac": ("arithmetic",),
-                "eval_size": ("arithmetic",), "image_size": ("vision",), "patch_size": ("vision",),
-                "warmup_epochs": ("vision",), "workers": ("vision",), "download": ("vision",),
-                "compile": ("vision",), "bpe_file": ("language",)}
-VISION_PROBE_IMAGES = 64   # the fixed test images of the vision persistence numbers and pictures
+FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),
+                "eval_size": ("arithmetic",), **{f: ("language",) for f in ("iters", "block_size",
+                "bpe_file")}, **{f: ("vision",) for f in ("image_size", "patch_size",
+                "warmup_epochs", "workers", "download", "compile")}}
 
 
 # ----------------------------------------------------------------------------------------------
 # 2. Command line
 # ----------------------------------------------------------------------------------------------
-
 class UsageError(Exception):
     """Bad input from the user: one line on stderr, exit code 2."""
-
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse prints the whole usage block; one line is enough
         raise UsageError(message)
 
-
-def number(kind, low=0, strict=True):
-    """argparse type: a finite kind(text) above low (or at least low when strict is False)."""
+def number(kind, strict=True):
+    """argparse type: a finite kind(text) > 0 (>= 0 when not strict)."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
-        if not math.isfinite(value) or value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(f"must be a number {'>' if strict else '>='} {low}, "
-                                             f"got {text!r}")
+        if not math.isfinite(value) or value < 0 or (strict and value == 0):
+            raise argparse.ArgumentTypeError(f"must be a number {'>' if strict else '>='} 0, got {text!r}")
         return value
     return parse
-
-
-def fraction(text):
-    value = number(float)(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {text}")
-    return value
-
 
 def build_parser():
     p = Parser(prog="train.py", description=__doc__.split("\n")[0])
@@ -185,33 +162,25 @@ def build_parser():
         p.add_argument(f"--{name}", type=number(kind))
     p.add_argument("--warmup-epochs", type=number(int, strict=False))
     p.add_argument("--mask-magnitude", type=number(float), nargs="+", metavar="A",
-                   help="mask inits: open +A, closed -A (GPT: the scale s); several make a sweep "
-                        "(default: the paper's, 10; arithmetic 5)")
+                   help="mask inits: open +A, closed -A (GPT: the scale s); several: a sweep")
     p.add_argument("--mask-decay", type=number(float, strict=False), nargs="+", metavar="W",
-                   help="weight decay on M alone (coupled in the Boolean Adam, decoupled in "
-                        "AdamW; default 0); several make a sweep")
-    p.add_argument("--train-frac", type=fraction, nargs="+",
-                   help="arithmetic: fraction(s) of the 10^6 pairs to train on (default 0.004 for "
-                        "addition, 0.03 for multiplication); several make a data-efficiency sweep")
+                   help="weight decay on M alone (default 0); several: a sweep")
+    p.add_argument("--train-frac", type=number(float), nargs="+",
+                   help="arithmetic: fraction(s) of the 10^6 pairs to train on; several: a sweep")
     p.add_argument("--eval-size", type=lambda t: t if t == "all" else number(int)(t),
                    help="arithmetic: held-out pairs to score, a number or 'all' (default 100000)")
-    p.add_argument("--data-dir", default="data", help="where TinyStories / WikiText-2 / CIFAR / "
-                   "ImageNet100 files live")
+    p.add_argument("--data-dir", default="data", help="where corpus and image files live")
     p.add_argument("--bpe-file", help="GPT-2 ranks file for tiktoken (offline tokenizer)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the checkpoint.pt in the run's output folder")
-    p.add_argument("--workers", type=number(int, strict=False),
-                   help="vision: loader processes per GPU process (default 8 on CUDA, 0 on CPU)")
+    p.add_argument("--resume", action="store_true", help="continue from the run's checkpoint.pt")
+    p.add_argument("--workers", type=number(int, strict=False), help="vision: loader processes")
     p.add_argument("--download", action="store_true", help="vision: fetch CIFAR if missing")
     p.add_argument("--compile", action="store_true", help="vision: torch.compile the model")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1")
     p.add_argument("--threads", type=number(int), help="torch CPU threads (default: torch's)")
-    p.add_argument("--out", help="output folder (default runs/<task>-<init>-seed<seed>, or runs/grid)")
+    p.add_argument("--out", help="output folder (default runs/<task>-<init>-seed<seed>, runs/grid)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    p.add_argument("--summarize", metavar="DIR",
-                   help="train nothing: print and write DIR/table.md from every result.json below DIR")
+    p.add_argument("--summarize", metavar="DIR", help="train nothing: tables of DIR's results")
     return p
-
 
 def check_args(args, task_names):
     """One family per command; family-only flags and inits belong to it. Returns the family."""
@@ -232,7 +201,6 @@ def check_args(args, task_names):
         raise UsageError(f"--out {args.out} is a file, not a folder: name a folder")
     return family
 
-
 def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None):
     """The preset, its per-task changes, then every flag the user gave, then derived keys."""
     presets = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS,
@@ -252,12 +220,13 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
     else:
         config["eval_every"] = args.eval_every or (1 if family == "vision" else 5)
     if family == "arithmetic":
+        if train_frac and train_frac >= 1:
+            raise UsageError(f"--train-frac must lie strictly between 0 and 1, got {train_frac:g}")
         config.update(train_frac=train_frac or tasks.ARITHMETIC_TRAIN_FRAC[task],
                       eval_size=None if args.eval_size == "all" else args.eval_size or 100_000)
     if family == "vision":
         check_vision_config(config)
     return config
-
 
 def check_vision_config(config):
     """Patches must tile the image; a warmup as long as the run is shortened to fit (the summary
@@ -271,7 +240,6 @@ def check_vision_config(config):
     if config["lr_base_size"]:
         config["lr"] = config["lr"] * config["batch_size"] / config["lr_base_size"]
 
-
 def resolve_device(name):
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -279,22 +247,18 @@ def resolve_device(name):
         device = torch.device(name)
     except RuntimeError:
         raise UsageError(f"--device: unknown device {name!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: CUDA is not available on this machine")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UsageError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s)")
     if device.type not in ("cpu", "cuda"):
         raise UsageError(f"--device {name}: only cpu and cuda are supported")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
 # ----------------------------------------------------------------------------------------------
 # 3. Utilities: atomic files, checkpoints, mixed precision, torchrun, the optimizer
 # ----------------------------------------------------------------------------------------------
-
-class Diverged(Exception):
-    """The training loss became NaN or infinite."""
-
+class Diverged(Exception):  # the training loss became NaN or infinite
+    pass
 
 def write_atomic(path, data):
     """Write bytes or text so that a reader never sees a half-written file: a temporary file in
@@ -306,17 +270,14 @@ def write_atomic(path, data):
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
-
 def write_json(path, obj):
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
-
 
 def save_checkpoint(path, state):
     """torch.save through write_atomic: a kill never leaves half a checkpoint."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     write_atomic(path, buffer.getvalue())
-
 
 def load_checkpoint(path, meta):
     """The checkpoint at path, or UsageError saying why it cannot continue this run: unreadable,
@@ -330,19 +291,12 @@ def load_checkpoint(path, meta):
                          f"): delete it, or use another --out")
     if not isinstance(saved, dict) or not {"meta", "model", "state"} <= set(saved):
         raise UsageError(f"--resume: {path} is not a checkpoint written by train.py")
-    for key, value in meta.items():
-        theirs = saved["meta"].get(key)
-        if key == "config":
-            diff = [k for k in sorted(set(value) | set(theirs or {})) if (theirs or {}).get(k) != value.get(k)]
-            if diff:
-                k = diff[0]
-                raise UsageError(f"--resume: {path} was written with {k}={(theirs or {}).get(k)}, "
-                                 f"this run has {k}={value.get(k)}: use the same flags, or another --out")
-        elif theirs != value:
-            raise UsageError(f"--resume: {path} was written by a run with {key} {theirs!r}, this "
-                             f"run has {value!r}: use the same flags, or another --out")
+    theirs = {**saved["meta"], **saved["meta"]["config"]}
+    for key, value in {**meta, **meta["config"]}.items():
+        if key != "config" and theirs.get(key) != value:
+            raise UsageError(f"--resume: {path} was written by a run with {key} {theirs.get(key)!r}, "
+                             f"this run has {value!r}: use the same flags, or another --out")
     return saved
-
 
 def distributed_setup(device):
     """torchrun: with WORLD_SIZE > 1, join the process group (NCCL on CUDA, gloo on the CPU) and
@@ -357,7 +311,6 @@ def distributed_setup(device):
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return dist.get_rank(), world, device
 
-
 def gather(obj, world):
     """Every rank's obj as a list indexed by rank ([obj] without torchrun)."""
     if world == 1:
@@ -366,12 +319,10 @@ def gather(obj, world):
     dist.all_gather_object(out, obj)
     return out
 
-
 def make_optimizer(model, config):
-    """Adam with coupled L2 on every parameter (the aryol/GOTU code's Boolean optimizer) or AdamW
-    decaying only weight matrices (nanoGPT, timm: not biases, LayerNorms, positions, CLS). The
-    mask M is a group of its own with weight decay --mask-decay (default 0: decay would pull the
-    prior towards the neutral M = 0)."""
+    """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer) or AdamW decaying
+    weight matrices only (nanoGPT, timm). M is a group of its own, decayed by --mask-decay
+    (default 0: decay pulls the prior towards the neutral M = 0)."""
     groups = {"weights": [], "others": [], "mask": []}
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -393,7 +344,6 @@ def make_optimizer(model, config):
 #    optimizer and schedule, the batches of each round, the loss of a batch, the evaluation, and
 #    the final metrics. A round is an epoch, or for language runs eval_every iterations.
 # ----------------------------------------------------------------------------------------------
-
 @dataclass
 class Experiment:
     model: torch.nn.Module
@@ -414,11 +364,9 @@ class Experiment:
     info: dict = field(default_factory=dict)  # further result.json fields
     init_seconds: Optional[float] = None       # time the QK init took
 
-
 def scaled_pattern(pattern, config, family):
     """The pattern with open +A and closed -A, A = --mask-magnitude (the paper's A by default)."""
     return pattern * (config["mask_magnitude"] / FAMILIES[family]["magnitude"])
-
 
 def add_prior(model, init, pattern, seed, svd_scales=None):
     """Put the QK prior of a QK init into W_Q / W_K (mask inits carry it in M already); returns
@@ -434,7 +382,6 @@ def add_prior(model, init, pattern, seed, svd_scales=None):
         maskprior.mimetic_init_(model, generator=generator)
     return time.time() - start
 
-
 def build_encoder(init, pattern, config, seed, svd_scales=None, **shape):
     """maskprior.Transformer of the config's shape with the init's prior for the (L, H, N, N)
     pattern, in M (mask inits) or in W_Q / W_K (QK inits). Returns (model, init seconds)."""
@@ -445,11 +392,9 @@ def build_encoder(init, pattern, config, seed, svd_scales=None, **shape):
         mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], **shape)
     return model, add_prior(model, init, pattern, seed, svd_scales)
 
-
 def epoch_batches(x, y, batch_size, generator):
     """One epoch of seeded shuffled mini-batches (x[idx], y[idx])."""
     return ((x[idx], y[idx]) for idx in torch.randperm(len(x), generator=generator).split(batch_size))
-
 
 def cosine(optimizer, steps, floor=0.0):
     return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps, eta_min=floor)
@@ -468,13 +413,11 @@ def boolean_setup(task, init, seed, config, device):
     optimizer = make_optimizer(model, config)
     shuffle = torch.Generator().manual_seed(seed)
     cube = lambda: tasks.boolean_metrics(task, tasks.boolean_predictions(model, data["x_test"]), data["x_test"])
-
     def final(state, world):
         pred = tasks.boolean_predictions(model, data["x_test"])
         return {**tasks.boolean_metrics(task, pred, data["x_test"]),
                 "train_loss": state["history"][-1]["train_loss"],
                 "fourier": tasks.fourier_coefficients(pred, data["x_test"])}
-
     return Experiment(
         model, optimizer, cosine(optimizer, steps), config["epochs"], steps,
         batches=lambda epoch: epoch_batches(x_train, y_train, config["batch_size"], shuffle),
@@ -501,22 +444,18 @@ def arithmetic_setup(task, init, seed, config, device):
     steps = math.ceil(len(x) / config["batch_size"]) * config["epochs"]
     optimizer = make_optimizer(model, config)
     shuffle = torch.Generator().manual_seed(seed)
-
     def loss_of(net, batch):                     # cross-entropy on the answer digits
         with tasks.autocast(device):
             logits = tasks.answer_logits(net, batch[0].to(device))               # (B, K, 10)
         return F.cross_entropy(logits.float().flatten(0, 1), batch[1].to(device).flatten())
-
     def sample_metrics():                        # the first 10k pairs during training
         logits = tasks.arithmetic_logits(model, data["x_eval"][:10_000])
         metrics = tasks.arithmetic_metrics(logits, data["y_eval"][:10_000])
         return {f"sample_{key}": value for key, value in metrics.items()}
-
     def final(state, world):                     # every evaluation pair at the end
         logits = tasks.arithmetic_logits(model, data["x_eval"])
         return {**tasks.arithmetic_metrics(logits, data["y_eval"]),
                 "train_loss": state["history"][-1]["train_loss"]}
-
     return Experiment(
         model, optimizer, cosine(optimizer, steps), config["epochs"], steps,
         batches=lambda epoch: epoch_batches(x, y, config["batch_size"], shuffle),
@@ -544,19 +483,15 @@ def lm_setup(task, init, seed, config, device, data, rank):
     torch.manual_seed(seed + 1000 * rank)        # dropout differs across ranks, as it should
     E, iters = config["eval_every"], config["iters"]
     rounds = math.ceil(iters / E)
-
     def batches(r):                              # iterations (r - 1) E + 1 ... min(r E, iters)
         count = min(E, iters - (r - 1) * E)
         return (tasks.lm_batch(data["train"], T, config["batch_size"], windows) for _ in range(count))
-
     def loss_of(net, batch):
         with tasks.autocast(device):
             return net(batch[0].to(device), batch[1].to(device))[1]
-
     def validation():
         val_loss = tasks.lm_loss(model, data["val"], T)
         return {"val_loss": val_loss, "val_ppl": math.exp(val_loss)}
-
     def final(state, world):
         val_loss = state["history"][-1]["val_loss"]
         test_loss = val_loss if data["test_is_val"] else tasks.lm_loss(model, data["test"], T)
@@ -567,7 +502,6 @@ def lm_setup(task, init, seed, config, device, data, rank):
                 "test_ppl": math.exp(test_loss), "test_is_val": data["test_is_val"],
                 "tokens_per_second": state["samples"] * T * world / state["train_seconds"],
                 "sample": data["decode"](sample[0].tolist())}
-
     return Experiment(model, optimizer, cosine(optimizer, iters), rounds, iters, batches, loss_of,
                       validation, final, unit="iter", generators=(windows,))
 
@@ -598,7 +532,6 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     optimizer = make_optimizer(model, config)
     rounds = config["epochs"] + config["cooldown_epochs"]
     mix = tasks.mixup_cutmix(data["classes"], config["mixup"], config["cutmix"])
-
     def batches(epoch):
         # Drop path, MixUp / CutMix and (with 0 workers) the augmentations draw from torch's
         # generator; the loader's generator seeds its workers. Seeding both from (seed, epoch,
@@ -608,7 +541,6 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
         torch.manual_seed(epoch_seed)
         train_loader.generator.manual_seed(epoch_seed)
         return train_loader
-
     def loss_of(net, batch):
         images, labels = (t.to(device, non_blocking=True) for t in batch)
         images, soft_targets = mix(images, labels)                     # (B, C, S, S), (B, classes)
@@ -616,15 +548,13 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
             logits = net(images)                                       # (B, classes)
         return F.cross_entropy(logits.float(), soft_targets,
                                label_smoothing=config["label_smoothing"])
-
     def final(state, world):
         last = state["history"][-1]
         return {"top1": last["test_top1"], "test_loss": last["test_loss"],
                 "best_top1": max(e["test_top1"] for e in state["history"] if "test_top1" in e),
                 "train_loss": last["train_loss"],
                 "images_per_second": state["samples"] * world / state["train_seconds"]}
-
-    probe = torch.stack([data["test"][i][0] for i in range(min(VISION_PROBE_IMAGES, len(data["test"])))])
+    probe = torch.stack([data["test"][i][0] for i in range(min(64, len(data["test"])))])  # fixed
     return Experiment(
         model, optimizer, vision_schedule(optimizer, config, len(train_loader)), rounds,
         rounds * len(train_loader), batches, loss_of,
@@ -632,12 +562,10 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
         eval_every=config["eval_every"], probe=probe, probe_batch=16, pattern=pattern,
         init_seconds=seconds)
 
-
 def top1_over_ranks(model, loader, world):
     """Top-1 accuracy (%) and mean cross-entropy on the whole test set, summed over the ranks."""
     correct, total, count = (sum(v) for v in zip(*gather(tasks.vision_scores(model, loader), world)))
     return {"test_top1": 100.0 * correct / count, "test_loss": total / count}
-
 
 def vision_schedule(optimizer, config, steps_per_epoch):
     """Per-step lr: linear warmup from warmup_lr, cosine down to min_lr, then the cooldown epochs
@@ -662,7 +590,6 @@ def vision_schedule(optimizer, config, steps_per_epoch):
 # ----------------------------------------------------------------------------------------------
 # 5. The training loop: the same for every family
 # ----------------------------------------------------------------------------------------------
-
 def train(exp, state, device, rank, world, checkpoint, save, desc, progress):
     """Rounds of optimizer steps; after each round one history entry (mean training loss, lr,
     and every eval_every rounds exp.evaluate()'s metrics), then a checkpoint from which --resume
@@ -718,7 +645,6 @@ def train(exp, state, device, rank, world, checkpoint, save, desc, progress):
 # ----------------------------------------------------------------------------------------------
 # 6. One run: the prior before, training, the prior after, result.json
 # ----------------------------------------------------------------------------------------------
-
 def run(family, task, init, seed, config, device, out_dir, data, options):
     """Build the family's experiment, measure where its attention goes (before), train, measure
     again (after), and write result.json and the pictures to out_dir. Under torchrun every rank
@@ -750,7 +676,6 @@ def run(family, task, init, seed, config, device, out_dir, data, options):
         state["before"] = snapshot(exp, device)
         if rank == 0:
             save_pictures(out_dir, "before", exp, state["before"], device)
-
     result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
               "world_size": world, "status": "running", "seconds": None,
               "init_seconds": exp.init_seconds, "resumed_at": state["round"] if options["resume"] else None,
@@ -774,29 +699,24 @@ def run(family, task, init, seed, config, device, out_dir, data, options):
     write_json(os.path.join(out_dir, "result.json"), result)
     return result
 
-
 def snapshot(exp, device):
-    """The prior as the model holds it now: mean attention maps on the probe inputs (L, H, N, N)
-    and the mask bias log sigmoid(s M) (L, H, N, N); None where absent."""
-    attn = maskprior.mean_attention(exp.model, exp.probe, device, exp.probe_batch) if exp.probe is not None else None
+    """The prior as the model holds it now: mean attention maps on the probe inputs and the mask
+    bias log sigmoid(s M), both (L, H, N, N) or None."""
+    probe = exp.probe
+    attn = None if probe is None else maskprior.mean_attention(exp.model, probe, device, exp.probe_batch)
     return {"attn": attn, "bias": maskprior.mask_biases(exp.model)}
 
-
 def persistence_fields(before, after, pattern):
-    """Persistence numbers of result.json: prior mass and pattern correlation at init and after
-    training (mean over layers and heads, and per head), the relative drift of the bias
-    ||log sigmoid(M_T) - log sigmoid(M_0)||_F / ||log sigmoid(M_0)||_F, and for the causal GPT
-    prior the bias by distance i - j (Figure "nlp_mask")."""
+    """Section 6.1's persistence numbers: prior mass and pattern correlation at init and final
+    (mean and per head), the drift ||log sig(M_T) - log sig(M_0)||_F / ||log sig(M_0)||_F, and
+    for the GPT's causal prior its bias by distance i - j (Figure "nlp_mask")."""
     fields = {"mask_drift": None}
     if pattern is not None:
         mass0, corr0 = maskprior.prior_stats(before["attn"], pattern)
         mass1, corr1 = maskprior.prior_stats(after["attn"], pattern)
-        fields.update({"prior_mass_init": mass0.mean().item(), "prior_mass_final": mass1.mean().item(),
-                       "pattern_corr_init": corr0.mean().item(), "pattern_corr_final": corr1.mean().item(),
-                       "prior_mass_init_per_head": mass0.tolist(),
-                       "prior_mass_final_per_head": mass1.tolist(),
-                       "pattern_corr_init_per_head": corr0.tolist(),
-                       "pattern_corr_final_per_head": corr1.tolist()})
+        for name, (v0, v1) in (("prior_mass", (mass0, mass1)), ("pattern_corr", (corr0, corr1))):
+            fields.update({f"{name}_init": v0.mean().item(), f"{name}_final": v1.mean().item(),
+                           f"{name}_init_per_head": v0.tolist(), f"{name}_final_per_head": v1.tolist()})
     b0, b1 = before["bias"], after["bias"]
     if b0 is not None:
         drift = (b1 - b0).flatten(2).norm(dim=-1) / b0.flatten(2).norm(dim=-1)
@@ -810,7 +730,6 @@ def persistence_fields(before, after, pattern):
 # ----------------------------------------------------------------------------------------------
 # 7. main: one run, or a grid over tasks x train fractions x magnitudes x decays x inits x seeds
 # ----------------------------------------------------------------------------------------------
-
 def main(argv=None):
     try:
         args = build_parser().parse_args(argv)
@@ -857,7 +776,7 @@ def main(argv=None):
         if result is None:                     # a torchrun rank other than 0: rank 0 reports
             continue
         results.append(result)
-        print(summary_line(result), flush=True)
+        print(tasks.summary_line(result), flush=True)
         if not grid:
             print(f"wrote {os.path.join(out_dir, 'result.json')}")
     if dist.is_initialized():
@@ -867,7 +786,6 @@ def main(argv=None):
         write_tables(root, results)
     return 1 if failed else 0
 
-
 def load_data(family, task, config, args, device, cache):
     """The language corpus or vision data set, read once per grid (None for the Boolean and
     arithmetic families, whose setups build their data from the seed). Under torchrun only rank
@@ -875,7 +793,8 @@ def load_data(family, task, config, args, device, cache):
     if family == "language":
         if task not in cache:
             cache[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
-        check_lm_sizes(config, cache[task])
+        tasks.check_lm_sizes(cache[task], config["block_size"], config["batch_size"],
+                             config["layers"], config["heads"])
         return cache[task]
     if family != "vision":
         return None
@@ -890,24 +809,6 @@ def load_data(family, task, config, args, device, cache):
                                           config["randaugment"])
     return cache[key]
 
-
-def check_lm_sizes(config, data):
-    """Refuse, before anything is allocated, a context longer than a split or an attention that
-    cannot fit in this machine's memory: (batch, heads, T, T) scores, probabilities and the
-    mask's gradient per layer, in float32."""
-    T = config["block_size"]
-    for split in ("train", "val", "test"):
-        if len(data[split]) <= T + (split == "train"):
-            raise UsageError(f"--block-size {T} needs more tokens than the {split} split holds "
-                             f"({len(data[split])}): choose a block size below {len(data[split]) - 1}")
-    need = 3 * 4 * config["layers"] * config["heads"] * T * T * max(config["batch_size"], 64)
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have:
-        raise UsageError(f"--block-size {T}: the attention of {config['layers']} layers x "
-                         f"{config['heads']} heads x {T} x {T} needs about {need / 2**30:.0f} GiB, "
-                         f"this machine has {have / 2**30:.0f} GiB: choose a smaller block or batch")
-
-
 def read_result(path):
     """A result.json as a dict, or None (with a warning naming it) if it is damaged."""
     try:
@@ -920,7 +821,6 @@ def read_result(path):
         print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})",
               file=sys.stderr)
         return None
-
 
 def summarize(root):
     """--summarize DIR: the tables of every run saved below DIR (several grids into one); exit 1
@@ -936,225 +836,20 @@ def summarize(root):
 
 
 # ----------------------------------------------------------------------------------------------
-# 8. Reporting: summary lines, tables, pictures
+# 8. Reporting: tables (tasks.result_tables) and pictures
 # ----------------------------------------------------------------------------------------------
-
-def fmt(value, digits=4):
-    return "n/a" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
-
-
-def family_of(result):
-    return next(name for name, f in FAMILIES.items() if result["task"] in f["tasks"])
-
-
-def summary_line(result):
-    """One line per finished run, with the numbers of its family's table."""
-    f, c = result["final"], result["config"]
-    head = f"{result['task']} / {result['init']} / seed {result['seed']}"
-    family = family_of(result)
-    if family == "boolean":
-        acc = "n/a" if f["test_acc"] is None else f"{f['test_acc']:.2f}%"
-        closer = "target" if f["unseen_loss"] < f["unseen_mse_to_mdi"] else "MDI"
-        text = (f"{head}: test loss {fmt(f['test_loss'])}, test acc {acc}, unseen loss "
-                f"{fmt(f['unseen_loss'])}, unseen MSE to MDI {fmt(f['unseen_mse_to_mdi'])} "
-                f"(closer to the {closer})")
-    elif family == "arithmetic":
-        text = (f"{head} / train frac {c['train_frac']:g}: seq acc {f['seq_acc']:.2f}%, digit acc "
-                f"{f['digit_acc']:.2f}%, test loss {fmt(f['test_loss'])} on {result['eval_pairs']} "
-                f"held-out pairs, train loss {fmt(f['train_loss'])}")
-    elif family == "language":
-        text = (f"{head}: val ppl {f['val_ppl']:.2f}, test ppl {f['test_ppl']:.2f}"
-                f"{' (= val)' if f['test_is_val'] else ''}, {f['tokens_per_second']:.0f} train tokens/s")
-    else:
-        text = (f"{head}: top-1 {f['top1']:.2f}% (best {f['best_top1']:.2f}%), test loss "
-                f"{f['test_loss']:.3f}, {f['images_per_second']:.0f} train images/s")
-        if "warmup_shortened_from" in c:
-            text += f", warmup shortened from {c['warmup_shortened_from']} to {c['warmup_epochs']} epochs"
-    if f.get("prior_mass_init") is not None:
-        text += f", prior mass {f['prior_mass_init']:.2f} -> {f['prior_mass_final']:.2f}"
-    text += f", {result['seconds']:.0f} s"
-    return text + (f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else "")
-
-
-def mean_std(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return "—"
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{fmt(statistics.fmean(values))} ± {fmt(std, 2)}"
-
-
-stat = lambda key: lambda done, cell: mean_std([f.get(key) for f in done])
-paper = lambda table, i=None: lambda done, cell: fmt(
-    (table.get(cell[:2]) or (None,) * 3)[i] if i is not None else table.get(cell[:2]))
-# Columns of each table: (header, function of the cell's finished runs and its key).
-PERSISTENCE_COLUMNS = [(h, stat(k)) for h, k in (
-    ("prior mass init", "prior_mass_init"), ("prior mass final", "prior_mass_final"),
-    ("pattern corr init", "pattern_corr_init"), ("pattern corr final", "pattern_corr_final"),
-    ("mask drift", "mask_drift"))]
-BOOLEAN_COLUMNS = [
-    ("train loss", stat("train_loss")), ("test loss", stat("test_loss")),
-    ("test acc (%)", stat("test_acc")), ("unseen MSE to target", stat("unseen_loss")),
-    ("unseen MSE to MDI", stat("unseen_mse_to_mdi")),
-    # seeds whose unseen predictions are closer (MSE) to the target than to the MDI
-    ("learned target", lambda done, cell: f"{sum(f['unseen_loss'] < f['unseen_mse_to_mdi'] for f in done)}/{len(done)}"),
-    ("paper loss", paper(tasks.PAPER_BOOLEAN, 0)), ("paper acc (%)", paper(tasks.PAPER_BOOLEAN, 1))]
-ARITHMETIC_COLUMNS = [(h, stat(k)) for h, k in (
-    ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), ("test loss", "test_loss"),
-    ("train loss", "train_loss"), ("prior mass init", "prior_mass_init"),
-    ("prior mass final", "prior_mass_final"))] + [
-    (h, lambda done, cell, i=i: paper(tasks.PAPER_ARITHMETIC, i)(done, cell)
-     if cell[2] == tasks.ARITHMETIC_TRAIN_FRAC[cell[0]] else "n/a")
-    for i, h in enumerate(("paper seq acc", "paper digit acc", "paper loss"))]
-LM_COLUMNS = [("val ppl", stat("val_ppl")), ("test ppl", stat("test_ppl")),
-              ("train tokens/s", stat("tokens_per_second")), ("mask drift", stat("mask_drift")),
-              ("paper val ppl", paper(tasks.PAPER_LM, 0)), ("paper test ppl", paper(tasks.PAPER_LM, 1))]
-VISION_COLUMNS = [(h, stat(k)) for h, k in (
-    ("best top-1 (%)", "best_top1"), ("final top-1 (%)", "top1"),
-    ("prior mass init", "prior_mass_init"), ("prior mass final", "prior_mass_final"),
-    ("mask drift", "mask_drift"), ("train images/s", "images_per_second"))] + [
-    ("paper best top-1 (%)", paper(tasks.PAPER_VISION))]
-
-
-def cell_of(result):
-    """A run's table cell: (task, init, train fraction, mask magnitude A, mask decay W)."""
-    c = result["config"]
-    return (result["task"], result["init"], c.get("train_frac"), c.get("mask_magnitude"),
-            c.get("mask_decay") or 0.0)
-
-
-def group_runs(results):
-    """{cell: (finished runs' final dicts, number of runs)}, in the order of FAMILIES and INITS."""
-    every_task = [t for f in FAMILIES.values() for t in f["tasks"]]
-    order = lambda r: (every_task.index(r["task"]), r["config"].get("train_frac") or 0,
-                       r["config"].get("mask_magnitude") or 0, r["config"].get("mask_decay") or 0,
-                       list(INITS).index(r["init"]), r["seed"])
-    cells = {}
-    for r in sorted(results, key=order):
-        cells.setdefault(cell_of(r), []).append(r)
-    return {cell: ([r["final"] for r in runs if r["status"] == "done"], len(runs))
-            for cell, runs in cells.items()}
-
-
-def markdown_table(results, columns):
-    """One row per cell, mean ± std over seeds; train fraction, A and W columns appear when a
-    grid varies them (a data-efficiency or mask-magnitude sweep)."""
-    cells = group_runs(results)
-    shown = [i for i, name in ((2, "train frac"), (3, "A"), (4, "mask decay"))
-             if len({cell[i] for cell in cells}) > 1 or (i == 2 and any(c[2] for c in cells))]
-    names = {2: "train frac", 3: "A", 4: "mask decay"}
-    header = ["task", *[names[i] for i in shown if i == 2], "init", *[names[i] for i in shown if i > 2],
-              "seeds"] + [h for h, _ in columns]
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    for cell, (done, total) in cells.items():
-        keys = [cell[0], *[f"{cell[i]:g}" for i in shown if i == 2], cell[1],
-                *[f"{cell[i]:g}" for i in shown if i > 2], f"{len(done)}/{total}"]
-        lines.append("| " + " | ".join(keys + [fn(done, cell) for _, fn in columns]) + " |")
-    return "\n".join(lines)
-
-
 def write_tables(root, results):
-    """table.md under root (printed too): per family its table, the Boolean persistence table,
-    and the arithmetic data-efficiency curve and the Boolean mask-magnitude figure as SVG when a
-    grid sweeps the train fraction or A."""
-    by_family = {}
-    for r in results:
-        by_family.setdefault(family_of(r), []).append(r)
-    sections = []
-    if "boolean" in by_family:
-        runs = by_family["boolean"]
-        sections += [f"## Results\n\n{markdown_table(runs, BOOLEAN_COLUMNS)}\n",
-                     f"## Persistence of the prior\n\n{markdown_table(runs, PERSISTENCE_COLUMNS)}\n"]
-        panels = magnitude_panels(runs)
-        if panels:
-            write_atomic(os.path.join(root, "mask_magnitude.svg"), magnitude_svg(panels))
-    if "language" in by_family:
-        sections.append(f"## Perplexity\n\n{markdown_table(by_family['language'], LM_COLUMNS)}\n")
-    if "vision" in by_family:
-        sections.append(f"## Best top-1 accuracy\n\n{markdown_table(by_family['vision'], VISION_COLUMNS)}\n")
-    if "arithmetic" in by_family:
-        runs = by_family["arithmetic"]
-        sections.append(f"## Arithmetic\n\n{markdown_table(runs, ARITHMETIC_COLUMNS)}\n")
-        curves = curves_of(runs, x=lambda cell: cell[2], y="seq_acc")
-        if any(len(points) > 1 for lines in curves.values() for points in lines.values()):
-            write_atomic(os.path.join(root, "data_efficiency.svg"), line_chart_svg(
-                curves, "train fraction", "held-out seq acc (%)", percent_x=True))
-    text = "\n".join(sections)
+    """table.md under root (printed too), and the SVG figures of the sweeps it holds."""
+    text, figures = tasks.result_tables(results, list(INITS))
     os.makedirs(root, exist_ok=True)
-    write_atomic(os.path.join(root, "table.md"), text)
-    print("\n" + text)
-    print(f"wrote {os.path.join(root, 'table.md')}")
-
-
-def curves_of(results, x, y, inits=None):
-    """{task: {init: [(x(cell), mean of final[y] over seeds)]}} of finished runs."""
-    curves = {}
-    for cell, (done, _) in group_runs(results).items():
-        values = [f[y] for f in done if f.get(y) is not None]
-        if values and (inits is None or cell[1] in inits) and x(cell):
-            curves.setdefault(cell[0], {}).setdefault(cell[1], []).append(
-                (x(cell), statistics.fmean(values)))
-    return curves
-
-
-def magnitude_panels(results):
-    """The figure of "Does the mask learn?": per Boolean task, test accuracy (threesym: test loss)
-    and mask drift against A, learnable (mask) vs fixed (mask-fixed), at mask decay 0."""
-    runs = [r for r in results if (r["config"].get("mask_decay") or 0) == 0]
-    if len({cell_of(r)[3] for r in runs if r["init"] in ("mask", "mask-fixed")}) < 2:
-        return None
-    pick = lambda y: curves_of(runs, x=lambda cell: cell[3], y=y, inits=("mask", "mask-fixed"))
-    return pick("test_acc"), pick("test_loss"), pick("mask_drift")
-
-
-def magnitude_svg(panels):
-    acc, loss, drift = panels
-    top = {t: (acc.get(t) if t != "threesym" else loss.get(t)) for t in {**acc, **loss}}
-    return (line_chart_svg({t: v for t, v in top.items() if v}, "mask magnitude A",
-                           "test acc (%) [threesym: test loss]", log_x=True, y_max=None)
-            + line_chart_svg(drift, "mask magnitude A", "mask drift", log_x=True, y_max=None))
-
-
-def line_chart_svg(curves, x_label, y_label, percent_x=False, log_x=True, y_max=100.0,
-                   width=360, height=260, pad=48):
-    """An SVG of one panel per task, one line per init, x on a log scale: the data-efficiency
-    figure (Figure "data_efficiency") and the mask-magnitude figure. Plain text, no plot library."""
-    colours = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-    xs = sorted({x for lines in curves.values() for pts in lines.values() for x, _ in pts})
-    top = y_max or max(y for lines in curves.values() for pts in lines.values() for _, y in pts) or 1
-    lo, hi = math.log10(xs[0]), math.log10(xs[-1])
-    x_of = lambda v: pad + (math.log10(v) - lo) / ((hi - lo) or 1) * (width - 1.5 * pad)
-    y_of = lambda v: height - pad - v / top * (height - 1.5 * pad)
-    parts = []
-    for panel, (task, lines) in enumerate(curves.items()):
-        parts.append(f'<g transform="translate({panel * width},0)" font-family="sans-serif" '
-                     f'font-size="11"><text x="{width / 2}" y="16" text-anchor="middle" '
-                     f'font-size="13">{task}</text><path d="M{pad},{pad / 2}V{height - pad}'
-                     f'H{width - pad / 2}" fill="none" stroke="black"/>')
-        parts += [f'<text x="{pad - 4}" y="{y_of(v * top) + 4}" text-anchor="end">{fmt(v * top, 3)}'
-                  f'</text>' for v in (0, 0.25, 0.5, 0.75, 1)]
-        parts += [f'<text x="{x_of(v)}" y="{height - pad + 14}" text-anchor="middle">'
-                  f'{f"{100 * v:g}%" if percent_x else f"{v:g}"}</text>' for v in xs]
-        parts.append(f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">{x_label}</text>'
-                     f'<text x="12" y="{height / 2}" transform="rotate(-90 12 {height / 2})" '
-                     f'text-anchor="middle">{y_label}</text>')
-        for i, (init, pts) in enumerate(lines.items()):
-            colour = colours[list(INITS).index(init) % len(colours)]
-            parts.append(f'<polyline points="{" ".join(f"{x_of(x):.1f},{y_of(y):.1f}" for x, y in pts)}"'
-                         f' fill="none" stroke="{colour}" stroke-width="2"/>')
-            parts += [f'<circle cx="{x_of(x):.1f}" cy="{y_of(y):.1f}" r="3" fill="{colour}"/>'
-                      for x, y in pts]
-            parts.append(f'<text x="{width - pad / 2}" y="{height - pad - 8 - 14 * (len(lines) - 1 - i)}" '
-                         f'text-anchor="end" fill="{colour}">{init}</text>')
-        parts.append("</g>")
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(curves)}" '
-            f'height="{height}">' + "".join(parts) + "</svg>\n")
+    for name, content in {**figures, "table.md": text}.items():
+        write_atomic(os.path.join(root, name), content)
+    print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")
 
 
 # Pictures of the prior. Rows = layers, columns = heads; in each panel row = query, column = key.
 VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
                        dtype=torch.float32) / 255    # five anchors of the viridis colour map
-
 
 def colormap(t):
     """t in [0, 1], any shape -> RGB in [0, 1], shape t.shape + (3,)."""
@@ -1162,7 +857,6 @@ def colormap(t):
     lo = pos.floor().long().clamp(max=len(VIRIDIS) - 2)
     frac = (pos - lo)[..., None]
     return VIRIDIS[lo] * (1 - frac) + VIRIDIS[lo + 1] * frac
-
 
 def save_heatmaps(path, grid, lo, hi):
     """One PNG of a (rows, cols, n, n) grid of matrices, colour from lo (purple) to hi (yellow),
@@ -1179,13 +873,11 @@ def save_heatmaps(path, grid, lo, hi):
         png = encode_png((image * 255).round().to(torch.uint8))
     write_atomic(path, png.numpy().tobytes() if hasattr(png, "numpy") else bytes(png))
 
-
 def save_pictures(out_dir, when, exp, snap, device):
-    """attn_<when>.png: mean attention maps (0 to 1); mask_<when>.png: log sigmoid(s M) (-A to 0,
-    the GPT's future hidden). Vision also (Appendix "Attention Map For Image Classification"):
-    attn_query_<when>.png, the first test image's attention from the centre patch to every patch
-    on the patch grid, and mask_query_<when>.png, the centre patch's bias on the grid. The
-    tensors go to attention_<when>.pt for figures drawn later."""
+    """attn_<when>.png: mean attention maps (0 to 1); mask_<when>.png: log sigmoid(s M) (-A to 0).
+    Vision also (Appendix "Attention Map For Image Classification"): the first test image's
+    attention from the centre patch (attn_query_<when>.png) and that patch's bias
+    (mask_query_<when>.png) on the patch grid. The tensors go to attention_<when>.pt."""
     bias, attn = snap["bias"], snap["attn"]
     if attn is not None:
         save_heatmaps(os.path.join(out_dir, f"attn_{when}.png"), attn, 0, 1)
