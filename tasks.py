@@ -843,3 +843,66 @@ def summary_line(result):
         text += f", prior mass {f['prior_mass_init']:.2f} -> {f['prior_mass_final']:.2f}"
     text += f", {result['seconds']:.0f} s"
     return text + (f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else "")
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. Pictures: heat maps of attention maps and masks, and the persistence figure
+# ----------------------------------------------------------------------------------------------
+VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
+                       dtype=torch.float32) / 255    # five anchors of the viridis colour map
+
+
+def colormap(t):
+    """t in [0, 1], any shape -> RGB in [0, 1], shape t.shape + (3,)."""
+    pos = t.clamp(0, 1) * (len(VIRIDIS) - 1)
+    lo = pos.floor().long().clamp(max=len(VIRIDIS) - 2)
+    frac = (pos - lo)[..., None]
+    return VIRIDIS[lo] * (1 - frac) + VIRIDIS[lo + 1] * frac
+
+
+def heatmap_png(grid, lo, hi, gap=4):
+    """PNG bytes of a (rows, cols, n, n) grid of matrices, colour from lo (purple) to hi (yellow),
+    white gutters of gap pixels: torchvision's make_grid and encode_png."""
+    import warnings
+    from torchvision.io import encode_png
+    from torchvision.utils import make_grid
+    rows, cols, n, _ = grid.shape
+    cell = max(1, 128 // n)
+    rgb = colormap((grid.detach().float().cpu() - lo) / (hi - lo))       # (R, C, n, n, 3)
+    rgb = rgb.repeat_interleave(cell, 2).repeat_interleave(cell, 3)       # (R, C, n*cell, n*cell, 3)
+    image = make_grid(rgb.flatten(0, 1).permute(0, 3, 1, 2), nrow=cols, padding=gap, pad_value=1.0)
+    with warnings.catch_warnings():   # torchvision 0.29 marks its image codecs as deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bytes(encode_png((image * 255).round().to(torch.uint8)).tolist())
+
+
+def persistence_figure(runs):
+    """An SVG of the persistence claim: for each (label, run folder) the mean attention maps
+    (attention_before.pt, attention_after.pt that train.py saves) before and after training,
+    one block per run and time, layers down, heads across, colour 0 (purple) to 1 (yellow)."""
+    import base64
+    blocks = [(f"{label}, {when} training", torch.load(f"{folder}/attention_{when}.pt")["attn"])
+              for label, folder in runs for when in ("before", "after")]
+    layers, heads, n, _ = blocks[0][1].shape
+    side = max(1, 128 // n) * n                      # one panel's pixels, as heatmap_png draws it
+    gap, top, left = 4, 40, 60
+    block_w, block_h = heads * (side + gap) + gap, layers * (side + gap) + gap
+    parts = []
+    for b, (title, attn) in enumerate(blocks):
+        x0 = left + b * (block_w + 20)
+        png = base64.b64encode(heatmap_png(attn, 0, 1, gap)).decode()
+        parts.append(f'<text x="{x0 + block_w / 2}" y="{top - 22}" text-anchor="middle" '
+                     f'font-size="13">{title}</text><image x="{x0}" y="{top}" width="{block_w}" '
+                     f'height="{block_h}" href="data:image/png;base64,{png}"/>')
+        parts += [f'<text x="{x0 + gap + h * (side + gap) + side / 2}" y="{top - 6}" '
+                  f'text-anchor="middle">head {h + 1}</text>' for h in range(heads)]
+    parts += [f'<text x="{left - 6}" y="{top + gap + l * (side + gap) + side / 2}" text-anchor="end">'
+              f'layer {l + 1}</text>' for l in range(layers)]
+    width, bar_y = left + len(blocks) * (block_w + 20), top + block_h + 16
+    parts += [f'<rect x="{left + 2 * i}" y="{bar_y}" width="2" height="10" fill="rgb'
+              f'{tuple(int(255 * c) for c in colormap(torch.tensor(i / 99)).tolist())}"/>' for i in range(100)]
+    parts.append(f'<text x="{left}" y="{bar_y + 24}">0</text><text x="{left + 200}" y="{bar_y + 24}" '
+                 f'text-anchor="end">1</text><text x="{left + 210}" y="{bar_y + 9}">mean attention '
+                 f'weight (row = query, column = key; token 0 is CLS)</text>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{bar_y + 34}" '
+            f'font-family="sans-serif" font-size="11">' + "".join(parts) + "</svg>\n")

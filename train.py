@@ -21,7 +21,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -211,8 +210,10 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
         if getattr(args, key) is not None and key in config:
             config[key] = getattr(args, key)
     if args.dim is not None and "mlp_dim" in config:   # ViT MLPs are 4 x wide, encoders 1 x
-        config["mlp_dim"] = 4 * args.dim if family == "vision" else args.dim
-        config["head_dim"] = None if family != "vision" else config.get("head_dim")
+        config.update(mlp_dim=4 * args.dim if family == "vision" else args.dim,
+                      **({"head_dim": None} if "head_dim" in config else {}))
+    if not config.get("head_dim") and config["dim"] < config["heads"]:
+        raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
     config.update(preset=args.preset, mask_decay=mask_decay or 0.0,
                   mask_magnitude=magnitude or FAMILIES[family]["magnitude"])
     if family == "language":
@@ -392,8 +393,7 @@ def build_encoder(init, pattern, config, seed, svd_scales=None, **shape):
         mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], **shape)
     return model, add_prior(model, init, pattern, seed, svd_scales)
 
-def epoch_batches(x, y, batch_size, generator):
-    """One epoch of seeded shuffled mini-batches (x[idx], y[idx])."""
+def epoch_batches(x, y, batch_size, generator):  # one epoch of seeded shuffled mini-batches
     return ((x[idx], y[idx]) for idx in torch.randperm(len(x), generator=generator).split(batch_size))
 
 def cosine(optimizer, steps, floor=0.0):
@@ -749,7 +749,8 @@ def main(argv=None):
     sweep = lambda values: list(dict.fromkeys(values)) if values else [None]
     runs = [(t, i, s, f, a, w) for t in task_names for f in sweep(args.train_frac)
             for a in sweep(args.mask_magnitude) for w in sweep(args.mask_decay)
-            for i in dict.fromkeys(args.init) for s in seeds]
+            for i in dict.fromkeys(args.init) for s in seeds
+            if INITS[i][1] == "mask" or a == sweep(args.mask_magnitude)[0]]   # A only acts on M
     grid = len(runs) > 1
     root = args.out or "runs/grid"
     workers = args.workers if args.workers is not None else 8 if device.type == "cuda" else 0
@@ -847,31 +848,10 @@ def write_tables(root, results):
     print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")
 
 
-# Pictures of the prior. Rows = layers, columns = heads; in each panel row = query, column = key.
-VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
-                       dtype=torch.float32) / 255    # five anchors of the viridis colour map
-
-def colormap(t):
-    """t in [0, 1], any shape -> RGB in [0, 1], shape t.shape + (3,)."""
-    pos = t.clamp(0, 1) * (len(VIRIDIS) - 1)
-    lo = pos.floor().long().clamp(max=len(VIRIDIS) - 2)
-    frac = (pos - lo)[..., None]
-    return VIRIDIS[lo] * (1 - frac) + VIRIDIS[lo + 1] * frac
-
+# Pictures of the prior (tasks.heatmap_png): rows = layers, columns = heads; in each panel row =
+# query, column = key.
 def save_heatmaps(path, grid, lo, hi):
-    """One PNG of a (rows, cols, n, n) grid of matrices, colour from lo (purple) to hi (yellow),
-    white gutters: torchvision's make_grid and encode_png."""
-    from torchvision.io import encode_png
-    from torchvision.utils import make_grid
-    rows, cols, n, _ = grid.shape
-    cell = max(1, 128 // n)
-    rgb = colormap((grid.detach().float().cpu() - lo) / (hi - lo))       # (R, C, n, n, 3)
-    rgb = rgb.repeat_interleave(cell, 2).repeat_interleave(cell, 3)       # (R, C, n*cell, n*cell, 3)
-    image = make_grid(rgb.flatten(0, 1).permute(0, 3, 1, 2), nrow=cols, padding=4, pad_value=1.0)
-    with warnings.catch_warnings():   # torchvision 0.29 marks its image codecs as deprecated
-        warnings.simplefilter("ignore", DeprecationWarning)
-        png = encode_png((image * 255).round().to(torch.uint8))
-    write_atomic(path, png.numpy().tobytes() if hasattr(png, "numpy") else bytes(png))
+    write_atomic(path, tasks.heatmap_png(grid, lo, hi))
 
 def save_pictures(out_dir, when, exp, snap, device):
     """attn_<when>.png: mean attention maps (0 to 1); mask_<when>.png: log sigmoid(s M) (-A to 0).
@@ -895,7 +875,6 @@ def save_pictures(out_dir, when, exp, snap, device):
     if bias is not None:
         save_heatmaps(os.path.join(out_dir, f"mask_query_{when}.png"),
                       bias[:, :, centre, 1:].unflatten(-1, (grid, grid)), bias.min().item(), 0)
-
 
 if __name__ == "__main__":
     sys.exit(main())
