@@ -457,13 +457,44 @@ def mask_majority(depth, heads, d=15):
     return _pattern(pairs, n).expand(depth, heads, n, n).clone()
 
 
-def mask_cyclic3(depth, heads, d=15):
-    """cyclic3, f = sum_i x_i x_{i+1} x_{i+2} (indices mod d). Principle (4) layer-wise composition.
+# cyclic3 layers: the first CYCLIC3_BUILD layers build the triples, the rest read them out.
+CYCLIC3_BUILD = 2
 
-    Each bit token i sees itself and its two cyclic successors i+1, i+2: one layer forms the local
-    window's interactions, and stacking layers composes them into the degree-3 terms rather than
-    encoding the triple in one step. CLS sees only itself at the start and learns to read the sum.
+
+def mask_cyclic3(depth, heads, d=15):
+    """cyclic3, f = sum_i x_i x_{i+1} x_{i+2} (indices mod d). Principle (4) layer-wise composition
+    (Appendix "Design of Mask Pattern": the cyclic triples are built "through layer-wise
+    composition of structured local connections, rather than encoding them directly").
+
+    Layer 0 (pairs): bit token i sees {x_i, x_{i+1 mod d}}; its MLP can form x_i x_{i+1}.
+    Layer 1 (pairs of pairs): the same +1 window again. Token i now reads its own pair
+      (x_i, x_{i+1}) and token i+1's pair (x_{i+1}, x_{i+2}); the two overlap in x_{i+1}, so their
+      union is exactly the triple (x_i, x_{i+1}, x_{i+2}). The window in the mask stays one step
+      wide; what widens is the span of bits behind it: 1 -> 2 -> 3. A window of {i, i+1, i+2} in
+      layer 1 would compose pairs into 4 bits (x_i .. x_{i+3}), more than the target needs.
+      With d = 15 and indices mod d, bit token i ends layer 1 holding triple T_i, and the 15 tokens
+      hold the 15 cyclic triples of f, each exactly once (T_13 = (x13, x14, x0), T_14 = (x14, x0, x1)).
+    Layers 2.. (readout): bit tokens see only themselves (the triples stay put in the residual
+      stream) and the CLS token sees every position, so the readout sums the 15 triples, as the
+      majority mask lets CLS aggregate its three votes.
+    In layers 0-1 CLS sees only itself: a CLS that read raw bits early could fit the
+    minimum-degree shortcut (Principle 2). A model with fewer than 3 layers gets the build layers
+    only (depth 1: the pairs layer); the paper's Boolean models have 4.
+    mask_cyclic3_direct is the earlier one-layer pattern, kept as a named variant.
     """
+    n = d + 1
+    build = _pattern(_diagonal(n) + [(_bit(i), _bit((i + 1) % d)) for i in range(d)], n)
+    readout = _pattern(_diagonal(n) + [(0, key) for key in range(n)], n)
+    return torch.stack([build if layer < CYCLIC3_BUILD else readout for layer in range(depth)]
+                       )[:, None].expand(depth, heads, n, n).clone()
+
+
+def mask_cyclic3_direct(depth, heads, d=15):
+    """cyclic3, the direct variant: every layer lets bit token i see itself and its two cyclic
+    successors i+1, i+2, so a single layer already spans the whole triple (x_i, x_{i+1}, x_{i+2});
+    CLS sees only itself at the start and learns to read the sum. This encodes the triple directly
+    rather than by composition, so it is not what Principle (4) describes; kept for comparison
+    (BOOLEAN_MASK_VARIANTS["cyclic3"]["direct"])."""
     n = d + 1
     pairs = _diagonal(n) + [(_bit(i), _bit((i + s) % d)) for i in range(d) for s in (1, 2)]
     return _pattern(pairs, n).expand(depth, heads, n, n).clone()
@@ -491,6 +522,23 @@ BOOLEAN_MASKS = {
     "cyclic3": mask_cyclic3,
     "threesym": mask_threesym,
 }
+
+# Named alternatives to a task's default pattern: task -> {variant: constructor}. The default
+# (BOOLEAN_MASKS[task]) is listed too, so a command line can name either one explicitly.
+BOOLEAN_MASK_VARIANTS = {
+    "cyclic3": {"composed": mask_cyclic3, "direct": mask_cyclic3_direct},
+}
+
+
+def boolean_mask(task, depth, heads, variant=None):
+    """The (depth, heads, N, N) mask logits of a Boolean task: BOOLEAN_MASKS[task], or the named
+    variant of BOOLEAN_MASK_VARIANTS[task] (KeyError naming the choices if there is none)."""
+    if variant is None:
+        return BOOLEAN_MASKS[task](depth, heads)
+    variants = BOOLEAN_MASK_VARIANTS.get(task, {})
+    if variant not in variants:
+        raise KeyError(f"task {task!r} has no mask variant {variant!r}; choices: {sorted(variants)}")
+    return variants[variant](depth, heads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -588,18 +636,31 @@ ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplica
 # below takes a model built from MaskedSelfAttention (mode="none") and the (depth, heads, N, N)
 # pattern logits the mask constructors above return; an entry > 0 counts as open. Each writes
 # the head's rows of the q and k projections in place and returns the model.
+# Public code these follow (file timm/models/vision_transformer.py of each timm fork):
+#   osiriszjq/structured_initialization (Zheng et al. 2025, the code Appendix "Experiment Details"
+#     points to): impulse_init (closed-form SVD solve), get_ortho_like (mimetic factors),
+#     VisionTransformer.post_init_weights (how they are written into the model).
+#   osiriszjq/structured_init (Zheng et al. 2024): impulse_init there fits Q, K by Adam; it is
+#     the only public code of the optimisation variant ("Structured (Opt)"; the 2025 repository
+#     has the SVD solve only).
+
 
 def pattern_targets(pattern):
     """Binary target (1 = open, 0 = closed) from mask logits, any shape."""
     return (pattern > 0).to(torch.float32)
 
 
-def pseudo_input(model):
-    """The pseudo-input P of structured initialisation: layer_norm(positional embedding), no
-    affine, (N, D). The reference code drops the CLS row because its vision patterns cover
-    patches only; our Boolean and arithmetic patterns have a row and column for every position,
-    the CLS slot included, so P keeps every position the pattern covers."""
-    pos = model.pos.detach()[0]                                    # (N, D)
+def pseudo_input(model, skip=0):
+    """The pseudo-input P of structured initialisation: layer_norm(positional embedding) without
+    affine parameters, one row per position from `skip` on, (N - skip, D).
+
+    Both Zheng et al. codes solve on layer_norm(positions): the rows of the positional embedding
+    are the "inputs" whose attention the solve shapes. The 2025 code drops the CLS row
+    (pos_embed[1:] in post_init_weights) because its impulse targets cover patches only: the ViT
+    passes skip=1 (structured_svd_init_ does that by itself for a ViT). Our Boolean and arithmetic
+    patterns have a row and a column for every position, the CLS slot included, so they keep
+    every row (skip=0)."""
+    pos = model.pos.detach()[0, skip:]                             # (N - skip, D)
     return F.layer_norm(pos, pos.shape[-1:])
 
 
@@ -622,26 +683,51 @@ def _write_qk(attn, h, w_q, w_k):
 
 
 def _factor(a, rank):
-    """a (D, D) ~ L R with L = U sqrt(S) (D, rank) and R = sqrt(S) V^T (rank, D), by SVD."""
+    """a (D, D) ~ L R with L = U sqrt(S) (D, rank) and R = sqrt(S) V^T (rank, D), by SVD
+    (get_ortho_like of both Zheng et al. codes factors A = alpha Z +- beta I the same way)."""
     u, s, vh = torch.linalg.svd(a)
     root = s[:rank].sqrt()
     return u[:, :rank] * root, root[:, None] * vh[:rank]
 
 
+def mimetic_noise(dim, generator=None):
+    """Z of mimetic initialisation: (dim, dim) entries uniform on [-sqrt(3 / dim), sqrt(3 / dim)],
+    i.e. mean 0 and variance 1 / dim. get_ortho_like (osiriszjq/structured_initialization) draws
+    uniform with exactly these bounds by default (dist='uniform'); its 'normal' option, N(0, 1/dim),
+    has the same variance but is not what the mimetic and impulse paths use."""
+    bound = math.sqrt(3 / dim)
+    return (torch.rand(dim, dim, generator=generator) * 2 - 1) * bound
+
+
 def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator=None):
     """Mimetic initialisation (Trockman and Kolter 2023), the baseline of Tables "Best Top-1" and
-    "Perplexity comparison". Per head W_Q W_K^T ~ alpha1 Z1 + beta1 I, per layer
-    W_V W_O ~ alpha2 Z2 - beta2 I, with Z having N(0, 1/D) entries, each factored by SVD. It
-    mimics the identity-plus-noise attention of trained Transformers and takes no task pattern."""
+    "Perplexity comparison". It mimics the identity-plus-noise attention of trained Transformers
+    and takes no task pattern.
+
+    Per head:  W_Q,h W_K,h^T ~ alpha1 Z1 + beta1 I, factored by SVD and truncated to head_dim:
+               q rows = L[:, :r]^T, k rows = R[:r] (as post_init_weights' mimetic branch writes
+               Q.T and K.T, osiriszjq/structured_initialization); a fresh Z1 for every head.
+    Per layer: W_V W_O ~ alpha2 Z2 - beta2 I, one fresh Z2 per layer.
+    Z: mimetic_noise, uniform with variance 1 / D, as that code's get_ortho_like draws it
+    (alpha = beta = 0.7 and 0.4 are its values too).
+
+    Where we differ from that code: its mimetic branch writes V and Proj into qkv / proj
+    untransposed, which (nn.Linear computes x W^T) makes the layer's value-output map
+    x -> x L^T R^T = x (R L)^T instead of x L R = x (alpha2 Z2 - beta2 I). R L is similar to L R
+    (same eigenvalues, same trace) but is not alpha2 Z2 - beta2 I; its -beta2 I part is lost. We
+    write v rows = L^T and proj = R^T, so W_V W_O = L R: the formula of Trockman and Kolter that
+    the paper cites, and what the same code's impulse branch writes (V.T, Proj.T). Also: we draw
+    from a torch.Generator, the reference from NumPy's global generator.
+    """
     for attn in attention_modules(model):
         dim = attn.qkv.weight.shape[1]
         inner = attn.heads * attn.head_dim
         eye = torch.eye(dim)
         for h in range(attn.heads):
-            z1 = torch.randn(dim, dim, generator=generator) / math.sqrt(dim)
+            z1 = mimetic_noise(dim, generator)
             left, right = _factor(alpha1 * z1 + beta1 * eye, min(attn.head_dim, dim))
             _write_qk(attn, h, left.T, right)            # W_Q,h^T W_K,h = L R
-        z2 = torch.randn(dim, dim, generator=generator) / math.sqrt(dim)
+        z2 = mimetic_noise(dim, generator)
         left, right = _factor(alpha2 * z2 - beta2 * eye, min(inner, dim))
         with torch.no_grad():
             w_v = torch.zeros(inner, dim)
@@ -654,38 +740,61 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
 
 
 def scale_positions_(model, factor=18.0):
-    """Multiply the learned positional embedding by factor (the reference code's norm_p = 18).
-    The structured inits write the pattern into how positions meet through W_Q W_K^T; at the
-    usual 0.02 scale the positions would be invisible beside the token embeddings."""
+    """Multiply the learned positional embedding by factor (norm_p = 18 of the impulse branch of
+    post_init_weights, osiriszjq/structured_initialization). The structured inits write the
+    pattern into how positions meet through W_Q W_K^T; at the usual 0.02 scale the positions would
+    be invisible beside the token embeddings."""
     with torch.no_grad():
         model.pos.mul_(factor)
     return model
 
 
+def _prefix_tokens(model, skip):
+    """How many leading positions the structured solves leave out: skip if given, else 1 for a ViT
+    (its CLS token; the 2025 code solves on pos_embed[1:]) and 0 for the Boolean / arithmetic
+    encoders, whose patterns cover every position."""
+    if skip is not None:
+        return skip
+    return 1 if isinstance(model, ViT) else 0
+
+
 def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_norm=7.0,
-                         pos_scale=18.0, generator=None):
+                         pos_scale=18.0, generator=None, skip=None):
     """Structured initialisation, SVD variant (Zheng et al. 2025), solved per layer and head.
 
-    Target logits T_h = open_logit * target + noise_scale * eps * (target == 0), eps a normal
-    truncated at +-2 with std 0.6 (the reference code's 1000 and 3; the paper's arithmetic runs
-    quote open = 10000, close = 0). With P the pseudo-input and P+ its rank-r pseudo-inverse
-    (r = head_dim, capped by the rank of P), M_h = P+ T_h P+^T, factored by SVD into
-    Q_h = U sqrt(S), K_h = sqrt(S) V^T, so that P Q_h K_h P^T ~ T_h. Q_h and K_h are scaled to
-    Frobenius norm qk_norm (7 in the reference) and written into the head; the forward pass keeps
-    its 1/sqrt(head_dim). V and the output projection get mimetic values (0.4, 0.4) as in the
-    reference; fresh noise in every layer. The positional embedding is first multiplied by
-    pos_scale (18 in the reference).
+    Follows impulse_init and post_init_weights' impulse branch of
+    osiriszjq/structured_initialization:
+      - positions multiplied by pos_scale (norm_p = 18) before anything else;
+      - P = layer_norm(positions[skip:]) (pseudo_input); for a ViT skip = 1: the solve sees the
+        patch positions only (pos_embed[1:]) and the patches-only target pattern[..., 1:, 1:], so
+        the CLS row and column of W_Q W_K^T are whatever the solve on patches makes of the CLS
+        position. skip=None picks 1 for a ViT and 0 otherwise (_prefix_tokens);
+      - target logits T_h = open_logit * target + noise_scale * eps * (target == 0), eps a normal
+        truncated at +-2 with std 0.6 (1000 and 3 in that code; the paper's arithmetic runs quote
+        open = 10000, close = 0), fresh noise for every layer;
+      - P+ = V diag(1 / s) U^T P^T from the SVD of P^T P, kept to the r = head_dim largest
+        singular values; M_h = P+ T_h P+^T, factored by SVD into Q_h = U sqrt(S), K_h = sqrt(S) V^T
+        (first r), so that P Q_h K_h P^T ~ T_h;
+      - Q_h, K_h scaled to unit Frobenius norm and then by qk_norm (norm_q = 7); q rows = Q_h^T,
+        k rows = K_h; the forward pass keeps its 1/sqrt(head_dim);
+      - V and the output projection get mimetic values (0.4, 0.4), fresh in every layer.
+    Where we differ: r is capped by the numerical rank of P^T P (the Boolean models have N = 16
+    positions, fewer than head_dim; the reference would divide by zero singular values there);
+    the Boolean / arithmetic patterns include the CLS (or first) position, which the reference's
+    vision patterns do not; the ViT's CLS row of the impulse mask (open to every key) is therefore
+    not part of the QK solve.
     """
+    skip = _prefix_tokens(model, skip)
     scale_positions_(model, pos_scale)
     mimetic_init_(model, generator=generator)  # V / O (its Q / K are overwritten below)
-    p = pseudo_input(model)                                        # (N, D)
+    p = pseudo_input(model, skip)                                  # (N - skip, D)
     n, dim = p.shape
     u, s, vh = torch.linalg.svd(p.T @ p)                           # P^T P = U S V^T, (D, D)
     for layer, attn in enumerate(attention_modules(model)):
         rank = min(attn.head_dim, int((s > s[0] * 1e-6).sum()))
-        p_plus = vh[:rank].T @ torch.diag(1 / s[:rank]) @ u[:, :rank].T @ p.T   # (D, N)
+        p_plus = vh[:rank].T @ torch.diag(1 / s[:rank]) @ u[:, :rank].T @ p.T   # (D, N - skip)
         for h in range(attn.heads):
-            target = pattern_targets(pattern[layer, h])                         # (N, N)
+            target = pattern_targets(pattern[layer, h, skip:, skip:])            # (n, n)
             eps = torch.nn.init.trunc_normal_(torch.empty(n, n), std=0.6, a=-2, b=2,
                                               generator=generator)
             logits = open_logit * target + noise_scale * eps * (target == 0)
@@ -696,31 +805,43 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
 
 
 def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, pos_scale=18.0,
-                         generator=None):
-    """Structured initialisation, optimisation variant (Zheng et al. 2024).
+                         generator=None, scale=None):
+    """Structured initialisation, optimisation variant (Zheng et al. 2024): "Structured (Opt)".
 
-    Q (H, D, r) and K (H, r, D), uniform +-sqrt(1 / (r H)), are fitted by Adam so that
-    A_h = softmax(P Q_h K_h P^T / sqrt(head_dim)) matches the pattern (MSE), P the pseudo-input;
-    every renorm_every steps the columns of Q and rows of K are rescaled to their initial mean
-    norm (the reference code's reset). The pattern's rows are normalised to sum to one, so the
-    target is itself an attention map (the reference's impulse targets already are). Solved once
-    per distinct layer pattern (once in all when every layer has the same one), as in the
-    reference; written into q rows = Q_h^T and k rows = K_h. Defaults are the paper's arithmetic
-    setting (2000 steps at lr 1e-4; the reference code used 10000). Positions are scaled by
-    pos_scale as for the SVD variant (our notes give no scale for this code; without one the
-    pattern would not show on real inputs, whose token embeddings dwarf 0.02-scale positions).
+    Follows impulse_init of osiriszjq/structured_init (and its call in _init_weights):
+      - Q (H, D, r) and K (H, r, D), r = head_dim, uniform on +-sqrt(1 / (r H)), Q drawn first;
+      - A_h = softmax(scale * P Q_h K_h P^T) with P = layer_norm(positions) (pseudo_input) and
+        scale = head_dim ** -0.5, the value its caller passes (the function's own default is 1;
+        scale=None here means head_dim ** -0.5). Because the model's forward pass also divides
+        by sqrt(head_dim), the written Q, K reproduce A_h on P exactly; with scale=1 they would
+        not (the model would show softmax of the fitted logits / sqrt(head_dim));
+      - loss MSE(A_h, binary target), the 0/1 pattern itself (not row-normalised); Adam at lr;
+      - norm reset BEFORE steps 0, renorm_every, 2 renorm_every, ... (step % renorm_every == 0),
+        so the first one acts on the fresh draw and the last renorm_every steps run without one.
+        nq = mean over (head, column) of Q's column norms over D, taken once from the initial
+        draw; each reset divides Q by Q.norm(dim=1) / nq (every column of Q_h, over D, gets norm
+        nq) and K by K.norm(dim=1) / nq: for K (H, r, D) dim 1 is r, so every column of K_h (a
+        length-r vector per input feature) gets Q's norm nq, not K's rows over D;
+      - written with no extra factor: q rows = Q_h^T, k rows = K_h; one solution reused by every
+        layer that has the same pattern (init_once there; all its layers share one pattern).
+    Where we differ: steps = 2000 by default (Table "Arithmetic task setup": 2000 steps at
+    lr 1e-4; that code runs 10000); P comes from the model's learned positions multiplied by
+    pos_scale (18, the norm_p of the 2025 code) where that code's usage uses fixed 2-D sin-cos
+    positions and no CLS token; P keeps every position (our Boolean patterns have a CLS row and
+    column); layers with different patterns (cyclic3's build and readout layers) get separate
+    fits; random draws come from a torch.Generator.
     """
     scale_positions_(model, pos_scale)
     p = pseudo_input(model)
     attns = attention_modules(model)
-    heads, rank = attns[0].heads, attns[0].head_dim
+    rank = attns[0].head_dim
+    scale = rank ** -0.5 if scale is None else scale
     solved = []                                                    # [(target, (Q, K))]
     for layer, attn in enumerate(attns):
-        target = pattern_targets(pattern[layer])                   # (H, N, N)
-        target = target / target.sum(-1, keepdim=True).clamp(min=1)
+        target = pattern_targets(pattern[layer])                   # (H, N, N), 0 / 1
         qk = next((qk for t, qk in solved if torch.equal(t, target)), None)
         if qk is None:
-            qk = _fit_qk(p, target, rank, steps, lr, renorm_every, generator)
+            qk = _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator)
             solved.append((target, qk))
         q, k = qk
         for h in range(attn.heads):
@@ -728,25 +849,32 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
     return model
 
 
-def _fit_qk(p, target, rank, steps, lr, renorm_every, generator):
-    """Adam fit of Q (H, D, r), K (H, r, D) so that softmax(P Q K P^T / sqrt(r)) ~ target."""
+def opt_norm_reset_(q, k, nq):
+    """The norm reset of Structured (Opt), in place: every column of Q (H, D, r) over D and every
+    column of K (H, r, D) over r rescaled to norm nq (impulse_init, osiriszjq/structured_init)."""
+    with torch.no_grad():
+        q.div_(q.norm(dim=1, keepdim=True) / nq)
+        k.div_(k.norm(dim=1, keepdim=True) / nq)
+
+
+def _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator):
+    """Adam fit of Q (H, D, r), K (H, r, D) so that softmax(scale P Q K P^T) ~ target (MSE), with
+    the norm reset before every renorm_every-th step (structured_opt_init_ has the details)."""
     heads, dim = target.shape[0], p.shape[1]
     bound = math.sqrt(1 / (rank * heads))
     q = ((torch.rand(heads, dim, rank, generator=generator) * 2 - 1) * bound).requires_grad_()
     k = ((torch.rand(heads, rank, dim, generator=generator) * 2 - 1) * bound).requires_grad_()
-    q_norm, k_norm = q.detach().norm(dim=1).mean(), k.detach().norm(dim=2).mean()
+    nq = q.detach().norm(dim=1).mean()                             # Q's mean column norm
     optimizer = torch.optim.Adam([q, k], lr=lr)
     with torch.enable_grad():
-        for step in range(1, steps + 1):
-            attn = torch.softmax(p @ q @ k @ p.T / math.sqrt(rank), dim=-1)  # (H, N, N)
+        for step in range(steps):
+            if step % renorm_every == 0:
+                opt_norm_reset_(q, k, nq)
+            attn = torch.softmax(scale * (p @ q @ k @ p.T), dim=-1)          # (H, N, N)
             loss = F.mse_loss(attn, target)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            if step % renorm_every == 0:
-                with torch.no_grad():                          # the reference's norm reset
-                    q *= q_norm / q.norm(dim=1, keepdim=True)
-                    k *= k_norm / k.norm(dim=2, keepdim=True)
     return q.detach(), k.detach()
 
 
@@ -846,22 +974,25 @@ class GPT(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Section 5.3 follows Zheng et al. (2025): each head starts as one 3x3 convolution "impulse"
 # filter, i.e. a patch attends to exactly one neighbour (Appendix "Visualization of Structure
-# Initialization"). In their code (github.com/osiriszjq/structured_initialization) head i gets
-# offset k[i mod 9] of the
-# 3x3 window with k = IMPULSE_ORDER, (row, col) offset = (k // 3 - 1, k % 3 - 1), so heads 0..4
-# are identity, up, right, left, down, then the diagonals; ViT-Tiny's 3 heads get identity, up,
-# right. Every layer gets the same offsets.
+# Initialization"). As impulse_init of osiriszjq/structured_initialization builds it: head i gets
+# offset k[i mod 9] of the 3x3 window with k = IMPULSE_ORDER, (row, col) offset =
+# (k // 3 - 1, k % 3 - 1), so heads 0..4 are identity, up, right, left, down, then the diagonals;
+# ViT-Tiny's 3 heads get identity, up, right. Every layer gets the same offsets.
 #
 # Token layout of the ViT: position 0 is CLS, patch (r, c) of the grid x grid patches sits at
 # position 1 + r * grid + c (row-major, as Conv2d + flatten produce them). N = grid^2 + 1.
 # The impulse covers patches only; our mask needs a row and column for CLS as well:
 #   - CLS row (CLS as query): OPEN to every key. CLS is the readout token; it must gather the
-#     whole image, as a global average pool does (the reference's impulse init used one).
+#     whole image, as a global average pool does (the 2024 code, osiriszjq/structured_init, runs
+#     its impulse init with class_token=False and --gp avg; the 2025 code keeps timm's CLS).
 #   - CLS column (patches as queries, CLS as key): CLOSED. A patch row then holds exactly its
 #     impulse, so patch-to-patch attention starts as the 3x3 filter and nothing else.
 #   - A patch whose neighbour lies off the grid (zero padding in the filter) gets an empty row,
 #     all CLOSED. Softmax is shift-invariant, so an all-closed row acts like an unmasked one:
 #     such a patch starts with plain content-based attention over all positions.
+# The QK counterpart (structured_svd_init_ on a ViT) uses only the patch part,
+# impulse_mask(...)[..., 1:, 1:], and the patch positions, as the 2025 code solves on
+# pos_embed[1:] with a patches-only target; the CLS row and column above belong to the mask prior.
 
 IMPULSE_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
 
