@@ -694,9 +694,11 @@ VISION_COLUMNS = [(h, stat(k)) for h, k in (
     ("paper best top-1 (%)", paper(PAPER_VISION))]
 
 def cell_of(result):
-    """A run's table cell: (task, init, train fraction, mask magnitude A, mask decay W)."""
+    """A run's table cell: (task, init, train fraction, mask magnitude A, mask decay W); a mask
+    variant is named beside the task, e.g. "cyclic3 (direct)"."""
     c = result["config"]
-    return (result["task"], result["init"], c.get("train_frac"), c.get("mask_magnitude"),
+    task = result["task"] + (f" ({c['mask_variant']})" if c.get("mask_variant") else "")
+    return (task, result["init"], c.get("train_frac"), c.get("mask_magnitude"),
             c.get("mask_decay") or 0.0)
 
 def group_runs(results, init_order):

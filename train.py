@@ -119,6 +119,7 @@ FAMILIES = {
                "inits": ("default", "mimetic", "impulse", "mask-fixed", "mask")},
 }
 FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),
+                "mask_variant": ("boolean",),
                 "eval_size": ("arithmetic",), **{f: ("language",) for f in ("iters", "block_size",
                 "bpe_file")}, **{f: ("vision",) for f in ("image_size", "patch_size",
                 "warmup_epochs", "workers", "download", "compile")}}
@@ -164,6 +165,8 @@ def build_parser():
                    help="mask inits: open +A, closed -A (GPT: the scale s); several: a sweep")
     p.add_argument("--mask-decay", type=number(float, strict=False), nargs="+", metavar="W",
                    help="weight decay on M alone (default 0); several: a sweep")
+    p.add_argument("--mask-variant", choices=["composed", "direct"],
+                   help="cyclic3: build the triple over two layers (composed) or in each (direct)")
     p.add_argument("--train-frac", type=number(float), nargs="+",
                    help="arithmetic: fraction(s) of the 10^6 pairs to train on; several: a sweep")
     p.add_argument("--eval-size", type=lambda t: t if t == "all" else number(int)(t),
@@ -220,6 +223,10 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
         config["eval_every"] = args.eval_every or max(1, config["iters"] // 5)
     else:
         config["eval_every"] = args.eval_every or (1 if family == "vision" else 5)
+    if args.mask_variant:
+        if task not in maskprior.BOOLEAN_MASK_VARIANTS:
+            raise UsageError(f"--mask-variant: {task} has one mask pattern only")
+        config["mask_variant"] = args.mask_variant
     if family == "arithmetic":
         if train_frac and train_frac >= 1:
             raise UsageError(f"--train-frac must lie strictly between 0 and 1, got {train_frac:g}")
@@ -404,7 +411,8 @@ def cosine(optimizer, steps, floor=0.0):
 
 def boolean_setup(task, init, seed, config, device):
     data = tasks.boolean_dataset(task)
-    pattern = maskprior.BOOLEAN_MASKS[task](config["layers"], config["heads"])  # (L, H, N, N)
+    pattern = maskprior.boolean_mask(task, config["layers"], config["heads"],
+                                     config.get("mask_variant"))                  # (L, H, N, N)
     model, seconds = build_encoder(init, scaled_pattern(pattern, config, "boolean"), config, seed,
                                    vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1, out_dim=1)
     model.to(device)
@@ -759,6 +767,7 @@ def main(argv=None):
     results, failed, cache = [], 0, {}
     for task, init, seed, frac, magnitude, decay in runs:
         name = (f"{task}-{init}-seed{seed}" + (f"-frac{frac:g}" if frac else "")
+                + (f"-{args.mask_variant}" if args.mask_variant else "")
                 + (f"-A{magnitude:g}" if magnitude else "") + (f"-wd{decay:g}" if decay is not None else ""))
         out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
         try:

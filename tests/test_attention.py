@@ -185,9 +185,11 @@ def test_boolean_masks_have_the_documented_structure(task):
     if task == "majority":
         assert (masks[0, 0, 0, [bit(0), bit(1), bit(2)]] == maskprior.OPEN).all()
         assert (masks == maskprior.OPEN).sum() == 4 * 3 * (16 + 3)
-    if task == "cyclic3":
-        assert masks[0, 0, bit(14), bit(0)] == masks[0, 0, bit(13), bit(0)] == maskprior.OPEN
-        assert masks[0, 0, bit(0), bit(14)] == maskprior.CLOSE
+    if task == "cyclic3":   # composed: bit i sees i + 1 (mod 15) in the two build layers
+        assert masks[0, 0, bit(14), bit(0)] == masks[1, 0, bit(13), bit(14)] == maskprior.OPEN
+        assert masks[0, 0, bit(13), bit(0)] == masks[0, 0, bit(0), bit(14)] == maskprior.CLOSE
+        direct = maskprior.mask_cyclic3_direct(4, 3)   # i sees i + 1 and i + 2 in every layer
+        assert direct[3, 0, bit(14), bit(0)] == direct[3, 0, bit(13), bit(0)] == maskprior.OPEN
     if task == "threesym":
         for head, (a, b) in enumerate([(0, 1), (1, 2), (2, 0)]):
             assert masks[0, head, bit(a), bit(b)] == maskprior.OPEN

@@ -71,8 +71,8 @@ def test_mimetic_products_equal_their_targets_when_full_rank():
     model = maskprior.Transformer(2, 16, dim, 1, 1, dim, 1, mode="none")
     maskprior.mimetic_init_(model, generator=torch.Generator().manual_seed(3))
     g = torch.Generator().manual_seed(3)
-    z1 = torch.randn(dim, dim, generator=g) / math.sqrt(dim)
-    z2 = torch.randn(dim, dim, generator=g) / math.sqrt(dim)
+    z1 = maskprior.mimetic_noise(dim, g)
+    z2 = maskprior.mimetic_noise(dim, g)
     attn = maskprior.attention_modules(model)[0]
     w_q, w_k, w_v = attn.qkv.weight.detach().split(dim)
     eye = torch.eye(dim)

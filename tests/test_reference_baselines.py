@@ -113,7 +113,7 @@ def test_structured_opt_writes_the_reference_solution_into_the_model():
     target = (pattern[0] > 0).float()
     want_q, want_k = reference_opt_fit(pe, target, q0, k0, 130, 100, rank ** -0.5, 1e-2)
     torch.testing.assert_close(model.pos.detach()[0], 18 * pos)
-    for attn in model.attention_layers():
+    for attn in maskprior.attention_modules(model):
         w = attn.qkv.weight.detach()
         for h in range(heads):
             rows = slice(h * rank, (h + 1) * rank)
@@ -130,7 +130,7 @@ def test_structured_opt_scale_argument_reaches_the_fit():
         pattern = maskprior._pattern(maskprior._diagonal(5), 5).expand(1, 2, 5, 5)
         maskprior.structured_opt_init_(model, pattern, steps=20, lr=1e-2,
                                        generator=torch.Generator().manual_seed(0), **kw)
-        return model.attention_layers()[0].qkv.weight.detach()
+        return maskprior.attention_modules(model)[0].qkv.weight.detach()
     assert torch.equal(fit(), fit(scale=6 ** -0.5))                   # head_dim 12 / 2 = 6
     assert not torch.allclose(fit(), fit(scale=1.0))
 
@@ -197,7 +197,7 @@ def test_vit_impulse_init_equals_the_reference_solve():
     maskprior.structured_svd_init_(vit, pattern, noise_scale=0.0,
                                    generator=torch.Generator().manual_seed(0))
     target = reference_impulse_target(2, 4)
-    for attn in vit.attention_layers():
+    for attn in maskprior.attention_modules(vit):
         w = attn.qkv.weight.detach()
         for h in range(2):
             rows = slice(h * 8, (h + 1) * 8)
@@ -213,7 +213,7 @@ def test_solving_with_the_cls_row_would_differ():
     pos = vit.pos.detach()[0].clone()
     maskprior.structured_svd_init_(vit, maskprior.impulse_mask(2, 2, 4), noise_scale=0.0, skip=0,
                                    generator=torch.Generator().manual_seed(0))
-    w = vit.attention_layers()[0].qkv.weight.detach()
+    w = maskprior.attention_modules(vit)[0].qkv.weight.detach()
     want = reference_impulse_product(18 * pos[1:], 1000 * reference_impulse_target(2, 4)[1], 8)
     got = w[8:16].T @ w[16:32][8:16]
     assert (got - want).abs().max() > 0.05 * want.abs().max()
@@ -250,7 +250,7 @@ def test_mimetic_init_uses_uniform_noise():
     maskprior.mimetic_init_(model, generator=torch.Generator().manual_seed(3))
     g = torch.Generator().manual_seed(3)
     z1, z2 = maskprior.mimetic_noise(dim, g), maskprior.mimetic_noise(dim, g)
-    attn = model.attention_layers()[0]
+    attn = maskprior.attention_modules(model)[0]
     w_q, w_k, w_v = attn.qkv.weight.detach().split(dim)
     eye = torch.eye(dim)
     qk = w_q.T @ w_k
