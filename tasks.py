@@ -775,12 +775,20 @@ def magnitude_panels(results, init_order):
     pick = lambda y: curves_of(runs, init_order, x=lambda cell: cell[3], y=y, inits=("mask", "mask-fixed"))
     return pick("test_acc"), pick("test_loss"), pick("mask_drift")
 
-def magnitude_svg(panels, init_order):
+def magnitude_svg(panels, init_order, width=360, height=260):
+    """Row 1: test accuracy against A (threesym, which has no accuracy: test loss); row 2: mask
+    drift against A. One SVG holding three charts."""
     acc, loss, drift = panels
-    top = {t: (acc.get(t) if t != "threesym" else loss.get(t)) for t in {**acc, **loss}}
-    return (line_chart_svg({t: v for t, v in top.items() if v}, init_order, "mask magnitude A",
-                           "test acc (%) [threesym: test loss]", log_x=True, y_max=None)
-            + line_chart_svg(drift, init_order, "mask magnitude A", "mask drift", log_x=True, y_max=None))
+    charts = [(0, 0, line_chart_svg(acc, init_order, "mask magnitude A", "test acc (%)")),
+              (width * len(acc), 0, line_chart_svg({t: v for t, v in loss.items() if t == "threesym"},
+                                                   init_order, "mask magnitude A", "test loss",
+                                                   y_max=None)),
+              (0, height, line_chart_svg(drift, init_order, "mask magnitude A", "mask drift",
+                                         y_max=None))]
+    inner = "".join(svg.replace("<svg ", f'<svg x="{x}" y="{y}" ', 1) for x, y, svg in charts)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * max(len(acc) + 1, len(drift))}" '
+            f'height="{2 * height}">{inner}</svg>\n')
+
 
 def line_chart_svg(curves, init_order, x_label, y_label, percent_x=False, log_x=True, y_max=100.0,
                    width=360, height=260, pad=48):
