@@ -5,7 +5,7 @@
 
 Not collected by pytest. Builds the paper preset's encoder (Table "Arithmetic task setup":
 6 layers, 4 heads of 64, width 256, MLP 256), for the default and the mask init, and times
-train.arithmetic_logits (the evaluation path of every run) over held-out pairs. It prints:
+tasks.arithmetic_logits (the evaluation path of every run) over held-out pairs. It prints:
 
   * evaluation throughput, pairs/s (median of `repeats` passes);
   * the FLOP rate this implies, counting the matrix products of the forward pass
@@ -62,7 +62,8 @@ def main():
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = dict(train.ARITHMETIC_PRESETS["paper"])
+    config = train.make_config("arithmetic", args.task, train.build_parser().parse_args(
+        ["--task", args.task, "--preset", "paper", "--eval-size", "1000"]))
     data = tasks.arithmetic_dataset(args.task, 0.03, seed=0, eval_size=args.pairs)
     x = data["x_eval"]
     flops = flops_per_pair(config, x.shape[1])
@@ -72,12 +73,13 @@ def main():
           f"{flops / 1e6:.1f} MFLOP per pair")
     device = torch.device("cpu")
     for init in ("default", "mask"):
-        model, _, _ = train.build_arithmetic_model(args.task, init, config, seed=0)
-        train.arithmetic_logits(model, x[:args.batch], device, args.batch)   # warm-up
+        torch.manual_seed(0)
+        model = train.arithmetic_setup(args.task, init, 0, config, device).model
+        tasks.arithmetic_logits(model, x[:args.batch], args.batch)          # warm-up
         times = []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            train.arithmetic_logits(model, x, device, args.batch)
+            tasks.arithmetic_logits(model, x, args.batch)
             times.append(time.perf_counter() - start)
         rates[init] = len(x) / statistics.median(times)
     peak = max(peak, matmul_rate(args.repeats))     # measured again after, the larger kept

@@ -41,8 +41,12 @@ def main():
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = dict(train.LM_PRESETS[args.preset])
+    config = train.make_config("language", "lm", train.build_parser().parse_args(
+        ["--task", "lm", "--preset", args.preset]))
     vocab, block, batch = 256, config["block_size"], config["batch_size"]
+    tokens = torch.randint(vocab, (4 * block,), generator=torch.Generator().manual_seed(1))
+    data = {"train": tokens, "val": tokens, "test": tokens, "vocab_size": vocab,
+            "decode": None, "test_is_val": False}
     generator = torch.Generator().manual_seed(0)
     batches = [(torch.randint(vocab, (batch, block), generator=generator),
                 torch.randint(vocab, (batch, block), generator=generator))
@@ -50,8 +54,9 @@ def main():
     runs = {}
     for init in ("default", "mask"):
         torch.manual_seed(0)
-        model = train.build_lm_model(init, config, vocab, seed=0)
-        runs[init] = (model, train.adamw(model, config), [])
+        exp = train.lm_setup("lm", init, 0, config, torch.device("cpu"), data, 0)
+        model = exp.model
+        runs[init] = (model, exp.optimizer, [])
         time_steps(model, runs[init][1], batches[:2])                # warm-up
     for _ in range(args.repeats):
         for init, (model, optimizer, times) in runs.items():

@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import tasks  # noqa: E402
 import train  # noqa: E402
 from synthetic import write_synthetic_cifar10  # noqa: E402
 
@@ -42,14 +41,23 @@ def time_steps(model, optimizer, images, soft_targets, steps):
     return (time.perf_counter() - start) / steps
 
 
-def throughput(args):
-    config = dict(train.VISION_PRESETS["cpu"])
+def vision_model(init, config):
+    """The ViT train.vision_setup builds for init (seed 0), set up on 2 blank images."""
+    size = config["image_size"]
+    images = [(torch.zeros(3, size, size), 0)] * 2
+    data = {"train": images, "test": images, "classes": 10}
     torch.manual_seed(0)
-    masked, _ = train.build_vision_model("mask", config, 10, seed=0)
-    default, _ = train.build_vision_model("default", config, 10, seed=0)
+    return train.vision_setup("cifar10", init, 0, {**config, "batch_size": 2}, torch.device("cpu"),
+                              data, 0, 1, 0).model
+
+
+def throughput(args):
+    config = train.make_config("vision", "cifar10", train.build_parser().parse_args(
+        ["--task", "cifar10"]))
+    masked, default = (vision_model(init, config) for init in ("mask", "default"))
     default.load_state_dict({k: v for k, v in masked.state_dict().items() if not k.endswith("mask")})
     models = {"mask": masked, "default": default}
-    optimizers = {name: train.lm_optimizer(m, config) for name, m in models.items()}
+    optimizers = {name: train.make_optimizer(m, config) for name, m in models.items()}
     batch = config["batch_size"]
     images = torch.randn(batch, 3, config["image_size"], config["image_size"])
     soft_targets = torch.softmax(torch.randn(batch, 10), -1)             # as after MixUp / CutMix

@@ -16,15 +16,17 @@ torch.manual_seed(0)
 
 def kill_then_resume(args, tmp_path, monkeypatch):
     """Run train.main(args) to the end in tmp_path/whole; run it again in tmp_path/killed, killed
-    right after its first checkpoint (KeyboardInterrupt), then --resume it. Returns both
-    result.json dicts (whole, resumed) for the caller to compare."""
+    right after its first checkpoint.pt is written (KeyboardInterrupt), then --resume it. Returns
+    both result.json dicts (whole, resumed) for the caller to compare. (save_checkpoint also
+    writes attention_before.pt before training: that one is let through.)"""
     import train  # the repository root is on sys.path only from this file's top on
     assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
     real_save = train.save_checkpoint
 
     def save_then_die(path, state):
         real_save(path, state)
-        raise KeyboardInterrupt
+        if os.path.basename(path) == "checkpoint.pt":
+            raise KeyboardInterrupt
 
     monkeypatch.setattr(train, "save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):

@@ -97,11 +97,11 @@ def test_prior_stats_measure_mass_and_correlation():
     pattern = maskprior.mask_majority(2, 3)                       # (2, 3, 16, 16)
     target = maskprior.pattern_targets(pattern)
     exact = target / target.sum(-1, keepdim=True)
-    mass, corr = train.prior_stats(exact, pattern)
+    mass, corr = maskprior.prior_stats(exact, pattern)
     torch.testing.assert_close(mass, torch.ones(2, 3))
     assert (corr > 0.9).all()
     uniform = torch.full_like(exact, 1 / 16)
-    mass, corr = train.prior_stats(uniform, pattern)
+    mass, corr = maskprior.prior_stats(uniform, pattern)
     open_fraction = target.sum(-1).mean(-1) / 16
     torch.testing.assert_close(mass, open_fraction)
     torch.testing.assert_close(corr, torch.zeros(2, 3))
@@ -111,7 +111,24 @@ def test_persistence_fields_report_mask_drift():
     pattern = maskprior.mask_2parity(1, 2)
     attn = torch.full((1, 2, 16, 16), 1 / 16)
     before = torch.nn.functional.logsigmoid(pattern)
-    fields = train.persistence_fields(attn, attn, pattern, before, before * 1.5)
+    fields = train.persistence_fields({"attn": attn, "bias": before},
+                                      {"attn": attn, "bias": before * 1.5}, pattern)
     assert fields["mask_drift"] == pytest.approx(0.5)
+    assert torch.tensor(fields["mask_drift_per_head"]) == pytest.approx(torch.full((1, 2), 0.5))
     assert fields["prior_mass_init"] == fields["prior_mass_final"]
-    assert train.persistence_fields(attn, attn, pattern, None, None)["mask_drift"] is None
+    # uniform 1/16 attention: the mass on the open entries is the open fraction of each row
+    open_fraction = maskprior.pattern_targets(pattern).sum(-1).mean(-1) / 16
+    assert fields["prior_mass_init"] == pytest.approx(open_fraction.mean().item())
+    no_mask = {"attn": attn, "bias": None}
+    assert train.persistence_fields(no_mask, no_mask, pattern)["mask_drift"] is None
+
+
+def test_persistence_fields_of_the_causal_prior_give_the_bias_by_distance():
+    """No pattern (the GPT prior): no mass or correlation, the drift and the mean bias at each
+    distance i - j, log sigmoid(s * -d) before training."""
+    bias = torch.nn.functional.logsigmoid(10.0 * maskprior.relative_distance_mask(2, 5))[None]
+    fields = train.persistence_fields({"attn": None, "bias": bias}, {"attn": None, "bias": bias}, None)
+    assert "prior_mass_init" not in fields and fields["mask_drift"] == 0
+    expected = [torch.nn.functional.logsigmoid(torch.tensor(-10.0 * d)).item() for d in range(5)]
+    assert fields["bias_by_distance_init"] == pytest.approx(expected, rel=1e-5)
+    assert fields["bias_by_distance_final"] == fields["bias_by_distance_init"]

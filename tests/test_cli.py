@@ -3,12 +3,14 @@ import json
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 import torch
 
+import maskprior
 import train
-from conftest import ROOT
+from conftest import ROOT, kill_then_resume
 
 TINY = ["--epochs", "1", "--dim", "8", "--layers", "1", "--heads", "2", "--batch-size", "1024",
         "--no-progress"]
@@ -33,9 +35,16 @@ def test_short_run_writes_a_valid_result(tmp_path):
     assert 0 <= final["test_acc"] <= 100 and final["test_loss"] >= 0
     assert set(final["fourier"]) == {"1", "x0", "x1", "x2", "x0x1", "x0x2", "x1x2", "x0x1x2"}
     assert len(result["history"]) == 1 and result["config"]["dim"] == 8
-    for picture in ("mask_before.png", "mask_after.png"):
+    for picture in ("mask_before.png", "mask_after.png", "attn_before.png", "attn_after.png"):
         data = (out / picture).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    # mask_before.png: 1 layer x 2 heads of 16 x 16 entries, 8 x 8 pixels each, 4-pixel gutters;
+    # log sigmoid(10 M) from -10 (purple) to 0 (yellow): the open diagonal yellow, closed purple
+    image = decode_png(out / "mask_before.png")
+    assert image.shape == (3, 4 + 128 + 4, 2 * (128 + 4) + 4)
+    pixel = lambda head, i, j: image[:, 4 + 8 * i + 3, 4 + 132 * head + 8 * j + 3].tolist()
+    assert pixel(1, 5, 5) == [253, 231, 37] and pixel(1, 5, 9) == [68, 1, 84]
+    assert pixel(0, 0, 1) == [253, 231, 37]                     # majority: CLS reads x0, x1, x2
     assert not [p for p in os.listdir(out) if ".tmp" in p]  # atomic writes leave no temp files
 
 
@@ -96,41 +105,53 @@ def test_every_init_runs_and_reports_persistence_and_summarize_merges_grids(tmp_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--summarize", "/nonexistent/folder"], "no result.json below /nonexistent/folder"),
+    (["--summarize", "/nonexistent/folder"], "no readable result.json below /nonexistent/folder"),
     (["--task", "parity5"], "invalid choice: 'parity5'"),
     (["--init", "kaiming"], "invalid choice: 'kaiming'"),
-    (["--epochs", "-3"], "--epochs: must be a finite number > 0"),
-    (["--lr", "nan"], "--lr: must be a finite number > 0"),
-    (["--lr", "inf"], "--lr: must be a finite number > 0"),
-    (["--seed", "-1"], "--seed: must be >= 0"),
+    (["--epochs", "-3"], "--epochs: must be a number > 0, got '-3'"),
+    (["--lr", "nan"], "--lr: must be a number > 0, got 'nan'"),
+    (["--lr", "inf"], "--lr: must be a number > 0, got 'inf'"),
+    (["--seed", "-1"], "--seed: must be a number >= 0, got '-1'"),
     (["--batch-size", "many"], "--batch-size: expected a int"),
     (["--device", "cuda:99"], "--device cuda:99"),
     (["--device", "banana"], "--device"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
 ])
-def test_bad_input_exits_2_with_one_clear_line(args, message):
-    proc = run_cli(*args)
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
+def test_bad_input_exits_2_with_one_clear_line(args, message, capsys):
+    assert train.main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: error:")
     assert message in lines[0]
 
 
+def test_bad_input_through_the_script_is_exit_2_and_one_line_without_traceback():
+    proc = run_cli("--task", "parity5")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: argument --task: invalid "
+                                                   "choice: 'parity5'") and "majority" in lines[0]
+
+
 def test_nan_loss_stops_the_run_with_a_message_and_keeps_the_result(tmp_path, monkeypatch, capsys):
-    real_loss = train.mse_loss
+    real_setup = train.boolean_setup
     calls = []
 
-    def loss_that_turns_nan(pred, target):
-        calls.append(1)
-        loss = real_loss(pred, target)
-        return loss * float("nan") if len(calls) > 3 else loss
+    def setup_whose_loss_turns_nan(*args, **kwargs):
+        exp = real_setup(*args, **kwargs)
+        real_loss = exp.loss_of
 
-    monkeypatch.setattr(train, "mse_loss", loss_that_turns_nan)
+        def loss_that_turns_nan(net, batch):
+            calls.append(1)
+            loss = real_loss(net, batch)
+            return loss * float("nan") if len(calls) > 3 else loss
+        exp.loss_of = loss_that_turns_nan
+        return exp
+
+    monkeypatch.setattr(train, "boolean_setup", setup_whose_loss_turns_nan)
     code = train.main(["--task", "2parity", "--init", "mask", "--out", str(tmp_path), *TINY])
     assert code == 1
     err = capsys.readouterr().err
-    assert "loss became nan at epoch 1, step 4" in err and str(tmp_path) in err
+    assert "loss became nan at step 4 (epoch 1)" in err and str(tmp_path) in err
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "diverged" and "nan" in result["error"]
     assert (tmp_path / "mask_before.png").exists()
@@ -146,20 +167,87 @@ def test_same_seed_same_result_other_seed_other_result(tmp_path):
     assert finals[0]["test_loss"] != finals[2]["test_loss"]
 
 
-def test_png_encoder_round_trips_pixels():
-    import struct
-    import zlib
-    image = torch.randint(0, 256, (3, 5, 7), dtype=torch.uint8)
-    data = train.png_bytes(image)
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    chunks, pos = {}, 8
-    while pos < len(data):
-        length, = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(kind + body)
-        chunks[kind] = body
-        pos += 12 + length
-    assert struct.unpack(">II", chunks[b"IHDR"][:8]) == (7, 5)
-    rows = torch.tensor(list(zlib.decompress(chunks[b"IDAT"])), dtype=torch.uint8).view(5, 1 + 21)
-    assert (rows[:, 0] == 0).all()
-    assert torch.equal(rows[:, 1:].view(5, 7, 3).permute(2, 0, 1), image)
+def test_viridis_colormap_hits_its_anchors_and_interpolates():
+    anchors = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98],
+                            [253, 231, 37]], dtype=torch.float32) / 255
+    torch.testing.assert_close(train.colormap(torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0])), anchors)
+    torch.testing.assert_close(train.colormap(torch.tensor(0.125)), (anchors[0] + anchors[1]) / 2)
+    torch.testing.assert_close(train.colormap(torch.tensor([-3.0, 7.0])), anchors[[0, 4]])  # clamped
+    assert train.colormap(torch.zeros(2, 3, 4)).shape == (2, 3, 4, 3)
+
+
+def decode_png(path):
+    """(3, H, W) uint8 pixels of a PNG file, by torchvision's decoder."""
+    import warnings
+    from torchvision.io import decode_png as decode
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return decode(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
+
+
+def test_heatmap_png_holds_each_entry_as_a_block_of_its_colour_and_white_gutters(tmp_path):
+    """save_heatmaps: a (rows, cols, n, n) grid, each entry a cell x cell block (cell = 128 // n)
+    coloured colormap((v - lo) / (hi - lo)), panels 4 white pixels apart (make_grid's padding)."""
+    rows, cols, n, lo, hi = 2, 3, 4, -2.0, 6.0
+    grid = torch.rand(rows, cols, n, n, generator=torch.Generator().manual_seed(0)) * (hi - lo) + lo
+    grid[0, 0, 0, 0], grid[1, 2, 3, 3] = lo, hi                     # the two ends of the scale
+    path = tmp_path / "grid.png"
+    train.save_heatmaps(str(path), grid, lo, hi)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = decode_png(path)
+    cell, pad = 128 // n, 4
+    assert image.shape == (3, rows * (n * cell + pad) + pad, cols * (n * cell + pad) + pad)
+    expected = (train.colormap((grid - lo) / (hi - lo)) * 255).round().to(torch.uint8)  # (R, C, n, n, 3)
+    for r in range(rows):
+        for c in range(cols):
+            top, left = pad + r * (n * cell + pad), pad + c * (n * cell + pad)
+            panel = image[:, top:top + n * cell, left:left + n * cell]
+            blocks = panel.unflatten(1, (n, cell)).unflatten(3, (n, cell))    # (3, n, cell, n, cell)
+            want = expected[r, c].permute(2, 0, 1)[:, :, None, :, None].expand_as(blocks)
+            assert torch.equal(blocks, want), (r, c)
+    assert (image[:, :pad, :] == 255).all() and (image[:, :, :pad] == 255).all()
+    assert (image[:, :, pad + n * cell:2 * pad + n * cell] == 255).all()    # between columns
+    assert image[:, pad, pad].tolist() == [68, 1, 84]                       # lo: viridis purple
+    last = image[:, -pad - 1, -pad - 1].tolist()
+    assert last == [253, 231, 37]                                           # hi: viridis yellow
+
+
+def test_mask_magnitude_sets_the_prior_and_a_sweep_writes_its_table_and_figure(tmp_path):
+    """--mask-magnitude 2 5: one run per A in <task>-<init>-seed<seed>-A<A>; config records A; the
+    mask starts at +-A, so attention_before.pt's bias is log sigmoid(+-A) on the pattern's open /
+    closed entries; table.md gets an "A" column and mask_magnitude.svg one line per panel."""
+    assert train.main(["--task", "majority", "--init", "mask", "--mask-magnitude", "2", "5",
+                       "--out", str(tmp_path), *TINY]) == 0
+    pattern = maskprior.mask_majority(1, 2)                            # (1, 2, 16, 16), +-10
+    for magnitude in (2, 5):
+        folder = tmp_path / f"majority-mask-seed0-A{magnitude}"
+        assert json.loads((folder / "result.json").read_text())["config"]["mask_magnitude"] == magnitude
+        before = torch.load(folder / "attention_before.pt", weights_only=False)
+        assert set(before) == {"attn", "bias"} and before["attn"].shape == (1, 2, 16, 16)
+        expected = torch.nn.functional.logsigmoid(magnitude * pattern.sign())
+        torch.testing.assert_close(before["bias"], expected)
+        after = torch.load(folder / "attention_after.pt", weights_only=False)
+        assert not torch.equal(after["bias"], before["bias"])          # the mask trained
+    config = json.loads((tmp_path / "majority-mask-seed0-A2" / "result.json").read_text())["config"]
+    assert config["mask_magnitude"] == 2.0 and isinstance(config["mask_magnitude"], float)
+    table = (tmp_path / "table.md").read_text()
+    assert table.startswith("## Results\n\n| task | init | A | seeds | train loss |")
+    rows = [line.split(" | ")[:4] for line in table.splitlines() if line.startswith("| majority")]
+    assert rows == [["| majority", "mask", "2", "1/1"], ["| majority", "mask", "5", "1/1"]] * 2
+    svg = (tmp_path / "mask_magnitude.svg").read_text()
+    # one well-formed SVG document (accuracy panel and mask-drift panel), each with one line
+    # (init mask) of two points (A = 2, 5)
+    root = ET.fromstring(svg)
+    lines = root.findall(".//{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 2 and all(len(line.get("points").split()) == 2 for line in lines)
+
+
+def test_killed_boolean_run_resumes_and_ends_where_an_uninterrupted_one_does(tmp_path, monkeypatch):
+    """Boolean runs write checkpoint.pt at every evaluation round too: killed after epoch 1 of 2
+    and resumed, the history and every final number equal the uninterrupted run's."""
+    args = ["--task", "majority", "--init", "mask", *TINY, "--epochs", "2", "--eval-every", "1"]
+    whole, resumed = kill_then_resume(args, tmp_path, monkeypatch)
+    assert whole["resumed_at"] is None and resumed["resumed_at"] == 1
+    assert [h["epoch"] for h in whole["history"]] == [1, 2] and "test_loss" in whole["history"][0]
+    assert resumed["history"] == whole["history"]
+    assert resumed["final"] == whole["final"]

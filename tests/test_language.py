@@ -32,11 +32,22 @@ def test_relative_distance_mask_and_its_bias():
     assert bias[0, 3, 3] == pytest.approx(-math.log(2)) and bias[0, 3, 2] < -9.9
 
 
+def lm_model(init, vocab_size, layers, heads, block_size, dim):
+    """The GPT that train.lm_setup builds for init (dropout 0), on a fake corpus of vocab_size."""
+    args = train.build_parser().parse_args(
+        ["--task", "lm", "--init", init, "--layers", str(layers), "--heads", str(heads),
+         "--block-size", str(block_size), "--dim", str(dim)])
+    config = {**train.make_config("language", "lm", args), "dropout": 0.0}
+    tokens = torch.randint(0, vocab_size, (4 * block_size,))
+    data = {"train": tokens, "val": tokens, "test": tokens, "vocab_size": vocab_size,
+            "decode": tasks.decode_bytes, "test_is_val": False}
+    torch.manual_seed(0)
+    return train.lm_setup("lm", init, 0, config, torch.device("cpu"), data, 0).model
+
+
 @pytest.mark.parametrize("init", ["default", "mask", "mimetic"])
 def test_gpt_is_causal_and_trains(init):
-    torch.manual_seed(0)
-    config = {"layers": 2, "heads": 2, "block_size": 12, "dim": 16, "dropout": 0.0}
-    gpt = train.build_lm_model(init, config, 50, seed=0)
+    gpt = lm_model(init, 50, layers=2, heads=2, block_size=12, dim=16)
     x = torch.randint(0, 50, (3, 12))
     y = x.clone()
     y[:, 7:] = (y[:, 7:] + 1) % 50                       # change the future only
@@ -74,16 +85,14 @@ def test_windows_predict_every_token_once_and_batches_are_shifted():
 
 
 def test_whole_split_loss_equals_the_mean_over_every_token():
-    torch.manual_seed(0)
-    config = {"layers": 1, "heads": 2, "block_size": 8, "dim": 16, "dropout": 0.0}
-    gpt = train.build_lm_model("mask", config, 30, seed=0)
+    gpt = lm_model("mask", 30, layers=1, heads=2, block_size=8, dim=16)
     tokens = torch.randint(0, 30, (50,))
     losses = []
     for start in range(0, 49, 8):                     # by hand: each window from scratch
         x, y = tokens[start:start + 8][:len(tokens) - 1 - start], tokens[start + 1:start + 9]
         losses += F.cross_entropy(gpt(x[None])[0], y, reduction="none").tolist()
     assert len(losses) == 49
-    assert train.lm_loss(gpt, tokens, 8, torch.device("cpu"), batch=3) == pytest.approx(
+    assert tasks.lm_loss(gpt, tokens, 8, batch=3) == pytest.approx(
         sum(losses) / 49, rel=1e-5)
 
 
@@ -153,27 +162,31 @@ def test_lm_run_writes_perplexities_sample_and_mask_pictures(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--task", "lm", "--init", "structured-svd"], "--init structured-svd is not available"),
-    (["--task", "lm", "--epochs", "3"], "--epochs applies to boolean, arithmetic and vision tasks only"),
+    (["--task", "lm", "--epochs", "3"], "--epochs applies to boolean and arithmetic and vision tasks only"),
     (["--task", "majority", "--iters", "5"], "--iters applies to language tasks only"),
     (["--task", "lm", "majority"], "cannot share one grid"),
-    (["--task", "lm", "--resume", "--out", "/nonexistent/run"], "no checkpoint.pt in /nonexistent/run"),
+    (["--task", "lm", "--resume", "--out", "/nonexistent/run"],
+     "no checkpoint at /nonexistent/run/checkpoint.pt"),
     (["--task", "tinystories", "--data-dir", "/nonexistent/data"],
      "expected /nonexistent/data/TinyStoriesV2-GPT4-train.txt"),
 ])
-def test_language_bad_input_exits_2_with_one_line(args, message):
-    proc = run_cli(*args)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
+def test_language_bad_input_exits_2_with_one_line(args, message, capsys, monkeypatch):
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
 
 
 def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(tmp_path, monkeypatch):
     args = ["--task", "lm", "--init", "mask", "--iters", "12", *TINY_LM[2:]]
     whole, resumed = kill_then_resume(args, tmp_path, monkeypatch)   # killed at iteration 4
-    assert resumed["resumed_at"] == 4
     assert resumed["history"] == whole["history"]
     assert resumed["final"]["val_loss"] == whole["final"]["val_loss"]
     assert resumed["final"]["sample"] == whole["final"]["sample"]
+    # resumed_at counts in the history's unit: the iteration of the checkpoint (4), as "iter"
+    # does, not the evaluation round (1)
+    assert resumed["resumed_at"] == 4 == resumed["history"][0]["iter"]
 
 
 def test_torchrun_two_cpu_processes_with_gloo(tmp_path):
@@ -189,5 +202,6 @@ def test_torchrun_two_cpu_processes_with_gloo(tmp_path):
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["world_size"] == 2 and [h["iter"] for h in result["history"]] == [4, 8]
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
-    assert len(saved["batches"]) == 2                                  # every rank's batch RNG
-    assert not torch.equal(saved["batches"][0], saved["batches"][1])
+    assert len(saved["rng"]) == 2                    # every rank's RNGs: torch's, the windows'
+    assert not torch.equal(saved["rng"][0][1], saved["rng"][1][1])
+    assert saved["state"]["step"] == 8 and saved["meta"]["world_size"] == 2

@@ -52,9 +52,21 @@ def test_vit_shapes(pool):
         maskprior.ViT(30, 8, 10, 24, 2, 3, 96)
 
 
+def vision_setup(init, task="cifar10", *flags, seed=0):
+    """train.vision_setup's experiment for the preset and flags, on 4 blank images of the
+    preset's size (batch 2, no workers): the model, its prior and its pattern as a run has them."""
+    args = train.build_parser().parse_args(["--task", task, "--init", init, *flags])
+    config = {**train.make_config("vision", task, args), "batch_size": 2}
+    size = config["image_size"]
+    images = [(torch.zeros(3, size, size), 0)] * 4
+    data = {"train": images, "test": images, "classes": tasks.VISION_CLASSES[task]}
+    torch.manual_seed(seed)                     # as train.run does before the setup
+    return train.vision_setup(task, init, seed, config, torch.device("cpu"), data, 0, 1, 0)
+
+
 def test_paper_preset_is_vit_tiny_patch16_224():
-    config = dict(train.VISION_PRESETS["paper"])
-    model, pattern = train.build_vision_model("mask", config, 100, seed=0)
+    exp = vision_setup("mask", "cifar100", "--preset", "paper")
+    model, pattern = exp.model, exp.pattern
     blocks = model.blocks
     assert len(blocks) == 12 and model.grid == 14 and pattern.shape == (12, 3, 197, 197)
     attn = blocks[0].attn
@@ -103,13 +115,11 @@ def test_impulse_qk_init_puts_most_attention_on_the_pattern():
     head 1.00, up and right 0.81 each, mean 0.873. Up and right have 8 empty rows (top row /
     right column of the grid), so at most 57/65 = 0.877 is reachable for them (0.918 overall).
     Default init: 0.03."""
-    config = train.VISION_PRESETS["cpu"]
-    torch.manual_seed(0)
     pattern = maskprior.impulse_mask(6, 3, 8)
-    default = mass_on_pseudo_input(train.build_vision_model("default", config, 10, 0)[0], pattern)
-    torch.manual_seed(0)
-    model, _ = train.build_vision_model("impulse", config, 10, 0)
-    mass = mass_on_pseudo_input(model, pattern)                        # (layers, heads)
+    exp = vision_setup("impulse")
+    assert torch.equal(exp.pattern, pattern) and maskprior.mask_biases(exp.model) is None
+    default = mass_on_pseudo_input(vision_setup("default").model, pattern)
+    mass = mass_on_pseudo_input(exp.model, pattern)                    # (layers, heads)
     assert mass.mean() > 0.8 and mass[:, 0].min() > 0.99 and mass.min() > 0.7
     assert default.max() < 0.1
 
@@ -170,7 +180,7 @@ def test_torchvision_refuses_files_that_fail_its_md5_check(cifar_dir):
 def test_every_init_trains_through_the_cli(cifar_dir, skip_md5, tmp_path, capsys):
     """One grid of the five inits, 2 epochs each: result.json with final.top1 and the persistence
     numbers, the pictures, and table.md."""
-    inits = list(train.VISION_INITS)
+    inits = list(train.FAMILIES["vision"]["inits"])
     assert train.main(["--task", "cifar10", "--init", *inits, "--epochs", "2", "--data-dir",
                        cifar_dir, "--out", str(tmp_path), *TINY]) == 0
     out = capsys.readouterr().out
@@ -219,21 +229,45 @@ def test_missing_dataset_is_one_line_and_exit_2(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--task", "imagenet100", "--data-dir", "/nonexistent"],
-     "expected an ImageFolder tree /nonexistent/imagenet100/train/<class>/<image>"),
+     "ImageNet100: expected two folders, /nonexistent/imagenet100/train and "
+     "/nonexistent/imagenet100/val"),
     (["--task", "imagenet100", "--download"], "ImageNet100 has no --download"),
     (["--task", "majority", "--download"], "--download applies to vision tasks only"),
-    (["--task", "lm", "--epochs", "3"], "--epochs applies to boolean, arithmetic and vision tasks only"),
-    (["--task", "majority", "--resume"], "--resume applies to language and vision tasks only"),
+    (["--task", "lm", "--epochs", "3"], "--epochs applies to boolean and arithmetic and vision tasks only"),
     (["--task", "cifar10", "--init", "structured-svd"], "--init structured-svd is not available"),
     (["--task", "majority", "--init", "impulse"], "--init impulse is not available"),
-    (["--task", "cifar10", "--epochs", "1"], "--warmup-epochs 1 must be below the 1 epochs"),
     (["--task", "cifar10", "--patch-size", "5"], "--image-size 32 is not a multiple"),
-    (["--task", "cifar10", "--resume", "--out", "/nonexistent/run"], "no checkpoint.pt in"),
 ])
 def test_vision_bad_input_exits_2_with_one_line(args, message, capsys):
     assert train.main(args) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_resume_without_a_checkpoint_is_exit_2_and_leaves_no_files(cifar_dir, skip_md5, tmp_path,
+                                                                   capsys):
+    out = tmp_path / "run"
+    assert train.main(["--task", "cifar10", "--resume", "--out", str(out), "--data-dir", cifar_dir,
+                       *TINY]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"train.py: error: --resume: no checkpoint at {out}/checkpoint.pt: run "
+                     f"without --resume first"]
+    assert not out.exists()
+
+
+def test_warmup_as_long_as_the_run_is_shortened_and_said_so(cifar_dir, skip_md5, tmp_path, capsys):
+    """--epochs 1 with the cpu preset's 1 warmup epoch: the run goes ahead with no warmup, and
+    result.json and the summary line say the warmup was shortened from 1 to 0 epochs."""
+    assert train.main(["--task", "cifar10", "--init", "default", "--epochs", "1", "--data-dir",
+                       cifar_dir, "--out", str(tmp_path), *TINY]) == 0
+    config = json.loads((tmp_path / "result.json").read_text())["config"]
+    assert (config["warmup_epochs"], config["warmup_shortened_from"]) == (0, 1)
+    assert "warmup shortened from 1 to 0 epochs" in capsys.readouterr().out
+    args = train.build_parser().parse_args(["--task", "cifar10", "--epochs", "5", "--warmup-epochs", "9"])
+    config = train.make_config("vision", "cifar10", args)
+    assert (config["warmup_epochs"], config["warmup_shortened_from"]) == (4, 9)
+    args = train.build_parser().parse_args(["--task", "cifar10", "--epochs", "5"])
+    assert "warmup_shortened_from" not in train.make_config("vision", "cifar10", args)
 
 
 def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(cifar_dir, skip_md5,
