@@ -199,9 +199,16 @@ def check_args(args, task_names):
     if wrong:
         raise UsageError(f"--init {wrong[0]} is not available for {family} tasks "
                          f"(choose from {', '.join(FAMILIES[family]['inits'])})")
-    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} is a file, not a folder: name a folder")
+    existing = args.out and next(p for p in (args.out, *parents(args.out)) if os.path.exists(p))
+    if existing and not os.path.isdir(existing):
+        where = "" if existing == args.out else f": {existing}"
+        raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
     return family
+
+def parents(path):  # path's folders up to the root: "a/b/c" -> "a/b", "a", "."
+    while (path := os.path.dirname(os.path.normpath(path)) or ".") not in (".", "/"):
+        yield path
+    yield path
 
 def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None):
     """The preset, its per-task changes, then every flag the user gave, then derived keys."""
@@ -235,6 +242,22 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
     if family == "vision":
         check_vision_config(config)
     return config
+
+
+def check_fits(family, config):
+    """Refuse, before anything is allocated, a model whose float32 weights (with gradients and
+    Adam's two moments) and attention maps (scores, probabilities and their gradient, (batch,
+    heads, N, N) per layer) need more memory than this machine has."""
+    L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
+    N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": 12, "language": config.get("block_size"),
+         "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
+    need = 4 * (4 * 12 * L * D * D + 3 * L * H * N * N * max(B, 64))
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        flag = {"language": f"--block-size {N}", "vision": f"--image-size {config.get('image_size')}"}
+        raise UsageError(f"{flag.get(family, f'--dim {D}')}: {L} layers x {H} heads x {N} x {N} "
+                         f"attention maps at width {D} need about {need / 2**30:.0f} GiB, this "
+                         f"machine has {have / 2**30:.0f} GiB: choose a smaller model, batch or input")
 
 def check_vision_config(config):
     """Patches must tile the image; a warmup as long as the run is shortened to fit (the summary
@@ -684,9 +707,10 @@ def run(family, task, init, seed, config, device, out_dir, data, options):
         state["before"] = snapshot(exp, device)
         if rank == 0:
             save_pictures(out_dir, "before", exp, state["before"], device)
+    resumed_at = (state["step"] if exp.unit == "iter" else state["round"]) if options["resume"] else None
     result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
               "world_size": world, "status": "running", "seconds": None,
-              "init_seconds": exp.init_seconds, "resumed_at": state["round"] if options["resume"] else None,
+              "init_seconds": exp.init_seconds, "resumed_at": resumed_at,
               **exp.info, "final": None, "history": state["history"]}
     start = time.time()
     try:
@@ -773,6 +797,7 @@ def main(argv=None):
         try:
             config = make_config(family, task, args, frac, magnitude, decay)
             data = load_data(family, task, config, args, device, cache)
+            check_fits(family, config)
             result = run(family, task, init, seed, config, device, out_dir, data, options)
         except (UsageError, tasks.DataError) as err:
             print(f"train.py: error: {err}", file=sys.stderr)
@@ -803,8 +828,7 @@ def load_data(family, task, config, args, device, cache):
     if family == "language":
         if task not in cache:
             cache[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
-        tasks.check_lm_sizes(cache[task], config["block_size"], config["batch_size"],
-                             config["layers"], config["heads"])
+        tasks.check_lm_splits(cache[task], config["block_size"])
         return cache[task]
     if family != "vision":
         return None
@@ -826,8 +850,10 @@ def read_result(path):
             result = json.load(f)
         if not {"task", "init", "seed", "status", "config", "final"} <= set(result):
             raise ValueError("fields are missing")
+        if result["status"] == "done":
+            tasks.summary_line(result)           # the fields a table reads are all there
         return result
-    except (OSError, ValueError, TypeError) as err:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
         print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})",
               file=sys.stderr)
         return None

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import maskprior
+import tasks
 import train
 from conftest import ROOT, kill_then_resume
 
@@ -170,10 +171,10 @@ def test_same_seed_same_result_other_seed_other_result(tmp_path):
 def test_viridis_colormap_hits_its_anchors_and_interpolates():
     anchors = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98],
                             [253, 231, 37]], dtype=torch.float32) / 255
-    torch.testing.assert_close(train.colormap(torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0])), anchors)
-    torch.testing.assert_close(train.colormap(torch.tensor(0.125)), (anchors[0] + anchors[1]) / 2)
-    torch.testing.assert_close(train.colormap(torch.tensor([-3.0, 7.0])), anchors[[0, 4]])  # clamped
-    assert train.colormap(torch.zeros(2, 3, 4)).shape == (2, 3, 4, 3)
+    torch.testing.assert_close(tasks.colormap(torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0])), anchors)
+    torch.testing.assert_close(tasks.colormap(torch.tensor(0.125)), (anchors[0] + anchors[1]) / 2)
+    torch.testing.assert_close(tasks.colormap(torch.tensor([-3.0, 7.0])), anchors[[0, 4]])  # clamped
+    assert tasks.colormap(torch.zeros(2, 3, 4)).shape == (2, 3, 4, 3)
 
 
 def decode_png(path):
@@ -197,7 +198,7 @@ def test_heatmap_png_holds_each_entry_as_a_block_of_its_colour_and_white_gutters
     image = decode_png(path)
     cell, pad = 128 // n, 4
     assert image.shape == (3, rows * (n * cell + pad) + pad, cols * (n * cell + pad) + pad)
-    expected = (train.colormap((grid - lo) / (hi - lo)) * 255).round().to(torch.uint8)  # (R, C, n, n, 3)
+    expected = (tasks.colormap((grid - lo) / (hi - lo)) * 255).round().to(torch.uint8)  # (R, C, n, n, 3)
     for r in range(rows):
         for c in range(cols):
             top, left = pad + r * (n * cell + pad), pad + c * (n * cell + pad)

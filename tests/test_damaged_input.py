@@ -288,8 +288,9 @@ def test_attention_too_large_for_memory_is_exit_2_before_allocating(tmp_path, ca
                        "--heads", "64", "--layers", "64", "--iters", "1", "--out", str(out),
                        "--no-progress"]) == 2
     line = one_line(capsys.readouterr().err)
-    need = 3 * 4 * 64 * 64 * 20000 ** 2 * 100000 / 2 ** 30      # float32 scores, probabilities,
-    assert line.startswith("train.py: error: --block-size 20000: "), line   # mask gradient
+    # float32 weights with gradients and Adam's moments, scores, probabilities and their gradient
+    need = 4 * (4 * 12 * 64 * 128 ** 2 + 3 * 64 * 64 * 20000 ** 2 * 100000) / 2 ** 30
+    assert line.startswith("train.py: error: --block-size 20000: "), line
     assert "64 layers x 64 heads x 20000 x 20000" in line and f"about {need:.0f} GiB" in line, line
     assert not out.exists()
 
@@ -297,7 +298,8 @@ def test_attention_too_large_for_memory_is_exit_2_before_allocating(tmp_path, ca
 def check_lm_sizes(block, batch=4, heads=2, layers=1, lengths=(1000, 200, 300)):
     config = {"block_size": block, "batch_size": batch, "heads": heads, "layers": layers}
     data = {split: torch.zeros(n, dtype=torch.long) for split, n in zip(("train", "val", "test"), lengths)}
-    train.check_lm_sizes(config, data)
+    tasks.check_lm_splits(data, block)
+    train.check_fits("language", {**config, "dim": 128})
 
 
 def test_check_lm_sizes_on_long_streams():
@@ -305,7 +307,8 @@ def test_check_lm_sizes_on_long_streams():
     for a batch of 100000 are refused for memory, a small attention is accepted."""
     lengths = (10 ** 6, 2 * 10 ** 5, 2 * 10 ** 5)
     with pytest.raises(train.UsageError, match=r"--block-size 60000: .*64 layers x 64 heads x "
-                                               r"60000 x 60000 needs? about \d+ GiB"):
+                                               r"60000 x 60000 attention maps at width 128 need "
+                                               r"about \d+ GiB"):
         check_lm_sizes(60000, 100000, 64, 64, lengths)
     check_lm_sizes(64, 32, 4, 4, lengths)                    # the cpu preset's: 12 MiB
 
@@ -313,7 +316,7 @@ def test_check_lm_sizes_on_long_streams():
 @pytest.mark.parametrize("split, length", [("train", 60), ("val", 30), ("test", 40)])
 def test_check_lm_sizes_names_the_short_split_and_a_block_size_that_fits(split, length):
     lengths = {"train": 1000, "val": 200, "test": 300, split: length}
-    with pytest.raises(train.UsageError, match=rf"needs more tokens than the {split} split holds "
+    with pytest.raises(tasks.DataError, match=rf"needs more tokens than the {split} split holds "
                                                rf"\({length}\)") as err:
         check_lm_sizes(length, lengths=tuple(lengths.values()))
     suggested = int(re.search(r"below (\d+)", str(err.value)).group(1))
