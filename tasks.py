@@ -789,16 +789,15 @@ def magnitude_panels(results, init_order):
 
 def magnitude_svg(panels, init_order, width=360, height=260):
     """Row 1: test accuracy against A (threesym, which has no accuracy: test loss); row 2: mask
-    drift against A. One SVG holding three charts."""
+    drift against A. One SVG holding up to three charts."""
     acc, loss, drift = panels
-    charts = [(0, 0, line_chart_svg(acc, init_order, "mask magnitude A", "test acc (%)")),
-              (width * len(acc), 0, line_chart_svg({t: v for t, v in loss.items() if t == "threesym"},
-                                                   init_order, "mask magnitude A", "test loss",
-                                                   y_max=None)),
-              (0, height, line_chart_svg(drift, init_order, "mask magnitude A", "mask drift",
-                                         y_max=None))]
-    inner = "".join(svg.replace("<svg ", f'<svg x="{x}" y="{y}" ', 1) for x, y, svg in charts)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * max(len(acc) + 1, len(drift))}" '
+    threesym = {t: v for t, v in loss.items() if t == "threesym"}
+    charts = [(0, 0, acc, "test acc (%)", 100.0), (width * len(acc), 0, threesym, "test loss", None),
+              (0, height, drift, "mask drift", None)]
+    inner = "".join(line_chart_svg(curves, init_order, "mask magnitude A", label, y_max=top)
+                    .replace("<svg ", f'<svg x="{x}" y="{y}" ', 1)
+                    for x, y, curves, label, top in charts if curves)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * max(len(acc) + len(threesym), len(drift))}" '
             f'height="{2 * height}">{inner}</svg>\n')
 
 

@@ -18,6 +18,7 @@ import io
 import json
 import math
 import os
+import pathlib
 import statistics
 import sys
 import time
@@ -199,16 +200,12 @@ def check_args(args, task_names):
     if wrong:
         raise UsageError(f"--init {wrong[0]} is not available for {family} tasks "
                          f"(choose from {', '.join(FAMILIES[family]['inits'])})")
-    existing = args.out and next(p for p in (args.out, *parents(args.out)) if os.path.exists(p))
-    if existing and not os.path.isdir(existing):
-        where = "" if existing == args.out else f": {existing}"
+    out = args.out and pathlib.Path(args.out)
+    existing = out and next(p for p in (out, *out.parents) if p.exists())   # out or a parent
+    if existing and not existing.is_dir():
+        where = "" if existing == out else f": {existing}"
         raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
     return family
-
-def parents(path):  # path's folders up to the root: "a/b/c" -> "a/b", "a", "."
-    while (path := os.path.dirname(os.path.normpath(path)) or ".") not in (".", "/"):
-        yield path
-    yield path
 
 def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None):
     """The preset, its per-task changes, then every flag the user gave, then derived keys."""
@@ -260,8 +257,7 @@ def check_fits(family, config):
                          f"machine has {have / 2**30:.0f} GiB: choose a smaller model, batch or input")
 
 def check_vision_config(config):
-    """Patches must tile the image; a warmup as long as the run is shortened to fit (the summary
-    line says so); Table tab:init_3 scales the lr linearly with the global batch over 512."""
+    """Patches tile the image; a too long warmup is shortened; tab:init_3's lr x batch / 512."""
     if config["image_size"] % config["patch_size"]:
         raise UsageError(f"--image-size {config['image_size']} is not a multiple of the patch "
                          f"size {config['patch_size']}")
@@ -371,9 +367,9 @@ def make_optimizer(model, config):
 
 
 # ----------------------------------------------------------------------------------------------
-# 4. The experiment families. Each setup returns an Experiment: the model with its prior, the
-#    optimizer and schedule, the batches of each round, the loss of a batch, the evaluation, and
-#    the final metrics. A round is an epoch, or for language runs eval_every iterations.
+# 4. The experiment families. Each setup returns an Experiment: model with its prior, optimizer,
+#    schedule, each round's batches (a round: an epoch, or eval_every language iterations), the
+#    loss of a batch, the evaluation and the final metrics.
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class Experiment:
@@ -392,8 +388,7 @@ class Experiment:
     probe_batch: int = 4096
     pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern
     generators: tuple = ()             # random streams besides torch's own, kept by checkpoints
-    info: dict = field(default_factory=dict)  # further result.json fields
-    init_seconds: Optional[float] = None       # time the QK init took
+    info: dict = field(default_factory=dict)  # further result.json fields (init_seconds: QK init)
 
 def scaled_pattern(pattern, config, family):
     """The pattern with open +A and closed -A, A = --mask-magnitude (the paper's A by default)."""
@@ -431,7 +426,6 @@ def cosine(optimizer, steps, floor=0.0):
 
 
 # --- Boolean GOTU (Section 5.1, Table 1): train on the seen points, test on the whole cube -----
-
 def boolean_setup(task, init, seed, config, device):
     data = tasks.boolean_dataset(task)
     pattern = maskprior.boolean_mask(task, config["layers"], config["heads"],
@@ -456,11 +450,10 @@ def boolean_setup(task, init, seed, config, device):
         loss_of=lambda net, b: F.mse_loss(net(b[0].to(device)).squeeze(-1), b[1].to(device)),
         evaluate=cube, final=final, eval_every=config["eval_every"],
         probe=tasks.boolean_tokens(data["x_test"]), pattern=pattern, generators=(shuffle,),
-        init_seconds=seconds)
+        info={"init_seconds": seconds})
 
 
 # --- Three-digit arithmetic (Section 5.2): train on a seeded fraction, score held-out pairs ---
-
 def arithmetic_setup(task, init, seed, config, device):
     data = tasks.arithmetic_dataset(task, config["train_frac"], seed, config["eval_size"])
     pattern = maskprior.ARITHMETIC_MASKS[task](config["layers"], config["heads"])
@@ -491,17 +484,15 @@ def arithmetic_setup(task, init, seed, config, device):
         model, optimizer, cosine(optimizer, steps), config["epochs"], steps,
         batches=lambda epoch: epoch_batches(x, y, config["batch_size"], shuffle),
         loss_of=loss_of, evaluate=sample_metrics, final=final, eval_every=config["eval_every"],
-        probe=data["x_eval"][:4096], pattern=pattern, generators=(shuffle,), init_seconds=seconds,
-        info={"train_pairs": len(x), "eval_pairs": data["eval_pairs"],
+        probe=data["x_eval"][:4096], pattern=pattern, generators=(shuffle,),
+        info={"init_seconds": seconds, "train_pairs": len(x), "eval_pairs": data["eval_pairs"],
               "held_out_pairs": data["held_out_pairs"]})
 
 
 # --- Language (Appendix "Wiki-text and Tiny-stories", Table "Perplexity comparison") ---------
-
 def lm_setup(task, init, seed, config, device, data, rank):
-    """A GPT with no prior, the causal relative-distance mask (M_ij = -max(i - j, 0), scale s =
-    --mask-magnitude), or mimetic W_Q / W_K; random training windows (nanoGPT's get_batch), one
-    stream per torchrun rank, and whole-split perplexity."""
+    """A GPT with no prior, the causal relative-distance mask (M_ij = -max(i - j, 0), scale s = A)
+    or mimetic W_Q / W_K; nanoGPT's random windows, one stream per rank; whole-split perplexity."""
     L, H, T = config["layers"], config["heads"], config["block_size"]
     masks = maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1) if init == "mask" else None
     model = maskprior.GPT(data["vocab_size"], T, config["dim"], L, H, config["dropout"],
@@ -538,7 +529,6 @@ def lm_setup(task, init, seed, config, device, data, rank):
 
 
 # --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup Tables tab:init_1-3) ------------
-
 def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     """A ViT with the 3 x 3 impulse pattern as prior, in M (mask, mask-fixed) or in W_Q / W_K by
     structured_svd_init_ (impulse); RandAugment, MixUp / CutMix, label smoothing, AdamW with
@@ -579,6 +569,9 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
             logits = net(images)                                       # (B, classes)
         return F.cross_entropy(logits.float(), soft_targets,
                                label_smoothing=config["label_smoothing"])
+    def top1():    # top-1 % and mean cross-entropy on the whole test set, summed over the ranks
+        correct, total, n = (sum(v) for v in zip(*gather(tasks.vision_scores(model, test_loader), world)))
+        return {"test_top1": 100.0 * correct / n, "test_loss": total / n}
     def final(state, world):
         last = state["history"][-1]
         return {"top1": last["test_top1"], "test_loss": last["test_loss"],
@@ -589,18 +582,12 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     return Experiment(
         model, optimizer, vision_schedule(optimizer, config, len(train_loader)), rounds,
         rounds * len(train_loader), batches, loss_of,
-        lambda: top1_over_ranks(model, test_loader, world), final,
+        top1, final,
         eval_every=config["eval_every"], probe=probe, probe_batch=16, pattern=pattern,
-        init_seconds=seconds)
-
-def top1_over_ranks(model, loader, world):
-    """Top-1 accuracy (%) and mean cross-entropy on the whole test set, summed over the ranks."""
-    correct, total, count = (sum(v) for v in zip(*gather(tasks.vision_scores(model, loader), world)))
-    return {"test_top1": 100.0 * correct / count, "test_loss": total / count}
+        info={"init_seconds": seconds})
 
 def vision_schedule(optimizer, config, steps_per_epoch):
-    """Per-step lr: linear warmup from warmup_lr, cosine down to min_lr, then the cooldown epochs
-    at min_lr (Tables tab:init_1-3), torch's schedulers chained."""
+    """Per-step lr (Tables tab:init_1-3): linear warmup from warmup_lr, cosine to min_lr, cooldown."""
     lr = optimizer.param_groups[0]["lr"]
     warmup = config["warmup_epochs"] * steps_per_epoch
     decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
@@ -676,7 +663,7 @@ def train(exp, state, device, rank, world, checkpoint, save, desc, progress):
 # ----------------------------------------------------------------------------------------------
 # 6. One run: the prior before, training, the prior after, result.json
 # ----------------------------------------------------------------------------------------------
-def run(family, task, init, seed, config, device, out_dir, data, options):
+def run(family, task, init, seed, config, device, out_dir, data, args):
     """Build the family's experiment, measure where its attention goes (before), train, measure
     again (after), and write result.json and the pictures to out_dir. Under torchrun every rank
     trains and rank 0 writes; the other ranks return None."""
@@ -689,11 +676,12 @@ def run(family, task, init, seed, config, device, out_dir, data, options):
     elif family == "language":
         exp = lm_setup(task, init, seed, config, device, data, rank)
     else:
-        exp = vision_setup(task, init, seed, config, device, data, rank, world, options["workers"])
+        workers = args.workers if args.workers is not None else 8 if device.type == "cuda" else 0
+        exp = vision_setup(task, init, seed, config, device, data, rank, world, workers)
     checkpoint = os.path.join(out_dir, "checkpoint.pt")
     meta = {"task": task, "init": init, "seed": seed, "config": config, "world_size": world}
     state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0}
-    if options["resume"]:
+    if args.resume:
         saved = load_checkpoint(checkpoint, meta)
         exp.model.load_state_dict(saved["model"])
         exp.optimizer.load_state_dict(saved["optimizer"])
@@ -707,16 +695,16 @@ def run(family, task, init, seed, config, device, out_dir, data, options):
         state["before"] = snapshot(exp, device)
         if rank == 0:
             save_pictures(out_dir, "before", exp, state["before"], device)
-    resumed_at = (state["step"] if exp.unit == "iter" else state["round"]) if options["resume"] else None
+    resumed_at = (state["step"] if exp.unit == "iter" else state["round"]) if args.resume else None
     result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
               "world_size": world, "status": "running", "seconds": None,
-              "init_seconds": exp.init_seconds, "resumed_at": resumed_at,
+              "resumed_at": resumed_at,
               **exp.info, "final": None, "history": state["history"]}
     start = time.time()
     try:
         train(exp, state, device, rank, world, checkpoint,
-              {"meta": meta, "compile": options.get("compile")},
-              f"{task}/{init}/seed{seed}", options["progress"])
+              {"meta": meta, "compile": args.compile}, f"{task}/{init}/seed{seed}",
+              not args.no_progress)
     except Diverged as err:
         result.update(status="diverged", error=str(err), seconds=time.time() - start)
         if rank == 0:
@@ -785,9 +773,6 @@ def main(argv=None):
             if INITS[i][1] == "mask" or a == sweep(args.mask_magnitude)[0]]   # A only acts on M
     grid = len(runs) > 1
     root = args.out or "runs/grid"
-    workers = args.workers if args.workers is not None else 8 if device.type == "cuda" else 0
-    options = {"progress": not args.no_progress, "resume": args.resume, "workers": workers,
-               "compile": args.compile}
     results, failed, cache = [], 0, {}
     for task, init, seed, frac, magnitude, decay in runs:
         name = (f"{task}-{init}-seed{seed}" + (f"-frac{frac:g}" if frac else "")
@@ -798,7 +783,7 @@ def main(argv=None):
             config = make_config(family, task, args, frac, magnitude, decay)
             data = load_data(family, task, config, args, device, cache)
             check_fits(family, config)
-            result = run(family, task, init, seed, config, device, out_dir, data, options)
+            result = run(family, task, init, seed, config, device, out_dir, data, args)
         except (UsageError, tasks.DataError) as err:
             print(f"train.py: error: {err}", file=sys.stderr)
             return 2
