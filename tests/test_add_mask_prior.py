@@ -17,7 +17,7 @@ import maskprior
 from conftest import ROOT
 
 # The snippet whose code block test_readme_snippet_runs executes.
-README_PATH = os.path.join(ROOT, "README_add_mask_prior.md")
+README_PATH = os.path.join(ROOT, "README.md")
 README_HEADING = "## Add a mask prior to your own model"
 
 WIDTH, HEADS, LAYERS = 32, 2, 2
