@@ -14,6 +14,15 @@ sys.path.insert(0, ROOT)
 torch.manual_seed(0)
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for in-process runs: the CI machine's 2 cores may be shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def kill_then_resume(args, tmp_path, monkeypatch):
     """Run train.main(args) to the end in tmp_path/whole; run it again in tmp_path/killed, killed
     right after its first checkpoint.pt is written (KeyboardInterrupt), then --resume it. Returns

@@ -21,13 +21,7 @@ import maskprior
 import tasks
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: the CI machine has 2 cores shared with other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------------------

@@ -25,13 +25,7 @@ TINY = ["--dim", "16", "--layers", "2", "--heads", "2", "--patch-size", "8", "--
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The in-process runs use one torch thread (the CI machine's other core may be busy)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------------------
