@@ -79,9 +79,13 @@ class MaskedSelfAttention(nn.Module):
 
     MODES = ("learnable", "fixed", "hadamard", "none")
 
-    # Set to False to force the plain path everywhere (e.g. a backend that cannot return the
-    # gradient of a float attn_mask). The two paths compute the same function.
+    # Two paths compute the same function: F.scaled_dot_product_attention (SDPA) and the
+    # written-out softmax of _plain; forward takes the faster one (_sdpa_is_faster). use_sdpa =
+    # False forces the plain path everywhere (e.g. a backend that cannot return the gradient of a
+    # float attn_mask); sdpa_cpu_min_tokens is the shortest sequence for which SDPA's fused CPU
+    # kernel beats the plain path (0: take it wherever it runs).
     use_sdpa = True
+    sdpa_cpu_min_tokens = 128
 
     def __init__(self, dim, heads, seq_len, head_dim=None, mask_init=None, mode="learnable",
                  causal=False, mask_scale=1.0, dropout=0.0, qkv_bias=False):
@@ -120,58 +124,96 @@ class MaskedSelfAttention(nn.Module):
         """The additive bias log sigmoid(s * M) on the first n positions, (H, n, n); None if vanilla."""
         if self.mask is None:
             return None
-        return F.logsigmoid(self.mask_scale * self.mask[:, :n, :n])  # (H, n, n)
+        mask = self.mask if n == self.seq_len else self.mask[:, :n, :n]   # (H, n, n)
+        if self.mask_scale != 1:         # skipping the no-op ops saves time on short sequences
+            mask = self.mask_scale * mask
+        return F.logsigmoid(mask)                                         # (H, n, n)
 
     def forward(self, x, return_attn=False):
         B, N, _ = x.shape
         if N > self.seq_len:
             raise ValueError(f"sequence of length {N} is longer than seq_len={self.seq_len}")
-        q, k, v = self.qkv(x).view(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        # Split heads with unbind(2) + transpose, not permute(2, 0, 3, 1, 4): the same views, but
+        # the backward then writes the three gradients straight into the (B, N, 3, H, hd) layout
+        # of the qkv output, one copy instead of a stack and a copy.
+        q, k, v = (t.transpose(1, 2) for t in
+                   self.qkv(x).view(B, N, 3, self.heads, self.head_dim).unbind(2))
         # q, k, v: (B, H, N, head_dim) each
         if self.mode == "hadamard":
             y, attn = self._hadamard(q, k, v)
         else:
             bias = self.logit_bias(N)  # (H, N, N) or None
-            if self.causal:
-                bias = self._with_causal(bias, N, x.device, q.dtype)
-            if self.use_sdpa and not return_attn:
-                # Fast path. scaled_dot_product_attention adds a float attn_mask to the scaled
-                # logits and back-propagates into it, so M receives its gradient from here. The
-                # bias goes in as (1, H, N, N): PyTorch's CPU flash kernel accepts only 2-D or 4-D
-                # masks and sends a 3-D one to the slower math kernel.
-                y = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=None if bias is None else bias.to(q.dtype)[None],
-                    dropout_p=self.dropout if self.training else 0.0)
-                attn = None
-            else:
+            if bias is not None:
+                bias = bias.to(q.dtype)
+            if return_attn:
                 y, attn = self._plain(q, k, v, bias)
+            else:
+                y, attn = self._fast(q, k, v, bias), None
         y = y.transpose(1, 2).reshape(B, N, self.heads * self.head_dim)  # concatenate heads
         y = self.proj(y)                                                   # (B, N, dim)
         return (y, attn) if return_attn else y
 
+    def _sdpa_is_faster(self, q, bias, dropout):
+        """Whether F.scaled_dot_product_attention beats _plain here. Measured on a 2-core CPU
+        (torch 2.14) by tests/bench_attention_paths.py, forward + backward of this module:
+          - CUDA and other accelerators: SDPA (flash / memory-efficient kernels) always.
+          - CPU: SDPA runs its fused ("flash") kernel only without dropout and with no mask that
+            needs a gradient; otherwise its math kernel, the same operations as _plain plus a
+            scaling of q and k, takes 0.88-1.13x _plain's time, above 1 at most shapes. So a
+            learnable mask in training takes _plain.
+          - CPU, fused kernel: 1.1-1.6x slower than _plain at N = 12-16 (the Boolean and
+            arithmetic models), about even at N = 65-128, up to 2x faster at N = 197-256; SDPA from
+            sdpa_cpu_min_tokens positions on.
+        """
+        if not self.use_sdpa:
+            return False
+        if q.device.type != "cpu":
+            return True
+        fused = dropout == 0.0 and (bias is None or not bias.requires_grad)
+        return fused and q.shape[-2] >= self.sdpa_cpu_min_tokens
+
+    def _fast(self, q, k, v, bias):
+        """softmax(Q K^T / sqrt(d) + bias [+ causal]) V by the faster path; (B, H, N, head_dim)."""
+        N = q.shape[-2]
+        dropout = self.dropout if self.training else 0.0
+        if not self._sdpa_is_faster(q, bias, dropout):
+            return self._plain(q, k, v, bias)[0]
+        if self.causal and bias is None:   # is_causal lets CUDA take its flash kernel
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        if self.causal:
+            bias = bias.masked_fill(self._future(N, q.device), float("-inf"))  # (H, N, N)
+        # SDPA adds a float attn_mask to the scaled logits and back-propagates into it, so M gets
+        # its gradient from here too. The bias goes in as (1, H, N, N): PyTorch's CPU flash kernel
+        # accepts only 2-D or 4-D masks and sends a 3-D one to the slower math kernel.
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if bias is None else bias[None], dropout_p=dropout)
+
     def _plain(self, q, k, v, bias):
-        """softmax(Q K^T / sqrt(d) + bias) V written out; returns the probabilities too."""
-        logits = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, N, N)
+        """softmax(Q K^T / sqrt(d) + bias [+ causal]) V written out; returns the probabilities too."""
+        N = q.shape[-2]
+        # In place (div_, add_, masked_fill_) on the fresh product: neither op needs the values it
+        # overwrites for its backward, and each saves a (B, H, N, N) tensor and a pass over it.
+        logits = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.head_dim))    # (B, H, N, N)
         if bias is not None:
-            logits = logits + bias
+            logits.add_(bias)                                                # + (H, N, N)
+        if self.causal:   # the hard causal mask: -inf where key j > query i
+            logits.masked_fill_(self._future(N, q.device), float("-inf"))
         attn = logits.softmax(dim=-1)                                 # (B, H, N, N)
-        attn = F.dropout(attn, self.dropout, self.training)
+        if self.dropout and self.training:   # F.dropout with p = 0 would still cost a pass
+            attn = F.dropout(attn, self.dropout)
         return attn @ v, attn
 
     def _hadamard(self, q, k, v):
         """Appendix B: A = sigma(s * M) o softmax(Q K^T / sqrt(d) [+ causal]); y = A V."""
         N = q.shape[-2]
-        causal = self._with_causal(None, N, q.device, q.dtype) if self.causal else None
-        _, attn = self._plain(q, k, v, causal)
+        _, attn = self._plain(q, k, v, None)
         attn = torch.sigmoid(self.mask_scale * self.mask[:, :N, :N]) * attn  # (B, H, N, N)
         return attn @ v, attn
 
     @staticmethod
-    def _with_causal(bias, n, device, dtype):
-        """bias + the hard causal mask (-inf where key j > query i); (H or 1, n, n)."""
-        future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
-        hard = torch.zeros(n, n, dtype=dtype, device=device).masked_fill(future, float("-inf"))
-        return hard[None] if bias is None else bias + hard
+    def _future(n, device):
+        """(n, n) bool, True where key j lies after query i (j > i): what causal attention hides."""
+        return torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
 
 
 # The same attention as one function, to read beside Section 4.1. The class's plain path computes
