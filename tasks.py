@@ -526,18 +526,20 @@ NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
                  "imagenet100": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
 
 
-def vision_transform(name, image_size, train, randaugment_magnitude=9):
+def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scale=0.08):
     """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (3, S, S).
 
     train: random crop (CIFAR: resize to image_size, then a crop padded by image_size / 8 as in
-    the usual 4-pixel CIFAR crop; ImageNet100: RandomResizedCrop, timm's default), horizontal
-    flip, RandAugment at magnitude 9 (the tables' "RandAug (m9)"). test: resize (ImageNet100:
-    resize to image_size / 0.875 and centre crop, timm's crop_pct). MixUp / CutMix act on whole
-    batches (mixup_cutmix below)."""
+    the usual 4-pixel CIFAR crop; ImageNet100: RandomResizedCrop of crop_scale to all of the
+    image's area, timm's default scale (0.08, 1) at the paper preset), horizontal flip,
+    RandAugment at magnitude 9 (the tables' "RandAug (m9)"). test: resize (ImageNet100: resize to
+    image_size / 0.875 and centre crop, timm's crop_pct). MixUp / CutMix act on whole batches
+    (mixup_cutmix below)."""
     from torchvision.transforms import v2
     mean, std = NORMALIZATION[name]
     if train and name == "imagenet100":
-        geometry = [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
+        geometry = [v2.RandomResizedCrop(image_size, scale=(crop_scale, 1.0), antialias=True),
+                    v2.RandomHorizontalFlip()]
     elif train:
         geometry = [v2.Resize(image_size, antialias=True),
                     v2.RandomCrop(image_size, padding=image_size // 8), v2.RandomHorizontalFlip()]
@@ -553,10 +555,15 @@ def vision_transform(name, image_size, train, randaugment_magnitude=9):
 def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
     """Batch augmentation of the tables, "Mixup / CutMix 0.8 / 1.0": each batch gets MixUp
     (Beta(0.8, 0.8)) or CutMix (Beta(1, 1)) with equal chance, as timm's Mixup with switch
-    probability 0.5. Called as images, soft_targets = mix(images (B, C, H, W), labels (B,))."""
+    probability 0.5. Called as images, soft_targets = mix(images (B, C, H, W), labels (B,)).
+    As in timm, an alpha of 0 turns that one off, and with both at 0 the batch is left as it is
+    (one-hot targets; the cpu preset's small-data setting for ImageNet100)."""
     from torchvision.transforms import v2
-    return v2.RandomChoice([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes),
-                            v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)])
+    mixers = ([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []) + \
+             ([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else [])
+    if not mixers:
+        return lambda images, labels: (images, torch.nn.functional.one_hot(labels, num_classes).float())
+    return v2.RandomChoice(mixers)
 
 
 def _cifar(name, data_dir, transform, train, download):
@@ -594,12 +601,13 @@ def _imagenet100(data_dir, split, transform):
         raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
 
 
-def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9):
+def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9,
+                   crop_scale=0.08):
     """{"train", "test", "classes"}: torchvision datasets with the train / test pipelines."""
     if name == "imagenet100" and download:
         raise DataError("ImageNet100 has no --download; build the ImageFolder tree "
                         f"{data_dir}/{IMAGENET100_FOLDER}/{{train,val}}/<class>/<image>")
-    train_tf = vision_transform(name, image_size, True, randaugment_magnitude)
+    train_tf = vision_transform(name, image_size, True, randaugment_magnitude, crop_scale)
     test_tf = vision_transform(name, image_size, False)
     if name == "imagenet100":
         train, test = _imagenet100(data_dir, "train", train_tf), _imagenet100(data_dir, "val", test_tf)

@@ -1,7 +1,9 @@
-"""Test scaffolding: a synthetic CIFAR-10 in the real files' python-pickle layout, written
-without NumPy, for offline checks of the vision pipeline (tests, tests/bench_vision.py).
+"""Test scaffolding, written without NumPy, for offline checks of the vision pipeline (tests,
+tests/bench_vision.py): a synthetic CIFAR-10 in the real files' python-pickle layout, and
+synthetic hand-drawn-like digits in the ImageFolder layout of --task imagenet100.
 
-    python tests/synthetic.py DIR [TRAIN_SIZE TEST_SIZE]
+    python tests/synthetic.py DIR [TRAIN_SIZE TEST_SIZE]             # CIFAR-10 layout
+    python tests/synthetic.py --digits DIR [TRAIN_SIZE TEST_SIZE]    # DIR/imagenet100/{train,val}
 """
 import array
 import os
@@ -9,9 +11,10 @@ import pickle
 import sys
 
 import torch
+from PIL import Image, ImageDraw
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tasks import CIFAR_LAYOUT  # noqa: E402
+from tasks import CIFAR_LAYOUT, IMAGENET100_FOLDER  # noqa: E402
 
 
 def write_synthetic_cifar10(root, train_size=500, test_size=100, seed=0):
@@ -59,8 +62,62 @@ def write_synthetic_cifar10(root, train_size=500, test_size=100, seed=0):
     return folder
 
 
+# Seven-segment digits: corners (x, y) of a 1 x 2 box, the segments between them, and each
+# digit's segments (a top, b top right, c bottom right, d bottom, e bottom left, f top left,
+# g middle). 2 and 5 are mirror images, so a horizontal flip confuses them.
+CORNERS = {"TL": (0, 0), "TR": (1, 0), "ML": (0, 1), "MR": (1, 1), "BL": (0, 2), "BR": (1, 2)}
+SEGMENTS = {"a": ("TL", "TR"), "b": ("TR", "MR"), "c": ("MR", "BR"), "d": ("BL", "BR"),
+            "e": ("ML", "BL"), "f": ("TL", "ML"), "g": ("ML", "MR")}
+DIGIT_SEGMENTS = ("abcdef", "bc", "abdeg", "abcdg", "bcfg", "acdfg", "acdefg", "abc", "abcdefg",
+                  "abcdfg")
+
+
+def digit_image(label, g, size=32, low=8, noise=20.0):
+    """One grey-scale digit (PIL "L", size x size): the label's seven-segment strokes with a
+    random width and height, position, slant, stroke width and a jitter of every corner, drawn
+    at size x size, shrunk to low x low and enlarged back (blurred and coarse, like scanned
+    8 x 8 handwriting upscaled), plus Gaussian noise of std `noise` grey levels."""
+    def u(lo, hi):
+        return lo + (hi - lo) * torch.rand((), generator=g).item()
+    w, h = u(0.35, 0.55) * size, u(0.3, 0.42) * size      # box width, half-height
+    cx, cy, slant = u(0.4, 0.6) * size, u(0.45, 0.55) * size, u(-0.3, 0.3)
+    points = {}
+    for name, (x, y) in CORNERS.items():
+        py = cy + (y - 1) * h + u(-2, 2)
+        points[name] = (cx + (x - 0.5) * w - slant * (py - cy) + u(-2, 2), py)
+    image = Image.new("L", (size, size), 0)
+    draw, width = ImageDraw.Draw(image), int(u(3, 5))
+    for segment in DIGIT_SEGMENTS[label]:
+        draw.line([points[c] for c in SEGMENTS[segment]], fill=255, width=width)
+    image = image.resize((low, low), Image.BILINEAR).resize((size, size), Image.BILINEAR)
+    pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).float()
+    pixels = (pixels + noise * torch.randn(size * size, generator=g)).clamp(0, 255)
+    return Image.frombytes("L", (size, size), bytes(pixels.round().to(torch.uint8).tolist()))
+
+
+def write_synthetic_digits(root, train_size=1400, test_size=400, seed=0, **style):
+    """Synthetic digits 0-9 (digit_image, `style` passed on) as the ImageFolder tree of --task
+    imagenet100: root/imagenet100/{train,val}/<digit>/<n>.png, grey-scale 32 x 32 PNGs, the
+    classes in turn. A stand-in for a user's own small data set, e.g. 1,400 scanned 8 x 8
+    digits upscaled to 32 x 32: harder than write_synthetic_cifar10's set (the class is in the
+    shape of thin, jittered strokes, not in a colour pattern), and hurt by augmentation that
+    suits ImageNet (a crop of 8 % of the image holds a fragment of one stroke)."""
+    g = torch.Generator().manual_seed(seed)
+    for split, count in (("train", train_size), ("val", test_size)):
+        for n in range(count):
+            folder = os.path.join(root, IMAGENET100_FOLDER, split, str(n % 10))
+            os.makedirs(folder, exist_ok=True)
+            digit_image(n % 10, g, **style).save(os.path.join(folder, f"{n}.png"))
+    return os.path.join(root, IMAGENET100_FOLDER)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 4):
-        sys.exit("usage: python tests/synthetic.py DIR [TRAIN_SIZE TEST_SIZE]")
-    sizes = [int(s) for s in sys.argv[2:4]] or [500, 100]
-    print(f"wrote {write_synthetic_cifar10(sys.argv[1], *sizes)}")
+    args = sys.argv[1:]
+    digits = args[:1] == ["--digits"]
+    if digits:
+        args = args[1:]
+    if len(args) not in (1, 3):
+        sys.exit("usage: python tests/synthetic.py [--digits] DIR [TRAIN_SIZE TEST_SIZE]")
+    sizes = [int(s) for s in args[1:3]] or ([1400, 400] if digits else [500, 100])
+    write = write_synthetic_digits if digits else write_synthetic_cifar10
+    print(f"wrote {write(args[0], *sizes)}")
