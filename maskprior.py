@@ -173,7 +173,8 @@ class MaskedSelfAttention(nn.Module):
         return fused and q.shape[-2] >= self.sdpa_cpu_min_tokens
 
     def _fast(self, q, k, v, bias):
-        """softmax(Q K^T / sqrt(d) + bias [+ causal]) V by the faster path; (B, H, N, head_dim)."""
+        """Section 4.1's attention by the faster path (same function, see _sdpa_is_faster);
+        (B, H, N, head_dim)."""
         N = q.shape[-2]
         dropout = self.dropout if self.training else 0.0
         if not self._sdpa_is_faster(q, bias, dropout):
@@ -189,7 +190,8 @@ class MaskedSelfAttention(nn.Module):
             q, k, v, attn_mask=None if bias is None else bias[None], dropout_p=dropout)
 
     def _plain(self, q, k, v, bias):
-        """softmax(Q K^T / sqrt(d) + bias [+ causal]) V written out; returns the probabilities too."""
+        """Section 4.1's softmax(Q K^T / sqrt(d) + bias [+ causal]) V written out, the bias being
+        log sigmoid(s M); returns the probabilities too."""
         N = q.shape[-2]
         # In place (div_, add_, masked_fill_) on the fresh product: neither op needs the values it
         # overwrites for its backward, and each saves a (B, H, N, N) tensor and a pass over it.

@@ -78,12 +78,8 @@ def qkv_and_bias(module, n, requires_grad):
     return q, bias
 
 
-def min_tokens():
-    return MaskedSelfAttention.sdpa_cpu_min_tokens
-
-
 def test_rule_on_the_cpu():
-    long = min_tokens()
+    long = MaskedSelfAttention.sdpa_cpu_min_tokens
     vanilla = MaskedSelfAttention(DIM, HEADS, 2 * long, mode="none")
     masked = MaskedSelfAttention(DIM, HEADS, 2 * long, mode="learnable")
     fixed = MaskedSelfAttention(DIM, HEADS, 2 * long, mode="fixed")
@@ -100,7 +96,8 @@ def test_rule_on_the_cpu():
 
 
 def test_use_sdpa_false_forces_the_plain_path(monkeypatch):
-    module = MaskedSelfAttention(DIM, HEADS, 2 * min_tokens(), mode="none")
+    long = MaskedSelfAttention.sdpa_cpu_min_tokens
+    module = MaskedSelfAttention(DIM, HEADS, 2 * long, mode="none")
     q, bias = qkv_and_bias(module, module.seq_len, False)
     assert module._sdpa_is_faster(q, bias, 0.0)
     monkeypatch.setattr(MaskedSelfAttention, "use_sdpa", False)
@@ -114,7 +111,7 @@ def test_the_rule_decides_which_kernel_runs(monkeypatch):
     sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *a, **k: calls.append(1) or sdpa(*a, **k))
-    n = min_tokens()
+    n = MaskedSelfAttention.sdpa_cpu_min_tokens
     for mode, length, expected in (("none", 16, 0), ("learnable", 16, 0), ("none", n, 1),
                                    ("learnable", n, 0)):
         calls.clear()
