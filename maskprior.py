@@ -120,14 +120,33 @@ class MaskedSelfAttention(nn.Module):
         # mode alike) but has requires_grad=False: no optimizer ever moves it.
         self.mask = nn.Parameter(mask_init.detach().clone().float(), requires_grad=(mode != "fixed"))
 
-    def logit_bias(self, n):
-        """The additive bias log sigmoid(s * M) on the first n positions, (H, n, n); None if vanilla."""
-        if self.mask is None:
-            return None
-        mask = self.mask if n == self.seq_len else self.mask[:, :n, :n]   # (H, n, n)
-        if self.mask_scale != 1:         # skipping the no-op ops saves time on short sequences
-            mask = self.mask_scale * mask
-        return F.logsigmoid(mask)                                         # (H, n, n)
+    @staticmethod
+    def logit_bias(mask, n, scale=1.0, causal=False, dtype=None, device=None):
+        """The additive logit bias of Section 4.1 on the first n positions, the one place it is
+        computed (both paths below, the Hadamard variant, masked_attention, add_mask_prior):
+
+            log sigmoid(scale * M[:, :n, :n])          (H, n, n), from mask M (H, N, N)
+            + (-inf where key j lies after query i)    if causal, the hard causal mask
+
+        mask None: just the causal mask, (n, n) of 0 and -inf (None if not causal either: vanilla
+        attention has no bias). dtype: cast the bias to it (the dtype of q under autocast);
+        device: where the causal mask goes (default: the mask's)."""
+        bias = None
+        if mask is not None:
+            if mask.shape[-1] != n:      # skipping the no-op ops saves time on short sequences
+                mask = mask[..., :n, :n]
+            if scale != 1:
+                mask = scale * mask
+            bias = F.logsigmoid(mask)                                         # (H, n, n)
+            if dtype is not None:
+                bias = bias.to(dtype)
+        if causal:
+            future = torch.ones(n, n, dtype=torch.bool,
+                                device=device if mask is None else mask.device).triu(1)
+            if bias is None:
+                bias = torch.zeros(n, n, dtype=dtype, device=future.device)  # (n, n)
+            bias = bias.masked_fill(future, float("-inf"))
+        return bias
 
     def forward(self, x, return_attn=False):
         B, N, _ = x.shape
@@ -141,17 +160,18 @@ class MaskedSelfAttention(nn.Module):
         # q, k, v: (B, H, N, head_dim) each
         if self.mode == "hadamard":
             y, attn = self._hadamard(q, k, v)
+        elif return_attn:
+            y, attn = self._plain(q, k, v, self._bias(q))
         else:
-            bias = self.logit_bias(N)  # (H, N, N) or None
-            if bias is not None:
-                bias = bias.to(q.dtype)
-            if return_attn:
-                y, attn = self._plain(q, k, v, bias)
-            else:
-                y, attn = self._fast(q, k, v, bias), None
+            y, attn = self._fast(q, k, v), None
         y = y.transpose(1, 2).reshape(B, N, self.heads * self.head_dim)  # concatenate heads
         y = self.proj(y)                                                   # (B, N, dim)
         return (y, attn) if return_attn else y
+
+    def _bias(self, q):
+        """This module's logit_bias for q (B, H, N, head_dim): (H, N, N), (N, N) or None."""
+        return self.logit_bias(self.mask, q.shape[-2], self.mask_scale, self.causal, q.dtype,
+                               q.device)
 
     def _sdpa_is_faster(self, q, bias, dropout):
         """Whether F.scaled_dot_product_attention beats _plain here. Measured on a 2-core CPU
@@ -172,17 +192,16 @@ class MaskedSelfAttention(nn.Module):
         fused = dropout == 0.0 and (bias is None or not bias.requires_grad)
         return fused and q.shape[-2] >= self.sdpa_cpu_min_tokens
 
-    def _fast(self, q, k, v, bias):
+    def _fast(self, q, k, v):
         """Section 4.1's attention by the faster path (same function, see _sdpa_is_faster);
         (B, H, N, head_dim)."""
-        N = q.shape[-2]
         dropout = self.dropout if self.training else 0.0
+        if self.mask is None and self.causal and self._sdpa_is_faster(q, None, dropout):
+            # is_causal instead of a -inf bias lets CUDA take its flash kernel
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        bias = self._bias(q)                                    # (H, N, N), (N, N) or None
         if not self._sdpa_is_faster(q, bias, dropout):
             return self._plain(q, k, v, bias)[0]
-        if self.causal and bias is None:   # is_causal lets CUDA take its flash kernel
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        if self.causal:
-            bias = bias.masked_fill(self._future(N, q.device), float("-inf"))  # (H, N, N)
         # SDPA adds a float attn_mask to the scaled logits and back-propagates into it, so M gets
         # its gradient from here too. The bias goes in as (1, H, N, N): PyTorch's CPU flash kernel
         # accepts only 2-D or 4-D masks and sends a 3-D one to the slower math kernel.
@@ -190,46 +209,42 @@ class MaskedSelfAttention(nn.Module):
             q, k, v, attn_mask=None if bias is None else bias[None], dropout_p=dropout)
 
     def _plain(self, q, k, v, bias):
-        """Section 4.1's softmax(Q K^T / sqrt(d) + bias [+ causal]) V written out, the bias being
-        log sigmoid(s M); returns the probabilities too."""
-        N = q.shape[-2]
-        # In place (div_, add_, masked_fill_) on the fresh product: neither op needs the values it
-        # overwrites for its backward, and each saves a (B, H, N, N) tensor and a pass over it.
+        """Section 4.1's softmax(Q K^T / sqrt(d) + bias) V written out, bias = logit_bias (the
+        log sigmoid(s M) prior and / or the causal -inf); returns the probabilities too."""
+        # In place (div_, add_) on the fresh product: neither op needs the values it overwrites
+        # for its backward, and each saves a (B, H, N, N) tensor and a pass over it.
         logits = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.head_dim))    # (B, H, N, N)
         if bias is not None:
-            logits.add_(bias)                                                # + (H, N, N)
-        if self.causal:   # the hard causal mask: -inf where key j > query i
-            logits.masked_fill_(self._future(N, q.device), float("-inf"))
+            logits.add_(bias)                                     # + (H, N, N) or (N, N)
         attn = logits.softmax(dim=-1)                                 # (B, H, N, N)
         if self.dropout and self.training:   # F.dropout with p = 0 would still cost a pass
             attn = F.dropout(attn, self.dropout)
         return attn @ v, attn
 
     def _hadamard(self, q, k, v):
-        """Appendix B: A = sigma(s * M) o softmax(Q K^T / sqrt(d) [+ causal]); y = A V."""
+        """Appendix B: A = sigma(s * M) o softmax(Q K^T / sqrt(d) [+ causal]); y = A V. The gate
+        sigma(s M) is exp of the additive bias log sigmoid(s M), so both come from logit_bias."""
         N = q.shape[-2]
-        _, attn = self._plain(q, k, v, None)
-        attn = torch.sigmoid(self.mask_scale * self.mask[:, :N, :N]) * attn  # (B, H, N, N)
+        _, attn = self._plain(q, k, v, self.logit_bias(None, N, causal=self.causal,
+                                                        dtype=q.dtype, device=q.device))
+        attn = self.logit_bias(self.mask, N, self.mask_scale).exp() * attn  # (B, H, N, N)
         return attn @ v, attn
 
-    @staticmethod
-    def _future(n, device):
-        """(n, n) bool, True where key j lies after query i (j > i): what causal attention hides."""
-        return torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
 
-
-# The same attention as one function, to read beside Section 4.1. The class's plain path computes
-# this on the first n positions of its mask, plus attention dropout and, if causal, the hard -inf:
+# The same attention as one function, to read beside Section 4.1; the bias is the class's own
+# logit_bias, so this is the class's _plain path without dropout and in-place steps:
 #
-#     Attention(Q, K, V; M) = softmax( Q K^T / sqrt(d) + log sigmoid(s M) ) V
+#     Attention(Q, K, V; M) = softmax( Q K^T / sqrt(d) + log sigmoid(s M) [+ causal -inf] ) V
 #
 # Q, K, V: (..., N, d), M: (H, N, N) (broadcast over the batch), s the mask scale (1 in the paper
 # except for the GPT prior, where s = 10).
-def masked_attention(q, k, v, mask, scale=1.0):
-    """softmax(q k^T / sqrt(d) + log sigmoid(scale * mask)) v.
+def masked_attention(q, k, v, mask, scale=1.0, causal=False):
+    """softmax(q k^T / sqrt(d) + log sigmoid(scale * mask) [+ causal -inf]) v.
     q, k, v (B, H, N, d) and mask (H, N, N), broadcast over the batch -> (B, H, N, d)."""
+    n = q.shape[-2]
+    bias = MaskedSelfAttention.logit_bias(mask, n, scale, causal, q.dtype, q.device)  # (H, n, n)
     logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])      # (B, H, N, N)
-    return (logits + F.logsigmoid(scale * mask)).softmax(dim=-1) @ v
+    return (logits + bias).softmax(dim=-1) @ v
 
 
 def attention_modules(model):
@@ -320,13 +335,14 @@ def _add_mask_prior_to_call(attn, args, kwargs):
                          f"{tuple(attn.mask.shape)} is for self-attention over sequences of length "
                          f"{attn.mask.shape[-1]}, got length {n} (query {tuple(query.shape)}, key "
                          f"{tuple(key.shape)})")
-    bias = F.logsigmoid(attn.mask_scale * attn.mask).to(query.dtype)         # (H, N, N)
+    bias = MaskedSelfAttention.logit_bias(attn.mask, n, attn.mask_scale, dtype=query.dtype)  # (H, N, N)
     if batched:                                                             # row b * H + h
         batch = query.shape[0 if attn.batch_first else 1]
         bias = bias.expand(batch, -1, -1, -1).reshape(-1, n, n)             # (B * H, N, N)
     caller_mask = call.get("attn_mask")                                     # (N, N), (B * H, N, N)
     if caller_mask is None and call.get("is_causal"):                       # hint alone: build it
-        caller_mask = torch.ones(n, n, dtype=torch.bool, device=query.device).triu(1)
+        caller_mask = MaskedSelfAttention.logit_bias(None, n, causal=True, dtype=query.dtype,
+                                                     device=query.device)   # (N, N), 0 / -inf
     caller_mask = _as_logits(caller_mask, query.dtype)
     call["attn_mask"] = bias if caller_mask is None else bias + caller_mask # (B * H, N, N)
     # With is_causal=True (and no padding mask, no weights asked for) F.multi_head_attention_forward
@@ -1136,7 +1152,8 @@ def mask_biases(model):
     layers = attention_modules(model)
     if layers[0].mask is None:
         return None
-    return torch.stack([a.logit_bias(a.seq_len).detach().float().cpu() for a in layers])
+    return torch.stack([a.logit_bias(a.mask, a.seq_len, a.mask_scale).detach().float().cpu()
+                        for a in layers])
 
 
 def prior_stats(mean_attn, pattern):

@@ -27,7 +27,8 @@ def test_relative_distance_mask_and_its_bias():
         for j in range(5):
             assert m[1, i, j] == -max(i - j, 0)
     gpt = maskprior.GPT(32, 5, 8, 2, 3, mode="learnable", masks=m.expand(2, -1, -1, -1))
-    bias = maskprior.attention_modules(gpt)[0].logit_bias(5).detach()
+    block = maskprior.attention_modules(gpt)[0]
+    bias = block.logit_bias(block.mask, 5, block.mask_scale).detach()
     torch.testing.assert_close(bias, F.logsigmoid(10.0 * m))   # log sigmoid(s M), s = 10
     assert bias[0, 3, 3] == pytest.approx(-math.log(2)) and bias[0, 3, 2] < -9.9
 
