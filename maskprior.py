@@ -5,9 +5,10 @@ Read top to bottom beside the paper:
 
   1. MaskedSelfAttention   the block of Section 4.1: softmax(Q K^T / sqrt(d) + log sigmoid(M)) V,
                            plus the fixed (Appendix A.2), Hadamard (Appendix B) and vanilla
-                           variants; masked_attention, the same equation as one function;
-                           attention_modules, every such block of a model, first layer to last.
-     add_mask_prior        the same prior put into the nn.MultiheadAttention modules of an existing
+                           variants; its logit_bias is the one place the bias log sigmoid(s M)
+                           (and the causal mask) is computed; masked_attention, the same equation
+                           as one function; attention_modules, every such block of a model.
+  1b. add_mask_prior       the same prior put into the nn.MultiheadAttention modules of an existing
                            model (e.g. torchvision's ViT) in one call.
   2. Block, Transformer    a pre-LayerNorm encoder with one mask per layer (Principle 4, layer-wise
                            composition), the model of the Boolean GOTU experiments (Section 5.1).
@@ -21,6 +22,8 @@ Read top to bottom beside the paper:
                            "Wiki-text and Tiny-stories").
   7. ViT, impulse masks    a Vision Transformer on the same block, with the 3x3 impulse pattern
                            of Zheng et al. as mask prior (Section 5.3).
+  8. Measuring the prior   mean attention maps, mask biases, prior mass and pattern correlation,
+                           the bias by distance (Section 6.1): the persistence numbers.
 
 This file imports torch and nothing else; MaskedSelfAttention needs nothing else from it, so its
 class can be copied into another file on its own.
@@ -335,7 +338,8 @@ def _add_mask_prior_to_call(attn, args, kwargs):
                          f"{tuple(attn.mask.shape)} is for self-attention over sequences of length "
                          f"{attn.mask.shape[-1]}, got length {n} (query {tuple(query.shape)}, key "
                          f"{tuple(key.shape)})")
-    bias = MaskedSelfAttention.logit_bias(attn.mask, n, attn.mask_scale, dtype=query.dtype)  # (H, N, N)
+    bias = MaskedSelfAttention.logit_bias(attn.mask, n, attn.mask_scale,
+                                          dtype=query.dtype)           # (H, N, N)
     if batched:                                                             # row b * H + h
         batch = query.shape[0 if attn.batch_first else 1]
         bias = bias.expand(batch, -1, -1, -1).reshape(-1, n, n)             # (B * H, N, N)
@@ -384,7 +388,8 @@ class Block(nn.Module):
     """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)).
 
     drop_path: None, or a module applied to each residual branch before it is added, e.g.
-      torchvision.ops.StochasticDepth(p, "row") for the ViT's drop path (Table tab:init_1, 0.1).
+      torchvision.ops.StochasticDepth(p, "row") for the ViT's drop path (0.1 in
+      Table "Experimental setup for CIFAR10").
       It is passed in (built by train.py) because this file imports torch only.
     """
 
@@ -468,9 +473,10 @@ class Transformer(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Token layout of the Boolean model: position 0 is the CLS token the readout uses, position
 # 1 + i holds bit x_i, so d = 15 bits give N = 16. Each constructor returns (depth, heads, N, N)
-# logits M: OPEN where a query may attend to a key, CLOSE elsewhere. Row = query, column = key.
-# The paper shows these masks as pictures (Figure "mask_all") and states the principles behind
-# them (Section 4.2); each constructor's docstring says which principle its open entries serve.
+# logits M: OPEN where a query may attend to a key, CLOSE elsewhere. Row = query, column = key. The
+# paper shows these masks as pictures (Figure "Visualization of task-specific mask design") and
+# states the principles behind them (Section 4.2); each constructor's docstring says which principle
+# its open entries serve.
 
 def _bit(i):
     """Sequence position of bit x_i (position 0 is CLS)."""
@@ -760,9 +766,9 @@ def mimetic_noise(dim, generator=None):
 
 
 def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator=None):
-    """Mimetic initialisation (Trockman and Kolter 2023), the baseline of Tables "Best Top-1" and
-    "Perplexity comparison". It mimics the identity-plus-noise attention of trained Transformers
-    and takes no task pattern.
+    """Mimetic initialisation (Trockman and Kolter 2023), the baseline of Tables "Best Top-1
+    accuracy" and "Perplexity (PPL) comparison". It mimics the identity-plus-noise attention of
+    trained Transformers and takes no task pattern.
 
     Per head:  W_Q,h W_K,h^T ~ alpha1 Z1 + beta1 I, factored by SVD and truncated to head_dim:
                q rows = L[:, :r]^T, k rows = R[:r] (as post_init_weights' mimetic branch writes
@@ -941,12 +947,13 @@ def _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator):
 # ----------------------------------------------------------------------------------------------
 # 6. GPT with a causal relative-distance mask prior (Appendix "Wiki-text and Tiny-stories")
 # ----------------------------------------------------------------------------------------------
-# Language has no known interaction pattern, so the paper initialises a full learnable mask per
-# head from causal relative distance, M_ij = -max(i - j, 0), and applies it as log sigmoid(s M)
-# with s = 10: the diagonal gets log sigmoid(0) = -0.69, one step back log sigmoid(-10) = -10,
-# two steps back -20, ... (a strong "attend to the recent past" prior that training can flatten,
-# Figure "nlp_mask"). s enters as MaskedSelfAttention's mask_scale, so the parameter M keeps the
-# paper's units. The hard causal mask (-inf above the diagonal) is added on top.
+# Language has no known interaction pattern, so the paper initialises a full learnable mask per head
+# from causal relative distance, M_ij = -max(i - j, 0), and applies it as log sigmoid(s M) with
+# s = 10: the diagonal gets log sigmoid(0) = -0.69, one step back log sigmoid(-10) = -10, two steps
+# back -20, ... (a strong "attend to the recent past" prior that training can flatten, Figure
+# "Relative mask bias before and after training"). s enters as MaskedSelfAttention's mask_scale, so
+# the parameter M keeps the paper's units. The hard causal mask (-inf above the diagonal) is added
+# on top.
 
 GPT_MASK_SCALE = 10.0
 
@@ -1085,11 +1092,11 @@ def impulse_mask(depth, heads, grid):
 class ViT(nn.Module):
     """A ViT on our Block: patch embedding, CLS token, learned positions, pre-LN blocks with drop
     path, final LayerNorm and a linear classifier (timm's vit_tiny_patch16_224 at width 192,
-    depth 12, 3 heads, MLP 768, patch 16 on 224 x 224; Table tab:init_1).
+    depth 12, 3 heads, MLP 768, patch 16 on 224 x 224; Table "Experimental setup for CIFAR10").
 
     masks: None, or (depth, heads, N, N) mask_init per layer (impulse_mask for the paper's prior).
     pool: "cls" reads the CLS token (timm's default, used for CIFAR); "avg" averages the patch
-      tokens (Table tab:init_3, "Global pool avg", ImageNet100).
+      tokens ("Global pool avg" in Table "Experimental setup for ImageNet100").
     drop_paths: None, or one module per block for its residual branches, e.g.
       torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
     qkv_bias=True as in timm's ViT; the biases start at zero, so no init below is affected.
@@ -1132,7 +1139,8 @@ class ViT(nn.Module):
         return (out, attns) if return_attn else out
 
 # ----------------------------------------------------------------------------------------------
-# 8. Measuring the prior (Section 6.1, Figure "comparison_pattern"): where attention goes
+# 8. Measuring the prior (Section 6.1; Figure "Comparison of attention patterns before and after
+#    training"): where attention goes
 # ----------------------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -1170,6 +1178,7 @@ def prior_stats(mean_attn, pattern):
 
 def bias_by_distance(bias):
     """Mean causal bias log sigmoid(s M) at each distance d = i - j >= 0 (over layers, heads and
-    query rows): (L, H, N, N) -> N numbers, the profile of Figure "nlp_mask"."""
+    query rows): (L, H, N, N) -> N numbers, the profile of Figure "Relative mask bias
+    before and after training"."""
     n = bias.shape[-1]
     return [bias[..., torch.arange(d, n), torch.arange(0, n - d)].mean().item() for d in range(n)]

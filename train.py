@@ -66,15 +66,16 @@ LM_PRESETS = {
     "cpu": {"iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4, "heads": 4, "dim": 128,
             "block_size": 64, "dropout": 0.1, "weight_decay": 0.01, "optimizer": "adamw"},
 }
-# Vision, Tables tab:init_1 / tab:init_2 (CIFAR): vit_tiny_patch16_224 (224 x 224 input, patch
-# 16, width 192, depth 12, 3 heads, MLP 768), batch 512, 400 epochs, AdamW lr 2e-3, cosine with 50
-# warmup epochs, weight decay 0.05, drop path 0.1, label smoothing 0.1, MixUp 0.8 / CutMix 1.0,
-# RandAugment m9, AMP (bf16 here), CLS readout. The warmup start and the cosine floor are not in
-# the tables; osiriszjq/structured_initialization's commands start the warmup at 1e-6 and end the
-# CIFAR cosine at 1e-6 (ImageNet100 at 1e-5). Table tab:init_3 (ImageNet100): 300 epochs, base lr
-# 1e-3 scaled by the global batch over 512, 5 warmup and 10 cooldown epochs (after the cosine, at
-# the floor, as timm does), seed 42, global average pool. "cpu": a CIFAR-native ViT, 32 x 32
-# input, patch 4 (64 patches + CLS), width 96, depth 6, 3 heads, MLP 384, batch 128, 10 epochs.
+# Vision, Tables "Experimental setup for CIFAR10 / CIFAR100": vit_tiny_patch16_224 (224 x 224 input,
+# patch 16, width 192, depth 12, 3 heads, MLP 768), batch 512, 400 epochs, AdamW lr 2e-3, cosine
+# with 50 warmup epochs, weight decay 0.05, drop path 0.1, label smoothing 0.1, MixUp 0.8 / CutMix
+# 1.0, RandAugment m9, AMP (bf16 here), CLS readout. The warmup start and the cosine floor are not
+# in the tables; osiriszjq/structured_initialization's commands start the warmup at 1e-6 and end the
+# CIFAR cosine at 1e-6 (ImageNet100 at 1e-5). Table "Experimental setup for ImageNet100": 300
+# epochs, base lr 1e-3 scaled by the global batch over 512, 5 warmup and 10 cooldown epochs (after
+# the cosine, at the floor, as timm does), seed 42, global average pool. "cpu": a CIFAR-native ViT,
+# 32 x 32 input, patch 4 (64 patches + CLS), width 96, depth 6, 3 heads, MLP 384, batch 128, 10
+# epochs.
 VISION_PRESETS = {"paper": {
     "epochs": 400, "lr": 2e-3, "lr_base_size": None, "batch_size": 512, "warmup_epochs": 50,
     "cooldown_epochs": 0, "warmup_lr": 1e-6, "min_lr": 1e-6, "weight_decay": 0.05, "drop_path": 0.1,
@@ -94,7 +95,7 @@ TASK_PRESETS = {
                                           "warmup_epochs": 5, "cooldown_epochs": 10,
                                           "min_lr": 1e-5, "pool": "avg"}},
 }
-# Table "NLP task setup" fixes seed 1337 and Table tab:init_3 (ImageNet100) seed 42.
+# Table "NLP task setup" fixes seed 1337 and Table "Experimental setup for ImageNet100" seed 42.
 PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 
 # --init -> (attention mode of MaskedSelfAttention, where the prior goes). The prior is always
@@ -258,7 +259,7 @@ def check_fits(family, config):
                          f"machine has {have / 2**30:.0f} GiB: choose a smaller model, batch or input")
 
 def check_vision_config(config):
-    """Patches tile the image; a too long warmup is shortened; tab:init_3's lr x batch / 512."""
+    """Patches tile the image; a too long warmup is shortened; ImageNet100's lr x batch / 512."""
     if config["image_size"] % config["patch_size"]:
         raise UsageError(f"--image-size {config['image_size']} is not a multiple of the patch "
                          f"size {config['patch_size']}")
@@ -490,7 +491,7 @@ def arithmetic_setup(task, init, seed, config, device):
               "held_out_pairs": data["held_out_pairs"]})
 
 
-# --- Language (Appendix "Wiki-text and Tiny-stories", Table "Perplexity comparison") ---------
+# --- Language (Appendix "Wiki-text and Tiny-stories", Table "Perplexity (PPL) comparison") ---
 def lm_setup(task, init, seed, config, device, data, rank):
     """A GPT with no prior, the causal relative-distance mask (M_ij = -max(i - j, 0), scale s = A)
     or mimetic W_Q / W_K; nanoGPT's random windows, one stream per rank; whole-split perplexity."""
@@ -529,7 +530,7 @@ def lm_setup(task, init, seed, config, device, data, rank):
                       validation, final, unit="iter", generators=(windows,))
 
 
-# --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup Tables tab:init_1-3) ------------
+# --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup: Tables "Experimental setup for ..."
 def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     """A ViT with the 3 x 3 impulse pattern as prior, in M (mask, mask-fixed) or in W_Q / W_K by
     structured_svd_init_ (impulse); RandAugment, MixUp / CutMix, label smoothing, AdamW with
@@ -588,7 +589,8 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
         info={"init_seconds": seconds})
 
 def vision_schedule(optimizer, config, steps_per_epoch):
-    """Per-step lr (Tables tab:init_1-3): linear warmup from warmup_lr, cosine to min_lr, cooldown."""
+    """Per-step lr (Tables "Experimental setup for CIFAR10 / CIFAR100 / ImageNet100"): linear
+    warmup from warmup_lr, cosine to min_lr, cooldown."""
     lr = optimizer.param_groups[0]["lr"]
     warmup = config["warmup_epochs"] * steps_per_epoch
     decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
@@ -730,7 +732,8 @@ def snapshot(exp, device):
 def persistence_fields(before, after, pattern):
     """Section 6.1's persistence numbers: prior mass and pattern correlation at init and final
     (mean and per head), the drift ||log sig(M_T) - log sig(M_0)||_F / ||log sig(M_0)||_F, and
-    for the GPT's causal prior its bias by distance i - j (Figure "nlp_mask")."""
+    for the GPT's causal prior its bias by distance i - j (Figure "Relative
+    mask bias before and after training")."""
     fields = {"mask_drift": None}
     if pattern is not None:
         mass0, corr0 = maskprior.prior_stats(before["attn"], pattern)

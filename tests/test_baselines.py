@@ -1,5 +1,6 @@
 """The query-key initialisation baselines do what they claim before any training step, and the
-persistence numbers measure what they say (Section 6.1, Figure "comparison_pattern")."""
+persistence numbers measure what they say (Section 6.1, Figure "Comparison of
+attention patterns before and after training")."""
 import math
 
 import pytest

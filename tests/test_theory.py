@@ -196,10 +196,11 @@ def test_theorem1_mask_gradient_of_the_modules_probabilities(module_and_input):
 @settings(deadline=None, max_examples=25, derandomize=True)
 @given(attention_module())
 def test_theorem1_mask_gradient_of_the_modules_output(module_and_input):
-    """L = sum(W o y) with y the module's output on its fused SDPA path: G = dL/dp = (dL/dO) V^T,
-    O = p V the per-head output before W_O."""
+    """L = sum(W o y) with y the module's output by its default path (without return_attn; on
+    the CPU that is the written-out _plain, since the mask needs a gradient, see
+    _sdpa_is_faster): G = dL/dp = (dL/dO) V^T, O = p V the per-head output before W_O."""
     block, x = module_and_input
-    y = block(x)                                                         # SDPA path, (B, n, dim)
+    y = block(x)                                                         # (B, n, dim)
     weights = torch.randn(y.shape, generator=torch.Generator().manual_seed(0), dtype=y.dtype)
     (grad,) = torch.autograd.grad((weights * y).sum(), block.mask)
     with torch.no_grad():
