@@ -8,7 +8,9 @@ has a Jacobian no larger (in Frobenius norm) than softmax's own.
 
 Part 1 checks the algebra on hand-built tensors and does not use maskprior. Part 2 checks
 Theorem 1 and Corollary 1 on what maskprior.MaskedSelfAttention computes: the gradient that
-autograd sends into the module's `mask` parameter, against the theorem's closed form.
+autograd sends into the module's `mask` parameter, against the theorem's closed form. Part 3
+checks Theorem 1's query and key Jacobians and Proposition 1 on the module's own probabilities
+(learnable, hadamard and vanilla modes), differentiated with respect to the module's q and k.
 """
 import math
 
@@ -232,3 +234,145 @@ def test_corollary1_bounds_the_modules_mask_jacobian(module_and_input, data):
     tight = s * row[:, None] * (eye - row[None, :]).abs() * torch.sigmoid(-s * m)[None, :]
     assert (jacobian.abs() <= tight + 1e-12).all()
     assert (jacobian.abs() <= s * row[:, None] + 1e-12).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Part 3: Theorem 1's query and key Jacobians and Proposition 1 on maskprior.MaskedSelfAttention
+# ----------------------------------------------------------------------------------------------
+# The block's qkv projection is replaced by a stand-in that returns chosen q and k (v = 0), so
+# the block's own forward (return_attn=True) computes the probabilities from them and autograd
+# differentiates those probabilities with respect to q and k themselves.
+
+class GivenProjections(torch.nn.Module):
+    """Stands in for a block's qkv Linear: returns the given (B, n, 3 H d) tensor whatever x is."""
+
+    def __init__(self, qkv):
+        super().__init__()
+        self.qkv = qkv
+
+    def forward(self, x):
+        return self.qkv
+
+
+def module_probabilities(block, q, k):
+    """The block's own attention probabilities (B, H, n, n) when its projections yield q and k,
+    (B, H, n, d) each, laid out as the block's view (B, n, 3, H, d) reads them."""
+    B, H, n, d = q.shape
+    qkv = torch.stack([q, k, torch.zeros_like(q)])                    # (3, B, H, n, d)
+    block.qkv = GivenProjections(qkv.permute(1, 3, 0, 2, 4).reshape(B, n, 3 * H * d))
+    return block(torch.zeros(B, n, 1, dtype=q.dtype), return_attn=True)[1]
+
+
+@st.composite
+def block_with_queries_and_keys(draw, mode="learnable", head_dim=None):
+    """A float64 MaskedSelfAttention of `mode`, with q and k (B, H, n, d) drawn by Hypothesis;
+    head_dim=None draws d, a function of n fixes it."""
+    heads, n, batch = draw(st.integers(1, 2)), draw(st.integers(1, 5)), draw(st.integers(1, 2))
+    d = draw(st.integers(1, 4)) if head_dim is None else head_dim(n)
+    seq_len = n + draw(st.integers(0, 2))          # n < seq_len uses the top-left block of M
+    mask_scale, causal = draw(st.sampled_from([1.0, 10.0])), draw(st.booleans())
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 31 - 1)))
+    mask = draw(st.floats(0.5, 6.0)) * torch.randn(heads, seq_len, seq_len, generator=g)
+    block = maskprior.MaskedSelfAttention(heads * d, heads, seq_len, head_dim=d, mask_init=mask,
+                                          mode=mode, causal=causal, mask_scale=mask_scale).double()
+    scales = [draw(st.floats(0.1, 4.0)) for _ in range(2)]
+    q, k = (s * torch.randn(batch, heads, n, d, generator=g, dtype=torch.float64) for s in scales)
+    return block, q, k
+
+
+THEORY_SETTINGS = settings(deadline=None, max_examples=20, derandomize=True)
+
+
+@THEORY_SETTINGS
+@given(block_with_queries_and_keys(), st.data())
+def test_theorem1_query_jacobian_of_the_modules_probabilities(drawn, data):
+    """Row i of head h, batch b: dp_a/dq_i = p_a / sqrt(d) (k_a - sum_l p_l k_l), and no other
+    query reaches the row (with causal, the hidden keys have p = 0 and drop out of the sum)."""
+    block, q, k = drawn
+    B, H, n, d = q.shape
+    b, h, i = (data.draw(st.integers(0, top - 1)) for top in (B, H, n))
+    jac = torch.autograd.functional.jacobian(
+        lambda q: module_probabilities(block, q, k)[b, h, i], q)         # (n, B, H, n, d)
+    p = module_probabilities(block, q, k)[b, h, i].detach()            # (n,)
+    expected = torch.zeros_like(jac)
+    expected[:, b, h, i] = p[:, None] / math.sqrt(d) * (k[b, h] - p @ k[b, h])
+    torch.testing.assert_close(jac, expected, rtol=1e-9, atol=1e-12)
+
+
+@THEORY_SETTINGS
+@given(block_with_queries_and_keys(), st.data())
+def test_theorem1_key_jacobian_of_the_modules_probabilities(drawn, data):
+    """Row i of head h, batch b: dp_a/dk_j = p_a (delta_aj - p_j) q_i / sqrt(d) for every key j
+    of that head and batch, zero for every other key."""
+    block, q, k = drawn
+    B, H, n, d = q.shape
+    b, h, i = (data.draw(st.integers(0, top - 1)) for top in (B, H, n))
+    jac = torch.autograd.functional.jacobian(
+        lambda k: module_probabilities(block, q, k)[b, h, i], k)         # (n, B, H, n, d)
+    p = module_probabilities(block, q, k)[b, h, i].detach()            # (n,)
+    centred = torch.eye(n, dtype=p.dtype) - p[None, :]                  # delta_aj - p_j
+    expected = torch.zeros_like(jac)
+    expected[:, b, h] = (p[:, None] * centred)[:, :, None] * q[b, h, i] / math.sqrt(d)
+    torch.testing.assert_close(jac, expected, rtol=1e-9, atol=1e-12)
+
+
+def same_weights(block, mode):
+    """A block of another mode with block's shape and mask (mode "none": no mask)."""
+    other = maskprior.MaskedSelfAttention(
+        block.heads * block.head_dim, block.heads, block.seq_len, head_dim=block.head_dim,
+        mask_init=None if mode == "none" else block.mask.detach(), mode=mode, causal=block.causal,
+        mask_scale=block.mask_scale)
+    return other.double()
+
+
+@THEORY_SETTINGS
+@given(block_with_queries_and_keys(), st.floats(-20.0, 15.0))
+def test_proposition1_attention_norms_of_the_modules(drawn, shift):
+    """Proposition 1, Eq. (1), per batch element and head: the additive block's A has rows that
+    sum to one, so ||A||_F >= 1 for any M; the Hadamard block's sigma(s M) o softmax(...) has
+    ||.||_F >= 0 only, no larger than vanilla attention's, and it collapses where every
+    sigma(s M) ~ 0 (M = -40), while the additive block's stays >= 1."""
+    block, q, k = drawn
+    for m in (block.mask.detach() + shift, torch.full_like(block.mask, -40.0)):
+        with torch.no_grad():
+            block.mask.copy_(m)
+        additive = module_probabilities(block, q, k)                   # (B, H, n, n)
+        torch.testing.assert_close(additive.sum(-1), torch.ones(additive.shape[:-1], dtype=q.dtype))
+        assert (additive.flatten(2).norm(dim=-1) >= 1 - 1e-12).all()
+        hadamard = module_probabilities(same_weights(block, "hadamard"), q, k).flatten(2)
+        vanilla = module_probabilities(same_weights(block, "none"), q, k).flatten(2)
+        assert (hadamard.norm(dim=-1) >= 0).all()
+        assert (hadamard.norm(dim=-1) <= vanilla.norm(dim=-1) + 1e-12).all()
+    assert (hadamard.norm(dim=-1) < 1e-12).all()                       # M = -40: collapsed
+
+
+@THEORY_SETTINGS
+@given(block_with_queries_and_keys(head_dim=lambda n: n))
+def test_proposition1_hadamard_jacobian_of_the_module_is_no_larger(drawn):
+    """Proposition 1, Eq. (2). With keys k_j = sqrt(d) e_j the logits Q K^T / sqrt(d) are Q itself,
+    so the Jacobian with respect to q is the Jacobian with respect to the logits A. The vanilla
+    block's is softmax's, dp_ia / dA_ij = p_ia (delta_aj - p_ij); the Hadamard block's is
+    sigma(s M_ia) times it, and its Frobenius norm is no larger."""
+    block, q, _ = drawn
+    B, H, n, d = q.shape
+    k = math.sqrt(d) * torch.eye(n, dtype=q.dtype).expand(B, H, n, n)  # (B, H, n, d = n)
+    jacobians = {}
+    for mode in ("none", "hadamard"):
+        other = same_weights(block, mode)
+        jacobians[mode] = torch.autograd.functional.jacobian(
+            lambda a: module_probabilities(other, a, k), q)             # (B, H, n, n, B, H, n, n)
+    p = module_probabilities(same_weights(block, "none"), q, k).detach()   # (B, H, n, n)
+    eye = torch.eye(n, dtype=q.dtype)
+    softmax_jac = torch.zeros_like(jacobians["none"])
+    for b in range(B):
+        for h in range(H):
+            for i in range(n):   # row i of A reaches row i of p only: p_a (delta_aj - p_j)
+                softmax_jac[b, h, i, :, b, h, i, :] = p[b, h, i][:, None] * (eye - p[b, h, i][None, :])
+    torch.testing.assert_close(jacobians["none"], softmax_jac, rtol=1e-9, atol=1e-12)
+    gate = torch.sigmoid(block.mask_scale * block.mask.detach()[:, :n, :n])   # (H, n, n)
+    torch.testing.assert_close(jacobians["hadamard"],
+                               gate[None, :, :, :, None, None, None, None] * softmax_jac,
+                               rtol=1e-9, atol=1e-12)
+    per_head = lambda jac: jac.flatten(4).flatten(2, 3).norm(dim=(-2, -1))   # (B, H)
+    # the blocks of other (b, h) are zero, so the norm over the whole Jacobian splits per head
+    assert (per_head(jacobians["hadamard"]) <= per_head(jacobians["none"]) + 1e-12).all()
