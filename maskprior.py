@@ -23,7 +23,8 @@ Read top to bottom beside the paper:
   7. ViT, impulse masks    a Vision Transformer on the same block, with the 3x3 impulse pattern
                            of Zheng et al. as mask prior (Section 5.3).
   8. Measuring the prior   mean attention maps, mask biases, prior mass and pattern correlation,
-                           the bias by distance (Section 6.1): the persistence numbers.
+                           the bias by distance (Section 6.1): the persistence numbers; the
+                           centre patch's maps of a ViT.
 
 This file imports torch and nothing else; MaskedSelfAttention needs nothing else from it, so its
 class can be copied into another file on its own.
@@ -1162,6 +1163,19 @@ def mask_biases(model):
         return None
     return torch.stack([a.logit_bias(a.mask, a.seq_len, a.mask_scale).detach().float().cpu()
                         for a in layers])
+
+
+@torch.no_grad()
+def centre_patch_maps(vit, image, device):
+    """Where the centre patch of one image (1, C, H, W) looks (Appendix "Attention Map For Image
+    Classification"), on the grid x grid patches, CLS left out: its attention row "attn" and its
+    mask bias row log sigmoid(s M) "bias" (None without a mask), (L, H, grid, grid) each."""
+    grid = vit.grid
+    centre = patch_position(grid // 2, grid // 2, grid)
+    on_grid = lambda maps: maps[:, :, centre, 1:].unflatten(-1, (grid, grid))
+    bias = mask_biases(vit)
+    return {"attn": on_grid(mean_attention(vit, image, device)),
+            "bias": None if bias is None else on_grid(bias)}
 
 
 def prior_stats(mean_attn, pattern):

@@ -883,7 +883,7 @@ def summary_line(result):
 
 
 # ----------------------------------------------------------------------------------------------
-# 6. Pictures: heat maps of attention maps and masks, and the persistence figure
+# 6. Pictures: heat maps of attention maps and mask biases (attention.svg, persistence figure)
 # ----------------------------------------------------------------------------------------------
 VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
                        dtype=torch.float32) / 255    # five anchors of the viridis colour map
@@ -899,7 +899,7 @@ def colormap(t):
 
 def heatmap_png(grid, lo, hi, gap=4):
     """PNG bytes of a (rows, cols, n, n) grid of matrices, colour from lo (purple) to hi (yellow),
-    white gutters of gap pixels: torchvision's make_grid and encode_png."""
+    white gutters of gap pixels: torchvision's make_grid and encode_png. The panels of heatmap_svg."""
     import warnings
     from torchvision.io import encode_png
     from torchvision.utils import make_grid
@@ -913,33 +913,97 @@ def heatmap_png(grid, lo, hi, gap=4):
         return bytes(encode_png((image * 255).round().to(torch.uint8)).tolist())
 
 
+def colour_bar_svg(x, y, width, lo, hi, meaning, steps=50):
+    """SVG of a horizontal colour bar from lo (purple) to hi (yellow), its two ends written under
+    it and, below them, what the colours mean."""
+    rgb = lambda t: tuple(int(255 * c) for c in colormap(torch.tensor(t)).tolist())
+    parts = [f'<rect x="{x + i * width / steps:.1f}" y="{y}" width="{width / steps + 0.5:.1f}" '
+             f'height="10" fill="rgb{rgb(i / (steps - 1))}"/>' for i in range(steps)]
+    parts.append(f'<text x="{x}" y="{y + 22}">{fmt(lo, 3)}</text><text x="{x + width}" '
+                 f'y="{y + 22}" text-anchor="end">{fmt(hi, 3)}</text>'
+                 f'<text x="{x}" y="{y + 36}">{meaning}</text>')
+    return "".join(parts)
+
+
+def heatmap_svg(bands, notes, gap=4, left=64):
+    """The one SVG writer of heat maps (a run's attention.svg, the persistence figure): bands of
+    blocks, one band under the other, blocks side by side. A block is (title, grid (R, C, n, n),
+    lo, hi, meaning): R x C panels, rows = layers (named at the left of the band), columns = heads
+    (named above each panel column), each panel an n x n matrix coloured from lo (purple) to hi
+    (yellow) as heatmap_png draws it, embedded as a PNG; under the block a colour bar from lo to hi
+    and what the colours mean. notes: lines of text under the figure."""
+    import base64
+    parts, y, width = [], 0, 0
+    for band in bands:
+        y, x, tallest = y + 44, left, 0
+        for title, grid, lo, hi, meaning in band:
+            rows, cols, n, _ = grid.shape
+            side = max(1, 128 // n) * n                           # one panel's pixels
+            w, h = cols * (side + gap) + gap, rows * (side + gap) + gap
+            png = base64.b64encode(heatmap_png(grid, lo, hi, gap)).decode()
+            parts.append(f'<text x="{x}" y="{y - 24}" font-size="13">{title}</text><image x="{x}" '
+                         f'y="{y}" width="{w}" height="{h}" href="data:image/png;base64,{png}"/>')
+            parts += [f'<text x="{x + gap + c * (side + gap) + side / 2}" y="{y - 6}" '
+                      f'text-anchor="middle">head {c + 1}</text>' for c in range(cols)]
+            parts.append(colour_bar_svg(x, y + h + 8, min(w, 200), lo, hi, meaning))
+            x += max(w, 7 * len(title), 6 * len(meaning)) + 32     # room for the texts too
+            tallest = max(tallest, h)
+        rows, side = band[0][1].shape[0], max(1, 128 // band[0][1].shape[2]) * band[0][1].shape[2]
+        parts += [f'<text x="{left - 6}" y="{y + gap + r * (side + gap) + side / 2}" '
+                  f'text-anchor="end">layer {r + 1}</text>' for r in range(rows)]
+        y, width = y + tallest + 66, max(width, x)
+    parts += [f'<text x="{left}" y="{y + 16 * i}">{line}</text>' for i, line in enumerate(notes)]
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 16 * len(notes)}" '
+            f'font-family="sans-serif" font-size="11">' + "".join(parts) + "</svg>\n")
+
+
+PANEL_NOTE = "In each panel row = query, column = key"
+
+
 def persistence_figure(runs):
     """An SVG of the persistence claim: for each (label, run folder) the mean attention maps
     (attention_before.pt, attention_after.pt that train.py saves) before and after training,
     one block per run and time, layers down, heads across, colour 0 (purple) to 1 (yellow)."""
-    import base64
-    blocks = [(f"{label}, {when} training", torch.load(f"{folder}/attention_{when}.pt")["attn"])
-              for label, folder in runs for when in ("before", "after")]
-    layers, heads, n, _ = blocks[0][1].shape
-    side = max(1, 128 // n) * n                      # one panel's pixels, as heatmap_png draws it
-    gap, top, left = 4, 40, 60
-    block_w, block_h = heads * (side + gap) + gap, layers * (side + gap) + gap
-    parts = []
-    for b, (title, attn) in enumerate(blocks):
-        x0 = left + b * (block_w + 20)
-        png = base64.b64encode(heatmap_png(attn, 0, 1, gap)).decode()
-        parts.append(f'<text x="{x0 + block_w / 2}" y="{top - 22}" text-anchor="middle" '
-                     f'font-size="13">{title}</text><image x="{x0}" y="{top}" width="{block_w}" '
-                     f'height="{block_h}" href="data:image/png;base64,{png}"/>')
-        parts += [f'<text x="{x0 + gap + h * (side + gap) + side / 2}" y="{top - 6}" '
-                  f'text-anchor="middle">head {h + 1}</text>' for h in range(heads)]
-    parts += [f'<text x="{left - 6}" y="{top + gap + l * (side + gap) + side / 2}" text-anchor="end">'
-              f'layer {l + 1}</text>' for l in range(layers)]
-    width, bar_y = left + len(blocks) * (block_w + 20), top + block_h + 16
-    parts += [f'<rect x="{left + 2 * i}" y="{bar_y}" width="2" height="10" fill="rgb'
-              f'{tuple(int(255 * c) for c in colormap(torch.tensor(i / 99)).tolist())}"/>' for i in range(100)]
-    parts.append(f'<text x="{left}" y="{bar_y + 24}">0</text><text x="{left + 200}" y="{bar_y + 24}" '
-                 f'text-anchor="end">1</text><text x="{left + 210}" y="{bar_y + 9}">mean attention '
-                 f'weight (row = query, column = key; token 0 is CLS)</text>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{bar_y + 34}" '
-            f'font-family="sans-serif" font-size="11">' + "".join(parts) + "</svg>\n")
+    blocks = [(f"{label}, {when} training", torch.load(f"{folder}/attention_{when}.pt")["attn"],
+               0, 1, "mean attention weight") for label, folder in runs for when in ("before", "after")]
+    return heatmap_svg([blocks], [f"{PANEL_NOTE}; token 0 is CLS."])
+
+
+def attention_figure(snapshots, cls_token, causal=False):
+    """A run's attention.svg: for each snapshot (train.snapshot, "before" and "after" training)
+    its mean attention maps ("attn", (L, H, N, N)) and, for a mask init, beside them the bias
+    log sigmoid(s M) ("bias", (L, H, N, N)); for a ViT a second band (Appendix "Attention Map For
+    Image Classification"): the first test image's attention from its centre patch, and that
+    patch's bias, on the patch grid ("centre", (L, H, grid, grid) each). Before and after share
+    each colour scale. cls_token, causal: what the notes say about position 0 and the upper
+    triangle. None when there is nothing to draw (a language model without a mask)."""
+    def blocks(get, what, meaning, kind):
+        maps = {when: get(snap) for when, snap in snapshots.items()}
+        maps = {when: m.float() for when, m in maps.items() if m is not None}
+        if not maps:
+            return {}
+        values = torch.stack(list(maps.values()))
+        lo, hi = (0.0, max(values.max().item(), 1e-6)) if kind == "attn" else \
+            (min(values.min().item(), -1e-6), 0.0)
+        return {when: (f"{what}, {when} training", m, lo, hi, meaning) for when, m in maps.items()}
+    centre = lambda key: lambda snap: snap["centre"][key] if "centre" in snap else None
+    parts = [blocks(lambda snap: snap["attn"], "mean attention", "mean attention weight", "attn"),
+             blocks(lambda snap: snap["bias"], "mask bias log σ(s M)",
+                    "bias added to the logits", "bias"),
+             blocks(centre("attn"), "test image 1, centre patch: attention",
+                    "attention weight on each patch", "attn"),
+             blocks(centre("bias"), "centre patch: mask bias", "bias on each patch", "bias")]
+    bands = [[p[when] for when in snapshots for p in pair if when in p]
+             for pair in (parts[:2], parts[2:])]
+    bands = [band for band in bands if band]
+    if not bands:
+        return None
+    notes = [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
+             f"{'; position 0 is CLS' if cls_token else ''}."]
+    if causal:
+        notes.append("Causal: above the diagonal (key after query) the hard mask hides every key, "
+                     "whatever the bias there.")
+    if parts[2]:
+        notes.append("Centre patch: its row of the map, CLS left out, laid out on the patch grid.")
+    notes.append("Colours: purple = the left end of the bar under the block, yellow = the right end.")
+    return heatmap_svg(bands, notes)

@@ -697,7 +697,7 @@ def run(family, task, init, seed, config, device, out_dir, data, args):
         os.makedirs(out_dir, exist_ok=True)
         state["before"] = snapshot(exp, device)
         if rank == 0:
-            save_pictures(out_dir, "before", exp, state["before"], device)
+            save_pictures(out_dir, {"before": state["before"]}, exp.model)
     resumed_at = (state["step"] if exp.unit == "iter" else state["round"]) if args.resume else None
     result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
               "world_size": world, "status": "running", "seconds": None,
@@ -716,7 +716,7 @@ def run(family, task, init, seed, config, device, out_dir, data, args):
     if rank != 0:
         return None
     after = snapshot(exp, device)
-    save_pictures(out_dir, "after", exp, after, device)
+    save_pictures(out_dir, {"before": state["before"], "after": after}, exp.model)
     result["final"] = {**exp.final(state, world), **persistence_fields(state["before"], after, exp.pattern)}
     result.update(status="done", seconds=time.time() - start)
     write_json(os.path.join(out_dir, "result.json"), result)
@@ -724,10 +724,13 @@ def run(family, task, init, seed, config, device, out_dir, data, args):
 
 def snapshot(exp, device):
     """The prior as the model holds it now: mean attention maps on the probe inputs and the mask
-    bias log sigmoid(s M), both (L, H, N, N) or None."""
-    probe = exp.probe
-    attn = None if probe is None else maskprior.mean_attention(exp.model, probe, device, exp.probe_batch)
-    return {"attn": attn, "bias": maskprior.mask_biases(exp.model)}
+    bias log sigmoid(s M), both (L, H, N, N) or None; a ViT's centre patch on the first probe."""
+    probe, model = exp.probe, exp.model
+    attn = None if probe is None else maskprior.mean_attention(model, probe, device, exp.probe_batch)
+    snap = {"attn": attn, "bias": maskprior.mask_biases(model)}
+    if isinstance(model, maskprior.ViT):
+        snap["centre"] = maskprior.centre_patch_maps(model, probe[:1], device)
+    return snap
 
 def persistence_fields(before, after, pattern):
     """Section 6.1's persistence numbers: prior mass and pattern correlation at init and final
@@ -871,33 +874,15 @@ def write_tables(root, results):
     print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")
 
 
-# Pictures of the prior (tasks.heatmap_png): rows = layers, columns = heads; in each panel row =
-# query, column = key.
-def save_heatmaps(path, grid, lo, hi):
-    write_atomic(path, tasks.heatmap_png(grid, lo, hi))
-
-def save_pictures(out_dir, when, exp, snap, device):
-    """attn_<when>.png: mean attention maps (0 to 1); mask_<when>.png: log sigmoid(s M) (-A to 0).
-    Vision also (Appendix "Attention Map For Image Classification"): the first test image's
-    attention from the centre patch (attn_query_<when>.png) and that patch's bias
-    (mask_query_<when>.png) on the patch grid. The tensors go to attention_<when>.pt."""
-    bias, attn = snap["bias"], snap["attn"]
-    if attn is not None:
-        save_heatmaps(os.path.join(out_dir, f"attn_{when}.png"), attn, 0, 1)
-    if bias is not None:
-        low = min(bias.min().item(), -1e-6)
-        save_heatmaps(os.path.join(out_dir, f"mask_{when}.png"), bias.clamp(min=low), low, 0)
-    save_checkpoint(os.path.join(out_dir, f"attention_{when}.pt"), snap)
-    grid = getattr(exp.model, "grid", None)
-    if grid is None:
-        return
-    centre = maskprior.patch_position(grid // 2, grid // 2, grid)
-    first = maskprior.mean_attention(exp.model, exp.probe[:1], device)[:, :, centre, 1:]   # (L, H, grid^2)
-    save_heatmaps(os.path.join(out_dir, f"attn_query_{when}.png"), first.unflatten(-1, (grid, grid)),
-                  0, max(first.max().item(), 1e-6))
-    if bias is not None:
-        save_heatmaps(os.path.join(out_dir, f"mask_query_{when}.png"),
-                      bias[:, :, centre, 1:].unflatten(-1, (grid, grid)), bias.min().item(), 0)
+def save_pictures(out_dir, snapshots, model):
+    """attention_<when>.pt of the newest snapshot, and attention.svg of all so far ("before",
+    then "before" | "after"): tasks.attention_figure, layers down, heads across."""
+    when = list(snapshots)[-1]
+    save_checkpoint(os.path.join(out_dir, f"attention_{when}.pt"), snapshots[when])
+    svg = tasks.attention_figure(snapshots, cls_token=getattr(model, "cls", None) is not None,
+                                 causal=isinstance(model, maskprior.GPT))
+    if svg:
+        write_atomic(os.path.join(out_dir, "attention.svg"), svg)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,12 @@
-"""Shared test set-up: import the three top-level modules from the repository root."""
+"""Shared test set-up: import the three top-level modules from the repository root; the
+helpers several test modules use, as fixtures (test modules never import each other)."""
+import base64
 import json
+import math
 import os
+import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 import torch
@@ -45,3 +50,63 @@ def kill_then_resume(args, tmp_path, monkeypatch):
     assert train.main([*args, "--out", str(tmp_path / "killed"), "--resume"]) == 0
     return (json.loads((tmp_path / "whole" / "result.json").read_text()),
             json.loads((tmp_path / "killed" / "result.json").read_text()))
+
+
+# The Boolean family's tiny run: 1 epoch, width 8, 1 layer of 2 heads, one batch per epoch.
+BOOLEAN_TINY = ["--epochs", "1", "--dim", "8", "--layers", "1", "--heads", "2", "--batch-size",
+                "1024", "--no-progress"]
+
+
+@pytest.fixture
+def run_cli():
+    """run_cli(*args, timeout=300): `python train.py *args` in a subprocess from the repository
+    root; the subprocess.CompletedProcess, output as text. TIKTOKEN_CACHE_DIR is left out of its
+    environment, so no run reads a tokenizer cache (language tests pass --bpe-file)."""
+    def run(*args, timeout=300):
+        env = {key: value for key, value in os.environ.items() if key != "TIKTOKEN_CACHE_DIR"}
+        return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args],
+                              capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env)
+    return run
+
+
+@pytest.fixture
+def mass_on_pseudo_input():
+    """mass(model, pattern): attention of every layer and head computed on the pseudo-input P
+    (no token content), mass on the pattern's open entries averaged over query rows, (L, H)."""
+    import maskprior
+
+    def mass(model, pattern):
+        p = maskprior.pseudo_input(model)
+        masses = []
+        for layer, attn in enumerate(maskprior.attention_modules(model)):
+            inner = attn.heads * attn.head_dim
+            w = attn.qkv.weight.detach()
+            q = (p @ w[:inner].T).view(len(p), attn.heads, attn.head_dim).transpose(0, 1)
+            k = (p @ w[inner:2 * inner].T).view(len(p), attn.heads, attn.head_dim).transpose(0, 1)
+            a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim), -1)
+            masses.append((a * maskprior.pattern_targets(pattern[layer])).sum(-1).mean(-1))
+        return torch.stack(masses)
+    return mass
+
+
+@pytest.fixture
+def attention_svg():
+    """read(folder): a run folder's attention.svg, after checking that the folder holds no PNG
+    file, as (its text lines, its block titles, {title: the block's panels decoded, (3, H, W)
+    uint8}). The titles are the texts in 13 px; the panels are the embedded PNG of each block."""
+    import warnings
+    from torchvision.io import decode_png
+
+    def read(folder):
+        assert not [name for name in os.listdir(folder) if name.endswith(".png")]
+        root = ET.parse(os.path.join(folder, "attention.svg")).getroot()
+        texts = [t for t in root.iter("{http://www.w3.org/2000/svg}text")]
+        titles = [t.text for t in texts if t.get("font-size") == "13"]
+        images = [i.get("href") for i in root.iter("{http://www.w3.org/2000/svg}image")]
+        assert len(images) == len(titles)
+        with warnings.catch_warnings():   # torchvision marks its image codecs as deprecated
+            warnings.simplefilter("ignore", DeprecationWarning)
+            panels = [decode_png(torch.frombuffer(bytearray(base64.b64decode(
+                href.split(",", 1)[1])), dtype=torch.uint8)) for href in images]
+        return [t.text for t in texts], titles, dict(zip(titles, panels))
+    return read

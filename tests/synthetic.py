@@ -1,11 +1,13 @@
 """Test scaffolding, written without NumPy, for offline checks of the vision pipeline (tests,
 tests/bench_vision.py): a synthetic CIFAR-10 in the real files' python-pickle layout, and
-synthetic hand-drawn-like digits in the ImageFolder layout of --task imagenet100.
+synthetic hand-drawn-like digits in the ImageFolder layout of --task imagenet100; and, for the
+language tests, a tiny tiktoken ranks file.
 
     python tests/synthetic.py DIR [TRAIN_SIZE TEST_SIZE]             # CIFAR-10 layout
     python tests/synthetic.py --digits DIR [TRAIN_SIZE TEST_SIZE]    # DIR/imagenet100/{train,val}
 """
 import array
+import base64
 import os
 import pickle
 import sys
@@ -109,6 +111,14 @@ def write_synthetic_digits(root, train_size=1400, test_size=400, seed=0, **style
             os.makedirs(folder, exist_ok=True)
             digit_image(n % 10, g, **style).save(os.path.join(folder, f"{n}.png"))
     return os.path.join(root, IMAGENET100_FOLDER)
+
+
+def write_tiny_ranks(path):
+    """A tiktoken ranks file with the 256 single bytes only (base64 token, rank per line) at path
+    (a pathlib.Path); returns the path as a string, for --bpe-file."""
+    lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ from hypothesis import given, settings, strategies as st
 import maskprior
 import tasks
 import train
-from test_baselines import mass_on_pseudo_input
-from test_cli import run_cli
 
 TINY = ["--layers", "2", "--dim", "16", "--epochs", "1", "--eval-size", "500", "--threads", "1",
         "--no-progress"]
@@ -114,7 +112,7 @@ def test_multiplication_mask_routes_each_partial_product_to_its_column():
 
 @pytest.mark.parametrize("task", list(maskprior.ARITHMETIC_MASKS))
 @pytest.mark.parametrize("init, floor", [("svd", 0.99), ("opt", 0.85)])
-def test_qk_baselines_put_the_arithmetic_pattern_into_qk(task, init, floor):
+def test_qk_baselines_put_the_arithmetic_pattern_into_qk(task, init, floor, mass_on_pseudo_input):
     pattern = maskprior.ARITHMETIC_MASKS[task](2, 4)
     n = pattern.shape[-1]
 
@@ -136,7 +134,7 @@ def test_qk_baselines_put_the_arithmetic_pattern_into_qk(task, init, floor):
 # ---- the CLI -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("init", ["default", "mask", "structured-svd", "structured-opt"])
-def test_cli_run_writes_the_table_fields(tmp_path, init):
+def test_cli_run_writes_the_table_fields(tmp_path, init, run_cli, attention_svg):
     out = tmp_path / "run"
     proc = run_cli("--task", "addition", "--init", init, "--train-frac", "0.001", "--out",
                    str(out), *TINY)
@@ -150,8 +148,10 @@ def test_cli_run_writes_the_table_fields(tmp_path, init):
     for key in ("prior_mass_init", "prior_mass_final", "pattern_corr_init", "pattern_corr_final"):
         assert 0 <= final[key] <= 1 or key.startswith("pattern_corr")
     assert len(final["prior_mass_init_per_head"]) == 2          # layers
-    assert (out / "attn_before.png").exists() and (out / "attn_after.png").exists()
-    assert (out / "mask_after.png").exists() == (init == "mask")
+    texts, titles, _ = attention_svg(out)
+    assert "mean attention, after training" in titles and "layer 2" in texts
+    assert ("mask bias log σ(s M), after training" in titles) == (init == "mask")
+    assert not any("CLS" in t for t in texts)                   # arithmetic has no CLS token
     assert (final["mask_drift"] is None) == (init != "mask")
     # the prior is in place at init on real inputs: measured at this tiny width, default 0.24,
     # structured-svd 0.52, mask 0.97. structured-opt's fit to the pseudo-input shows only weakly on
@@ -160,7 +160,7 @@ def test_cli_run_writes_the_table_fields(tmp_path, init):
         assert (final["prior_mass_init"] > 0.45) == (init != "default")
 
 
-def test_sweep_writes_the_data_efficiency_table_and_picture(tmp_path):
+def test_sweep_writes_the_data_efficiency_table_and_picture(tmp_path, run_cli):
     proc = run_cli("--task", "multiplication", "--init", "default", "mask", "--train-frac",
                    "0.001", "0.002", "--out", str(tmp_path), *TINY)
     assert proc.returncode == 0, proc.stderr

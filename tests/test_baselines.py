@@ -1,8 +1,6 @@
 """The query-key initialisation baselines do what they claim before any training step, and the
 persistence numbers measure what they say (Section 6.1, Figure "Comparison of
 attention patterns before and after training")."""
-import math
-
 import pytest
 import torch
 
@@ -15,23 +13,8 @@ def boolean_model(dim=64, heads=3, depth=4, seed=0):
     return maskprior.Transformer(2, 16, dim, depth, heads, dim, 1, mode="none")
 
 
-def mass_on_pseudo_input(model, pattern):
-    """Attention of every layer and head computed on the pseudo-input P (no token content),
-    mass on the pattern's open entries averaged over query rows: (layers, heads)."""
-    p = maskprior.pseudo_input(model)
-    masses = []
-    for layer, attn in enumerate(maskprior.attention_modules(model)):
-        inner = attn.heads * attn.head_dim
-        w = attn.qkv.weight.detach()
-        q = (p @ w[:inner].T).view(len(p), attn.heads, attn.head_dim).transpose(0, 1)
-        k = (p @ w[inner:2 * inner].T).view(len(p), attn.heads, attn.head_dim).transpose(0, 1)
-        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim), -1)
-        masses.append((a * maskprior.pattern_targets(pattern[layer])).sum(-1).mean(-1))
-    return torch.stack(masses)
-
-
 @pytest.mark.parametrize("task", list(maskprior.BOOLEAN_MASKS))
-def test_structured_svd_puts_the_pattern_into_qk(task):
+def test_structured_svd_puts_the_pattern_into_qk(task, mass_on_pseudo_input):
     pattern = maskprior.BOOLEAN_MASKS[task](4, 3)
     default = mass_on_pseudo_input(boolean_model(), pattern)
     model = maskprior.structured_svd_init_(boolean_model(), pattern,
@@ -42,7 +25,7 @@ def test_structured_svd_puts_the_pattern_into_qk(task):
 
 
 @pytest.mark.parametrize("task", ["majority", "threesym"])
-def test_structured_opt_puts_the_pattern_into_qk(task):
+def test_structured_opt_puts_the_pattern_into_qk(task, mass_on_pseudo_input):
     pattern = maskprior.BOOLEAN_MASKS[task](4, 3)
     model = maskprior.structured_opt_init_(boolean_model(), pattern,
                                            generator=torch.Generator().manual_seed(0))
@@ -55,7 +38,7 @@ def test_structured_opt_puts_the_pattern_into_qk(task):
     assert all(torch.equal(attns[0].qkv.weight[:qk_rows], a.qkv.weight[:qk_rows]) for a in attns)
 
 
-def test_structured_opt_solves_each_distinct_layer_pattern():
+def test_structured_opt_solves_each_distinct_layer_pattern(mass_on_pseudo_input):
     pattern = maskprior.mask_cyclic3(2, 3)
     pattern[1] = maskprior.mask_majority(1, 3)[0]
     model = maskprior.structured_opt_init_(boolean_model(depth=2), pattern, steps=300, lr=1e-3)

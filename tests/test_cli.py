@@ -1,8 +1,6 @@
 """train.py end to end: result files, the grid table, bad input, a NaN loss, reproducibility."""
 import json
 import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -11,18 +9,10 @@ import torch
 import maskprior
 import tasks
 import train
-from conftest import ROOT, kill_then_resume
-
-TINY = ["--epochs", "1", "--dim", "8", "--layers", "1", "--heads", "2", "--batch-size", "1024",
-        "--no-progress"]
+from conftest import BOOLEAN_TINY as TINY, kill_then_resume
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
-
-
-def test_short_run_writes_a_valid_result(tmp_path):
+def test_short_run_writes_a_valid_result(tmp_path, run_cli, attention_svg):
     out = tmp_path / "run"
     proc = run_cli("--task", "majority", "--init", "mask", "--out", str(out), *TINY)
     assert proc.returncode == 0, proc.stderr
@@ -36,12 +26,16 @@ def test_short_run_writes_a_valid_result(tmp_path):
     assert 0 <= final["test_acc"] <= 100 and final["test_loss"] >= 0
     assert set(final["fourier"]) == {"1", "x0", "x1", "x2", "x0x1", "x0x2", "x1x2", "x0x1x2"}
     assert len(result["history"]) == 1 and result["config"]["dim"] == 8
-    for picture in ("mask_before.png", "mask_after.png", "attn_before.png", "attn_after.png"):
-        data = (out / picture).read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    # mask_before.png: 1 layer x 2 heads of 16 x 16 entries, 8 x 8 pixels each, 4-pixel gutters;
-    # log sigmoid(10 M) from -10 (purple) to 0 (yellow): the open diagonal yellow, closed purple
-    image = decode_png(out / "mask_before.png")
+    # attention.svg: before | after, each the mean attention and beside it the mask bias, named
+    # layers and heads, each block with its colour bar saying what the colours mean
+    texts, titles, panels = attention_svg(out)
+    assert titles == ["mean attention, before training", "mask bias log σ(s M), before training",
+                      "mean attention, after training", "mask bias log σ(s M), after training"]
+    assert {"layer 1", "head 1", "head 2", "mean attention weight", "bias added to the logits"} <= set(texts)
+    assert "layer 2" not in texts and "head 3" not in texts
+    # the bias before training: 1 layer x 2 heads of 16 x 16 entries, 8 x 8 pixels each, 4-pixel
+    # gutters; log sigmoid(10 M) from -10 (purple) to 0 (yellow): the open diagonal yellow
+    image = panels["mask bias log σ(s M), before training"]
     assert image.shape == (3, 4 + 128 + 4, 2 * (128 + 4) + 4)
     pixel = lambda head, i, j: image[:, 4 + 8 * i + 3, 4 + 132 * head + 8 * j + 3].tolist()
     assert pixel(1, 5, 5) == [253, 231, 37] and pixel(1, 5, 9) == [68, 1, 84]
@@ -49,15 +43,17 @@ def test_short_run_writes_a_valid_result(tmp_path):
     assert not [p for p in os.listdir(out) if ".tmp" in p]  # atomic writes leave no temp files
 
 
-def test_threesym_reports_no_accuracy_and_default_has_no_mask_pictures(tmp_path):
+def test_threesym_reports_no_accuracy_and_default_has_no_mask_pictures(tmp_path, run_cli,
+                                                                       attention_svg):
     proc = run_cli("--task", "threesym", "--init", "default", "--out", str(tmp_path), *TINY)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["final"]["test_acc"] is None and result["final"]["unseen_acc"] is None
-    assert not (tmp_path / "mask_before.png").exists()
+    _, titles, _ = attention_svg(tmp_path)
+    assert titles == ["mean attention, before training", "mean attention, after training"]
 
 
-def test_grid_prints_a_markdown_table_with_mean_and_std(tmp_path):
+def test_grid_prints_a_markdown_table_with_mean_and_std(tmp_path, run_cli):
     proc = run_cli("--task", "2parity", "--init", "default", "mask-zero", "--seeds", "0", "1",
                    "--out", str(tmp_path), *TINY)
     assert proc.returncode == 0, proc.stderr
@@ -74,7 +70,7 @@ def test_grid_prints_a_markdown_table_with_mean_and_std(tmp_path):
     assert (tmp_path / "2parity-mask-zero-seed1" / "result.json").exists()
 
 
-def test_every_init_runs_and_reports_persistence_and_summarize_merges_grids(tmp_path):
+def test_every_init_runs_and_reports_persistence_and_summarize_merges_grids(tmp_path, run_cli):
     qk_inits = ["structured-svd", "structured-opt", "mimetic"]
     mask_inits = ["mask", "mask-zero", "mask-fixed", "mask-hadamard"]
     for inits, folder in ((["default"] + qk_inits, "qk"), (mask_inits, "masks")):
@@ -125,7 +121,7 @@ def test_bad_input_exits_2_with_one_clear_line(args, message, capsys):
     assert message in lines[0]
 
 
-def test_bad_input_through_the_script_is_exit_2_and_one_line_without_traceback():
+def test_bad_input_through_the_script_is_exit_2_and_one_line_without_traceback(run_cli):
     proc = run_cli("--task", "parity5")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
@@ -133,7 +129,8 @@ def test_bad_input_through_the_script_is_exit_2_and_one_line_without_traceback()
                                                    "choice: 'parity5'") and "majority" in lines[0]
 
 
-def test_nan_loss_stops_the_run_with_a_message_and_keeps_the_result(tmp_path, monkeypatch, capsys):
+def test_nan_loss_stops_the_run_with_a_message_and_keeps_the_result(tmp_path, monkeypatch, capsys,
+                                                                    attention_svg):
     real_setup = train.boolean_setup
     calls = []
 
@@ -155,7 +152,8 @@ def test_nan_loss_stops_the_run_with_a_message_and_keeps_the_result(tmp_path, mo
     assert "loss became nan at step 4 (epoch 1)" in err and str(tmp_path) in err
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "diverged" and "nan" in result["error"]
-    assert (tmp_path / "mask_before.png").exists()
+    _, titles, _ = attention_svg(tmp_path)                         # the prior before training
+    assert titles == ["mean attention, before training", "mask bias log σ(s M), before training"]
 
 
 def test_same_seed_same_result_other_seed_other_result(tmp_path):
@@ -177,25 +175,20 @@ def test_viridis_colormap_hits_its_anchors_and_interpolates():
     assert tasks.colormap(torch.zeros(2, 3, 4)).shape == (2, 3, 4, 3)
 
 
-def decode_png(path):
-    """(3, H, W) uint8 pixels of a PNG file, by torchvision's decoder."""
+def test_heatmap_png_holds_each_entry_as_a_block_of_its_colour_and_white_gutters():
+    """tasks.heatmap_png (the panels of every heat-map SVG): a (rows, cols, n, n) grid, each entry a
+    cell x cell block (cell = 128 // n) coloured colormap((v - lo) / (hi - lo)), panels 4 white
+    pixels apart (make_grid's padding)."""
     import warnings
-    from torchvision.io import decode_png as decode
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return decode(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
-
-
-def test_heatmap_png_holds_each_entry_as_a_block_of_its_colour_and_white_gutters(tmp_path):
-    """save_heatmaps: a (rows, cols, n, n) grid, each entry a cell x cell block (cell = 128 // n)
-    coloured colormap((v - lo) / (hi - lo)), panels 4 white pixels apart (make_grid's padding)."""
+    from torchvision.io import decode_png
     rows, cols, n, lo, hi = 2, 3, 4, -2.0, 6.0
     grid = torch.rand(rows, cols, n, n, generator=torch.Generator().manual_seed(0)) * (hi - lo) + lo
     grid[0, 0, 0, 0], grid[1, 2, 3, 3] = lo, hi                     # the two ends of the scale
-    path = tmp_path / "grid.png"
-    train.save_heatmaps(str(path), grid, lo, hi)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    image = decode_png(path)
+    data = tasks.heatmap_png(grid, lo, hi)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        image = decode_png(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     cell, pad = 128 // n, 4
     assert image.shape == (3, rows * (n * cell + pad) + pad, cols * (n * cell + pad) + pad)
     expected = (tasks.colormap((grid - lo) / (hi - lo)) * 255).round().to(torch.uint8)  # (R, C, n, n, 3)

@@ -12,8 +12,8 @@ import torch
 import maskprior
 import tasks
 import train
-from test_cli import TINY
-from test_language import run_cli as run_lm_cli, write_tiny_ranks
+from conftest import BOOLEAN_TINY as TINY
+from synthetic import write_tiny_ranks
 
 TINY_LM = ["--iters", "2", "--layers", "1", "--heads", "2", "--dim", "8", "--block-size", "8",
            "--batch-size", "2", "--no-progress"]
@@ -73,12 +73,13 @@ BAD_RANKS = {
 
 
 @pytest.mark.parametrize("kind", list(BAD_RANKS))
-def test_bpe_file_that_is_not_a_ranks_file_is_exit_2_naming_it(kind, stories_dir, tmp_path):
+def test_bpe_file_that_is_not_a_ranks_file_is_exit_2_naming_it(kind, stories_dir, tmp_path,
+                                                                run_cli):
     bpe = tmp_path / "gpt2.tiktoken"
     bpe.write_bytes(BAD_RANKS[kind])
     before = {**files_of(stories_dir), "bpe": files_of(tmp_path)}
     out = tmp_path / "run"
-    proc = run_lm_cli("--task", "tinystories", "--data-dir", str(stories_dir), "--bpe-file",
+    proc = run_cli("--task", "tinystories", "--data-dir", str(stories_dir), "--bpe-file",
                       str(bpe), "--out", str(out), *TINY_LM)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = one_line(proc.stderr)
@@ -86,14 +87,15 @@ def test_bpe_file_that_is_not_a_ranks_file_is_exit_2_naming_it(kind, stories_dir
     assert {**files_of(stories_dir), "bpe": files_of(tmp_path)} == before and not out.exists()
 
 
-def test_the_tiny_ranks_file_itself_is_accepted_and_the_run_finishes(stories_dir, tmp_path):
+def test_the_tiny_ranks_file_itself_is_accepted_and_the_run_finishes(stories_dir, tmp_path,
+                                                                      run_cli):
     """The control of the test above: the same command with a good ranks file (the 256 single
     bytes only, as tests use) trains and writes result.json. The model's vocabulary is GPT-2's
     50257 ids (<|endoftext|> is 50256), so its sample can hold ids the small ranks file cannot
     decode; the sample must still come out as text, not as tiktoken's KeyError."""
     bpe = write_tiny_ranks(tmp_path / "gpt2.tiktoken")
     out = tmp_path / "run"
-    proc = run_lm_cli("--task", "tinystories", "--data-dir", str(stories_dir), "--bpe-file", bpe,
+    proc = run_cli("--task", "tinystories", "--data-dir", str(stories_dir), "--bpe-file", bpe,
                       "--out", str(out), *TINY_LM)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())

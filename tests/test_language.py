@@ -1,6 +1,5 @@
 """The GPT with a causal relative-distance mask prior, the language data, and language runs:
 offline corpus, a tiny tiktoken encoding, whole-split perplexity, checkpoint and --resume."""
-import base64
 import json
 import math
 import os
@@ -15,6 +14,7 @@ import maskprior
 import tasks
 import train
 from conftest import ROOT, kill_then_resume
+from synthetic import write_tiny_ranks
 
 TINY_LM = ["--iters", "8", "--eval-every", "4", "--layers", "1", "--heads", "2", "--dim", "16",
            "--block-size", "16", "--batch-size", "4", "--no-progress"]
@@ -97,13 +97,6 @@ def test_whole_split_loss_equals_the_mean_over_every_token():
         sum(losses) / 49, rel=1e-5)
 
 
-def write_tiny_ranks(path):
-    """A tiktoken ranks file with the 256 single bytes only (base64 token, rank per line)."""
-    lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
-
 def test_tiny_tiktoken_encoding_and_tinystories_files(tmp_path):
     bpe = write_tiny_ranks(tmp_path / "tiny.tiktoken")
     enc = tasks.gpt2_encoding(bpe)
@@ -135,13 +128,7 @@ def test_missing_files_are_one_clear_message(tmp_path):
         tasks.gpt2_encoding(str(tmp_path / "missing.tiktoken"))
 
 
-def run_cli(*args):
-    env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
-
-
-def test_lm_run_writes_perplexities_sample_and_mask_pictures(tmp_path):
+def test_lm_run_writes_perplexities_sample_and_mask_pictures(tmp_path, run_cli, attention_svg):
     proc = run_cli("--task", "lm", "--init", "mask", "--out", str(tmp_path), *TINY_LM)
     assert proc.returncode == 0, proc.stderr
     assert "lm / mask / seed 0: val ppl" in proc.stdout and "sample:" in proc.stdout
@@ -151,8 +138,11 @@ def test_lm_run_writes_perplexities_sample_and_mask_pictures(tmp_path):
     assert final["test_ppl"] == pytest.approx(math.exp(final["test_loss"]))
     assert 1 < final["val_ppl"] < 256 * 2 and isinstance(final["sample"], str)
     assert [h["iter"] for h in result["history"]] == [4, 8]
-    for name in ("mask_before.png", "mask_after.png", "checkpoint.pt"):
-        assert (tmp_path / name).exists()
+    assert (tmp_path / "checkpoint.pt").exists()
+    # no probe inputs for language: attention.svg shows the bias alone, and says what is causal
+    texts, titles, _ = attention_svg(tmp_path)
+    assert titles == ["mask bias log σ(s M), before training", "mask bias log σ(s M), after training"]
+    assert "layer 1" in texts and "head 2" in texts and any("Causal" in t for t in texts)
     # the relative-bias profile: log sigmoid(10 * -d) at distance d before training
     block = result["config"]["block_size"]
     profile = final["bias_by_distance_init"]

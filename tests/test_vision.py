@@ -17,12 +17,10 @@ import tasks
 import train
 from conftest import ROOT, kill_then_resume
 from synthetic import write_synthetic_cifar10
-from test_baselines import mass_on_pseudo_input
 
 # A tiny ViT on 32 x 32 images: patch 8 -> 4 x 4 patches + CLS = 17 positions, width 16.
 TINY = ["--dim", "16", "--layers", "2", "--heads", "2", "--patch-size", "8", "--batch-size", "16",
         "--no-progress"]
-PNG = b"\x89PNG\r\n\x1a\n"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,7 +100,7 @@ def test_impulse_mask_matches_its_definition(depth, heads, grid):
                 assert open_keys == ([1 + (r + dr) * grid + (c + dc)] if on_grid else [])
 
 
-def test_impulse_qk_init_puts_most_attention_on_the_pattern():
+def test_impulse_qk_init_puts_most_attention_on_the_pattern(mass_on_pseudo_input):
     """At the cpu preset's shape (8 x 8 patches + CLS, width 96, 3 heads of 32, 6 layers), the SVD
     solver writes the impulse into W_Q / W_K: attention computed on the pseudo-input (positions
     only) puts this mass on the open entries, mean over query rows (measured, seed 0): identity
@@ -171,7 +169,7 @@ def test_torchvision_refuses_files_that_fail_its_md5_check(cifar_dir):
 # Runs through the command line
 # ------------------------------------------------------------------------------------------
 
-def test_every_init_trains_through_the_cli(cifar_dir, skip_md5, tmp_path, capsys):
+def test_every_init_trains_through_the_cli(cifar_dir, skip_md5, tmp_path, capsys, attention_svg):
     """One grid of the five inits, 2 epochs each: result.json with final.top1 and the persistence
     numbers, the pictures, and table.md."""
     inits = list(train.FAMILIES["vision"]["inits"])
@@ -189,13 +187,20 @@ def test_every_init_trains_through_the_cli(cifar_dir, skip_md5, tmp_path, capsys
         for key in ("prior_mass_init", "prior_mass_final", "pattern_corr_init", "pattern_corr_final"):
             assert isinstance(final[key], float)
         assert torch.tensor(final["prior_mass_init_per_head"]).shape == (2, 2)   # (layers, heads)
-        pictures = ["attn_before.png", "attn_after.png", "attn_query_before.png", "attn_query_after.png"]
+        # attention.svg: the mean maps and the first test image's centre patch on the 4 x 4
+        # patch grid, before and after; with a mask, each map's bias beside it
+        texts, titles, panels = attention_svg(folder)
+        maps = ["mean attention", "test image 1, centre patch: attention"]
         if init.startswith("mask"):
-            pictures += ["mask_before.png", "mask_after.png", "mask_query_before.png", "mask_query_after.png"]
+            maps += ["mask bias log σ(s M)", "centre patch: mask bias"]
         else:
-            assert final["mask_drift"] is None and not (folder / "mask_after.png").exists()
-        for name in pictures:
-            assert (folder / name).read_bytes()[:8] == PNG, name
+            assert final["mask_drift"] is None
+        assert sorted(titles) == sorted(f"{m}, {when} training" for m in maps
+                                        for when in ("before", "after"))
+        assert {"layer 2", "head 2", "attention weight on each patch"} <= set(texts)
+        # a 4 x 4 grid of 32 x 32 pixel cells per panel, 2 layers x 2 heads, 4-pixel gutters
+        assert panels["test image 1, centre patch: attention, after training"].shape == \
+            (3, 2 * (128 + 4) + 4, 2 * (128 + 4) + 4)
         assert not [p for p in os.listdir(folder) if ".tmp" in p]
     # the prior is where each init puts it: mask 0.88 (CLS row + one open key per patch row, the
     # rest at -10), impulse in W_Q / W_K less sharply (0.46 at this tiny width), default 0.11
@@ -207,14 +212,9 @@ def test_every_init_trains_through_the_cli(cifar_dir, skip_md5, tmp_path, capsys
     assert "## Best top-1 accuracy" in table and "| cifar10 | impulse | 1/1 |" in table and "95.12" in table
 
 
-def run_cli(*args, timeout=300):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, "--threads", "1"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-
-
-def test_missing_dataset_is_one_line_and_exit_2(tmp_path):
+def test_missing_dataset_is_one_line_and_exit_2(tmp_path, run_cli):
     proc = run_cli("--task", "cifar100", "--init", "mask", "--data-dir", str(tmp_path), *TINY,
-                   timeout=60)
+                   "--threads", "1", timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"expected {tmp_path}/cifar-100-python/" in lines[0], proc.stderr
@@ -295,4 +295,4 @@ def test_torchrun_two_cpu_processes_with_gloo(cifar_dir, tmp_path):
     assert proc.stdout.count("cifar10 / mask / seed 0: top-1") == 1       # rank 0 reports, once
     result = json.loads((out / "result.json").read_text())
     assert result["world_size"] == 2 and [h["epoch"] for h in result["history"]] == [1, 2]
-    assert 0 <= result["final"]["top1"] <= 100 and (out / "mask_query_after.png").exists()
+    assert 0 <= result["final"]["top1"] <= 100 and (out / "attention.svg").exists()
