@@ -98,8 +98,9 @@ TASK_PRESETS = {
 # Table "NLP task setup" fixes seed 1337 and Table "Experimental setup for ImageNet100" seed 42.
 PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 
-# --init -> (attention mode of MaskedSelfAttention, where the prior goes). The prior is always
-# the task's own pattern, so "the same prior, in M or in W_Q / W_K" holds literally.
+# --init -> (attention mode of MaskedSelfAttention, where the prior goes), read by every family
+# (mask_inits, add_prior). The prior is always the task's own pattern (vision: the impulse;
+# language: the relative distance), so "the same prior, in M or in W_Q / W_K" holds literally.
 INITS = {
     "default": ("none", None),                  # vanilla Transformer, no prior
     "mask": ("learnable", "mask"),              # the paper: learnable log sigmoid(M), M = pattern
@@ -410,13 +411,15 @@ def add_prior(model, init, pattern, seed, svd_scales=None):
         maskprior.mimetic_init_(model, generator=generator)
     return time.time() - start
 
+def mask_inits(init, pattern):
+    """Each layer's initial M for init (INITS): the (L, H, N, N) pattern, zeros, or None (no M)."""
+    return {"mask": pattern, "zero": torch.zeros_like(pattern)}.get(INITS[init][1])
+
 def build_encoder(init, pattern, config, seed, svd_scales=None, **shape):
     """maskprior.Transformer of the config's shape with the init's prior for the (L, H, N, N)
     pattern, in M (mask inits) or in W_Q / W_K (QK inits). Returns (model, init seconds)."""
-    mode, prior = INITS[init]
-    masks = {"mask": pattern, "zero": torch.zeros_like(pattern)}.get(prior)
     model = maskprior.Transformer(
-        masks=masks, mode=mode, dim=config["dim"], depth=config["layers"], heads=config["heads"],
+        masks=mask_inits(init, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"], heads=config["heads"],
         mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], **shape)
     return model, add_prior(model, init, pattern, seed, svd_scales)
 
@@ -496,10 +499,9 @@ def lm_setup(task, init, seed, config, device, data, rank):
     """A GPT with no prior, the causal relative-distance mask (M_ij = -max(i - j, 0), scale s = A)
     or mimetic W_Q / W_K; nanoGPT's random windows, one stream per rank; whole-split perplexity."""
     L, H, T = config["layers"], config["heads"], config["block_size"]
-    masks = maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1) if init == "mask" else None
+    masks = mask_inits(init, maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1))
     model = maskprior.GPT(data["vocab_size"], T, config["dim"], L, H, config["dropout"],
-                          mode="learnable" if init == "mask" else "none", masks=masks,
-                          mask_scale=config["mask_magnitude"])
+                          mode=INITS[init][0], masks=masks, mask_scale=config["mask_magnitude"])
     add_prior(model, init, None, seed)
     model.to(device)
     optimizer = make_optimizer(model, config)
@@ -541,7 +543,7 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     rates = torch.linspace(0, config["drop_path"], L).tolist()   # drop path rising to 0.1
     model = maskprior.ViT(config["image_size"], config["patch_size"], data["classes"],
                           config["dim"], L, H, config["mlp_dim"], mode=INITS[init][0],
-                          masks=scaled_pattern(pattern, config, "vision") if "mask" in init else None,
+                          masks=mask_inits(init, scaled_pattern(pattern, config, "vision")),
                           pool=config["pool"], drop_paths=[StochasticDepth(r, "row") for r in rates])
     seconds = add_prior(model, init, pattern, seed)
     model.to(device)
