@@ -15,7 +15,8 @@ Read top to bottom beside the paper:
   3. Boolean masks         the patterns of Appendix "Design of Mask Pattern" for 2parity, majority,
                            cyclic3 and threesym.
   4. Arithmetic masks      digit-structure patterns for 3-digit addition and multiplication
-                           (Section 5.2), open 5 / close -5.
+                           (Section 5.2), open 5 / close -5; edit_pattern, a seeded rough or
+                           wrong version of a pattern (Appendix "Why Not Just Fix the Mask?").
   5. QK baselines          the same patterns put into W_Q / W_K instead: structured SVD and Opt
                            (Zheng et al.), and mimetic (Trockman and Kolter), Sections 2.1, 5.1.
   6. GPT                   a causal decoder with the relative-distance mask prior (Appendix
@@ -696,6 +697,98 @@ ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplica
 
 
 # ----------------------------------------------------------------------------------------------
+# Imperfect priors (Appendix "Why Not Just Fix the Mask?": a learnable mask can "refine or
+# correct imperfect initial patterns"). A seeded edit of a task's exact pattern stands in for a
+# rough or wrong guess of the interaction structure; the run then shows whether training M
+# recovers the exact pattern (train.py's --mask-error, its true_prior_mass_* numbers).
+# ----------------------------------------------------------------------------------------------
+EDIT_KINDS = ("extra", "missing", "moved")
+
+
+def parse_edit(text):
+    """--mask-error's value: 'none' (the exact pattern) -> None; 'KIND:FRACTION' -> (kind, p) with
+    kind in EDIT_KINDS and 0 < p <= 1. ValueError saying what is expected otherwise."""
+    if text == "none":
+        return None
+    kind, _, number = text.partition(":")
+    try:
+        fraction = float(number)
+    except ValueError:
+        fraction = math.nan
+    if kind not in EDIT_KINDS or not 0 < fraction <= 1:
+        raise ValueError(f"expected 'none' or KIND:FRACTION with KIND one of {', '.join(EDIT_KINDS)} "
+                         f"and 0 < FRACTION <= 1, got {text!r}")
+    return kind, fraction
+
+
+def edit_count(fraction, n):
+    """How many of n entries an edit of the fraction p touches: p n rounded half up, and at least
+    one when p > 0 and n > 0 (a non-zero fraction always edits something)."""
+    return min(n, max(math.floor(fraction * n + 0.5), int(fraction > 0 and n > 0)))
+
+
+def _lowest(rank, where, k):
+    """Boolean mask of the k entries of `where` (bool, any shape) that have the lowest rank."""
+    chosen = torch.zeros_like(where)
+    chosen.view(-1)[torch.where(where, rank, rank.numel()).flatten().argsort()[:k]] = True
+    return chosen
+
+
+def edit_pattern(pattern, kind, fraction, generator, cls_row=False):
+    """A seeded edit of the mask logits pattern (..., N, N), open > 0 and closed < 0 as the
+    constructors above return them; an edited entry is negated (open +A <-> closed -A), so the
+    result is again a pattern of the same two values. With p = fraction:
+
+      extra    opens  edit_count(p, #closed) closed off-diagonal entries   (a rough superset)
+      missing  closes edit_count(p, #open) open off-diagonal entries       (a rough subset)
+      moved    closes k = min(edit_count(p, #open), #closed) open off-diagonal entries and opens k
+               closed ones: a wrong prior with the right density (the open count stays)
+
+    The diagonal is never edited: every token keeps seeing itself. With cls_row (the Boolean
+    encoders: CLS at position 0) the CLS query row and the other rows are two parts, each counted
+    and edited on its own, and a moved entry stays in its part: `moved` keeps how many keys CLS
+    reads (majority: three wrong bits instead of x0, x1, x2) and never opens CLS where the exact
+    pattern keeps it closed (2parity, threesym: the shortcut of Principle 2 stays suppressed);
+    `missing` and `moved` leave a CLS row alone that has no open off-diagonal entry; `extra` opens
+    CLS entries as it opens any others.
+
+    The same edit everywhere: ONE uniformly random ranking of the N x N positions is drawn from
+    generator; in every (layer, head) matrix and part an edit takes the lowest-ranked entries of
+    the set it acts on (lowest-ranked open entries to close, lowest-ranked closed ones to open).
+    Equal patterns (every layer and head of 2parity or majority) thus get equal edits, different
+    ones (cyclic3's layers, threesym's heads, the arithmetic roles) each get that ranking's pick
+    of their own entries, and a larger fraction's edit contains a smaller one's. Heads whose
+    closed sets nearly coincide thus open the same wrong entries: under moved:1.0 every threesym
+    head reads the same wrong pair (one wrong guess, not one per head)."""
+    n = pattern.shape[-1]
+    rank = torch.randperm(n * n, generator=generator).view(n, n)   # (N, N): position -> rank
+    off_diagonal = ~torch.eye(n, dtype=torch.bool)
+    first_row = torch.zeros(n, n, dtype=torch.bool)
+    first_row[0] = cls_row
+    parts = [off_diagonal & first_row, off_diagonal & ~first_row]
+    flat = pattern.reshape(-1, n, n)                                # (L * H, N, N)
+    flip = torch.zeros(flat.shape, dtype=torch.bool)
+    for matrix, flips in zip(flat, flip):
+        for part in parts:
+            opened, closed = part & (matrix > 0), part & (matrix < 0)
+            n_open, n_closed = int(opened.sum()), int(closed.sum())
+            k = edit_count(fraction, n_closed if kind == "extra" else n_open)
+            k = min(k, n_closed) if kind == "moved" else k
+            flips |= _lowest(rank, opened, 0 if kind == "extra" else k)       # open -> closed
+            flips |= _lowest(rank, closed, 0 if kind == "missing" else k)     # closed -> open
+    return torch.where(flip.view(pattern.shape), -pattern, pattern)
+
+
+def edited_prior(pattern, error, seed, cls_row=False):
+    """The prior a run gets: the exact pattern, or with error = 'KIND:FRACTION' (--mask-error)
+    edit_pattern of it from a generator seeded by the run's seed."""
+    if error is None:
+        return pattern
+    kind, fraction = parse_edit(error)
+    return edit_pattern(pattern, kind, fraction, torch.Generator().manual_seed(seed), cls_row)
+
+
+# ----------------------------------------------------------------------------------------------
 # 5. Query-key initialisation baselines (Sections 2.1 and 5.1; following the public code of
 #    Zheng et al., github.com/osiriszjq/structured_initialization)
 # ----------------------------------------------------------------------------------------------
@@ -1196,3 +1289,30 @@ def bias_by_distance(bias):
     before and after training"."""
     n = bias.shape[-1]
     return [bias[..., torch.arange(d, n), torch.arange(0, n - d)].mean().item() for d in range(n)]
+
+
+def persistence_fields(before, after, pattern, true_pattern=None):
+    """Section 6.1's persistence numbers: prior mass and pattern correlation at init and final
+    (mean and per head), the drift ||log sig(M_T) - log sig(M_0)||_F / ||log sig(M_0)||_F, and
+    for the GPT's causal prior its bias by distance i - j (Figure "Relative mask bias before and
+    after training"). With a true_pattern (the task's exact pattern, of which pattern may be an
+    edit: edit_pattern) also the mean mass on that, true_prior_mass_init / _final (equal to
+    prior_mass_* when pattern is not edited)."""
+    fields = {"mask_drift": None}
+    if pattern is not None:
+        mass0, corr0 = prior_stats(before["attn"], pattern)
+        mass1, corr1 = prior_stats(after["attn"], pattern)
+        for name, (v0, v1) in (("prior_mass", (mass0, mass1)), ("pattern_corr", (corr0, corr1))):
+            fields.update({f"{name}_init": v0.mean().item(), f"{name}_final": v1.mean().item(),
+                           f"{name}_init_per_head": v0.tolist(), f"{name}_final_per_head": v1.tolist()})
+    if true_pattern is not None:
+        fields.update({f"true_prior_mass_{when}": prior_stats(s["attn"], true_pattern)[0]
+                       .mean().item() for when, s in (("init", before), ("final", after))})
+    b0, b1 = before["bias"], after["bias"]
+    if b0 is not None:
+        drift = (b1 - b0).flatten(2).norm(dim=-1) / b0.flatten(2).norm(dim=-1)
+        fields.update(mask_drift=drift.mean().item(), mask_drift_per_head=drift.tolist())
+        if pattern is None:
+            fields.update(bias_by_distance_init=bias_by_distance(b0),
+                          bias_by_distance_final=bias_by_distance(b1))
+    return fields

@@ -671,9 +671,9 @@ PAPER_VISION = {
 # ----------------------------------------------------------------------------------------------
 # 5. Result tables: ours beside the paper's numbers above (printed by train.py into table.md)
 # ----------------------------------------------------------------------------------------------
-# A cell is (task, init, train fraction, mask magnitude A, mask decay W); each table has one row
-# per cell, mean ± std over its seeds, and a column per metric: (header, function of the cell's
-# finished runs' "final" dicts and the cell).
+# A cell is (task, init, train fraction, mask magnitude A, mask decay W, mask error, mask lr);
+# each table has one row per cell, mean ± std over its seeds, and a column per metric: (header,
+# function of the cell's finished runs' "final" dicts and the cell).
 
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
@@ -690,13 +690,16 @@ def mean_std(values):
     return f"{fmt(statistics.fmean(values))} ± {fmt(std, 2)}"
 
 stat = lambda key: lambda done, cell: mean_std([f.get(key) for f in done])
-paper = lambda table, i=None: lambda done, cell: fmt(
+paper = lambda table, i=None: lambda done, cell: fmt(None if cell[5] else   # an edited prior: none
     (table.get(cell[:2]) or (None,) * 3)[i] if i is not None else table.get(cell[:2]))
 # Columns of each table: (header, function of the cell's finished runs and its key).
 PERSISTENCE_COLUMNS = [(h, stat(k)) for h, k in (
     ("prior mass init", "prior_mass_init"), ("prior mass final", "prior_mass_final"),
     ("pattern corr init", "pattern_corr_init"), ("pattern corr final", "pattern_corr_final"),
     ("mask drift", "mask_drift"))]
+# With an edited prior (--mask-error): the attention mass on the task's exact pattern as well.
+TRUE_MASS_COLUMNS = [(h, stat(k)) for h, k in (("true prior mass init", "true_prior_mass_init"),
+                                               ("true prior mass final", "true_prior_mass_final"))]
 BOOLEAN_COLUMNS = [
     ("train loss", stat("train_loss")), ("test loss", stat("test_loss")),
     ("test acc (%)", stat("test_acc")), ("unseen MSE to target", stat("unseen_loss")),
@@ -720,20 +723,37 @@ VISION_COLUMNS = [(h, stat(k)) for h, k in (
     ("mask drift", "mask_drift"), ("train images/s", "images_per_second"))] + [
     ("paper best top-1 (%)", paper(PAPER_VISION))]
 
+def run_name(task, init, seed, variant=None, train_frac=None, magnitude=None, decay=None,
+             error=None, mask_lr=None):
+    """A run's folder name: <task>-<init>-seed<seed>, then each setting a command gave: -frac<f>,
+    -<mask variant>, -A<A>, -wd<W>, -err-<kind><p> (--mask-error kind:p), -mlr<lr>."""
+    kind, _, fraction = (error or "").partition(":")
+    return (f"{task}-{init}-seed{seed}" + (f"-frac{train_frac:g}" if train_frac else "")
+            + (f"-{variant}" if variant else "") + (f"-A{magnitude:g}" if magnitude else "")
+            + (f"-wd{decay:g}" if decay is not None else "")
+            + (f"-err-{kind}{float(fraction):g}" if error else "")
+            + (f"-mlr{mask_lr:g}" if mask_lr else ""))
+
+def edit_order(error):
+    """Sort key of a mask error: the exact prior (None) first, then by kind and fraction."""
+    kind, _, fraction = (error or "").partition(":")
+    return kind, float(fraction or 0)
+
 def cell_of(result):
-    """A run's table cell: (task, init, train fraction, mask magnitude A, mask decay W); a mask
-    variant is named beside the task, e.g. "cyclic3 (direct)"."""
+    """A run's table cell: (task, init, train fraction, mask magnitude A, mask decay W, mask
+    error, mask lr); a mask variant is named beside the task, e.g. "cyclic3 (direct)"."""
     c = result["config"]
     task = result["task"] + (f" ({c['mask_variant']})" if c.get("mask_variant") else "")
     return (task, result["init"], c.get("train_frac"), c.get("mask_magnitude"),
-            c.get("mask_decay") or 0.0)
+            c.get("mask_decay") or 0.0, c.get("mask_error"), c.get("mask_lr"))
 
 def group_runs(results, init_order):
     """{cell: (finished runs' final dicts, number of runs)}, in task, sweep, init, seed order."""
     every_task = list(FAMILY_OF)
     order = lambda r: (every_task.index(r["task"]), r["config"].get("train_frac") or 0,
                        r["config"].get("mask_magnitude") or 0, r["config"].get("mask_decay") or 0,
-                       init_order.index(r["init"]), r["seed"])
+                       edit_order(r["config"].get("mask_error")), init_order.index(r["init"]),
+                       r["config"].get("mask_lr") or 0, r["seed"])
     cells = {}
     for r in sorted(results, key=order):
         cells.setdefault(cell_of(r), []).append(r)
@@ -741,66 +761,83 @@ def group_runs(results, init_order):
             for cell, runs in cells.items()}
 
 def markdown_table(results, columns, init_order):
-    """One row per cell, mean ± std over seeds; train fraction, A and W columns appear when a
-    grid varies them (a data-efficiency or mask-magnitude sweep)."""
+    """One row per cell, mean ± std over seeds; train fraction, A, W, mask error and mask lr
+    columns appear when a grid varies them (a data-efficiency, mask-magnitude or imperfect-prior
+    sweep) and train fraction, mask error and mask lr whenever one is set. A mask error's "none"
+    is the exact prior; a mask lr's "—" is the model's lr (or, for mask-fixed, no trained M)."""
     cells = group_runs(results, init_order)
-    shown = [i for i, name in ((2, "train frac"), (3, "A"), (4, "mask decay"))
-             if len({cell[i] for cell in cells}) > 1 or (i == 2 and any(c[2] for c in cells))]
-    names = {2: "train frac", 3: "A", 4: "mask decay"}
+    names = {2: "train frac", 3: "A", 4: "mask decay", 5: "mask error", 6: "mask lr"}
+    shown = [i for i in names if len({cell[i] for cell in cells}) > 1
+             or (i in (2, 5, 6) and any(c[i] for c in cells))]
+    text = lambda i, v: v if isinstance(v, str) else f"{v:g}" if v is not None else "none" if i == 5 else "—"
     header = ["task", *[names[i] for i in shown if i == 2], "init", *[names[i] for i in shown if i > 2],
               "seeds"] + [h for h, _ in columns]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for cell, (done, total) in cells.items():
-        keys = [cell[0], *[f"{cell[i]:g}" for i in shown if i == 2], cell[1],
-                *[f"{cell[i]:g}" for i in shown if i > 2], f"{len(done)}/{total}"]
+        keys = [cell[0], *[text(i, cell[i]) for i in shown if i == 2], cell[1],
+                *[text(i, cell[i]) for i in shown if i > 2], f"{len(done)}/{total}"]
         lines.append("| " + " | ".join(keys + [fn(done, cell) for _, fn in columns]) + " |")
     return "\n".join(lines)
 
 def result_tables(results, init_order):
     """The markdown of table.md: per family its table (Boolean: also the persistence table), and
     {file name: SVG} of the figures of the sweeps the results hold: the arithmetic data-efficiency
-    curve when the train fraction varies, the Boolean mask-magnitude figure when A varies."""
+    curve when the train fraction varies, the Boolean mask-magnitude figure when A varies, the
+    imperfect-prior figure when a run's prior was edited (--mask-error)."""
     by_family, figures, sections = {}, {}, []
     for r in results:
         by_family.setdefault(FAMILY_OF[r["task"]], []).append(r)
     table = lambda family, columns: markdown_table(by_family[family], columns, init_order)
+    truth = TRUE_MASS_COLUMNS if any(r["config"].get("mask_error") for r in results) else []
     if "boolean" in by_family:
         sections += [f"## Results\n\n{table('boolean', BOOLEAN_COLUMNS)}\n",
-                     f"## Persistence of the prior\n\n{table('boolean', PERSISTENCE_COLUMNS)}\n"]
+                     f"## Persistence of the prior\n\n{table('boolean', PERSISTENCE_COLUMNS + truth)}\n"]
         panels = magnitude_panels(by_family["boolean"], init_order)
-        if panels:
+        if panels and not truth:         # an imperfect-prior sweep: its own figure below
             figures["mask_magnitude.svg"] = magnitude_svg(panels, init_order)
     if "language" in by_family:
         sections.append(f"## Perplexity\n\n{table('language', LM_COLUMNS)}\n")
     if "vision" in by_family:
         sections.append(f"## Best top-1 accuracy\n\n{table('vision', VISION_COLUMNS)}\n")
     if "arithmetic" in by_family:
-        sections.append(f"## Arithmetic\n\n{table('arithmetic', ARITHMETIC_COLUMNS)}\n")
+        sections.append(f"## Arithmetic\n\n{table('arithmetic', ARITHMETIC_COLUMNS + truth)}\n")
         curves = curves_of(by_family["arithmetic"], init_order, x=lambda cell: cell[2], y="seq_acc")
         if any(len({x for x, _ in points}) > 1 for lines in curves.values() for points in lines.values()):
             figures["data_efficiency.svg"] = line_chart_svg(
                 curves, init_order, "train fraction", "held-out seq acc (%)", percent_x=True)
+    figure = truth and imperfect_svg(results, init_order)
+    if figure:
+        figures["imperfect_prior.svg"] = figure
     return "\n".join(sections), figures
 
 
-def curves_of(results, init_order, x, y, inits=None):
-    """{task: {init: [(x(cell), mean of final[y] over seeds)]}} of finished runs."""
+def curves_of(results, init_order, x, y, inits=None, panel=lambda cell: cell[0],
+              line=lambda cell: cell[1]):
+    """{panel(cell): {line(cell): [(x(cell), mean of y over seeds)]}} of finished runs, x rising;
+    by default one panel per task and one line per init. y: a key of "final" or a function of it."""
+    value = y if callable(y) else lambda final: final.get(y)
     curves = {}
     for cell, (done, _) in group_runs(results, init_order).items():
-        values = [f[y] for f in done if f.get(y) is not None]
-        if values and (inits is None or cell[1] in inits) and x(cell):
-            curves.setdefault(cell[0], {}).setdefault(cell[1], []).append(
+        values = [v for v in map(value, done) if v is not None]
+        if values and (inits is None or cell[1] in inits) and x(cell) is not None:
+            curves.setdefault(panel(cell), {}).setdefault(line(cell), []).append(
                 (x(cell), statistics.fmean(values)))
-    return curves
+    return {p: {k: sorted(points) for k, points in lines.items()} for p, lines in curves.items()}
 
 def magnitude_panels(results, init_order):
     """The figure of "Does the mask learn?": per Boolean task, test accuracy (threesym: test loss)
-    and mask drift against A, learnable (mask) vs fixed (mask-fixed), at mask decay 0."""
-    runs = [r for r in results if (r["config"].get("mask_decay") or 0) == 0]
+    and mask drift against A, learnable (mask) vs fixed (mask-fixed), at mask decay 0 with the
+    exact prior at the model's lr."""
+    runs = [r for r in results if not any(r["config"].get(k) for k in ("mask_decay", "mask_error", "mask_lr"))]
     if len({cell_of(r)[3] for r in runs if r["init"] in ("mask", "mask-fixed")}) < 2:
         return None
     pick = lambda y: curves_of(runs, init_order, x=lambda cell: cell[3], y=y, inits=("mask", "mask-fixed"))
     return pick("test_acc"), pick("test_loss"), pick("mask_drift")
+
+def placed_svg(charts, width, height):
+    """One SVG document holding charts [(x, y, svg of line_chart_svg or legend_svg)] at (x, y)."""
+    inner = "".join(svg.replace("<svg ", f'<svg x="{x}" y="{y}" ', 1) for x, y, svg in charts)
+    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{inner}</svg>\n'
 
 def magnitude_svg(panels, init_order, width=360, height=260):
     """Row 1: test accuracy against A (threesym, which has no accuracy: test loss); row 2: mask
@@ -809,54 +846,126 @@ def magnitude_svg(panels, init_order, width=360, height=260):
     threesym = {t: v for t, v in loss.items() if t == "threesym"}
     charts = [(0, 0, acc, "test acc (%)", 100.0), (width * len(acc), 0, threesym, "test loss", None),
               (0, height, drift, "mask drift", None)]
-    inner = "".join(line_chart_svg(curves, init_order, "mask magnitude A", label, y_max=top)
-                    .replace("<svg ", f'<svg x="{x}" y="{y}" ', 1)
-                    for x, y, curves, label, top in charts if curves)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * max(len(acc) + len(threesym), len(drift))}" '
-            f'height="{2 * height}">{inner}</svg>\n')
+    return placed_svg([(x, y, line_chart_svg(curves, init_order, "mask magnitude A", label, y_max=top))
+                       for x, y, curves, label, top in charts if curves],
+                      width * max(len(acc) + len(threesym), len(drift)), 2 * height)
 
 
-def line_chart_svg(curves, init_order, x_label, y_label, percent_x=False, log_x=True, y_max=100.0,
-                   width=360, height=260, pad=48):
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
+
+def line_chart_svg(curves, init_order, x_label, y_label, percent_x=False, y_max=100.0, y_min=0.0,
+                   width=360, height=260, pad=48, x_names=None, styles=None):
     """An SVG of one panel per task, one line per init, x on a log scale: the data-efficiency
     figure (Figure "Test sequence accuracy under varying training
-    fractions") and the mask-magnitude figure. Plain text, no plot library."""
-    colours = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+    fractions") and the mask-magnitude figure. Plain text, no plot library.
+    With x_names, x is an index into these category names, evenly spaced ("\n" splits a name
+    over two lines). styles {line key: (colour, dash)} sets each line's look and leaves the
+    legend to the caller (legend_svg); without it a line's key is an init, coloured by its
+    place in init_order and named in the panel. y runs from y_min to y_max (None: the largest y)."""
     xs = sorted({x for lines in curves.values() for pts in lines.values() for x, _ in pts})
     top = y_max or max(y for lines in curves.values() for pts in lines.values() for _, y in pts) or 1
-    lo, hi = math.log10(xs[0]), math.log10(xs[-1])
-    x_of = lambda v: pad + (math.log10(v) - lo) / ((hi - lo) or 1) * (width - 1.5 * pad)
-    y_of = lambda v: height - pad - v / top * (height - 1.5 * pad)
+    if x_names:
+        xs = range(len(x_names))
+        x_of = lambda v: pad + (v + 0.5) / len(x_names) * (width - 1.5 * pad)
+    else:
+        lo, hi = math.log10(xs[0]), math.log10(xs[-1])
+        x_of = lambda v: pad + (math.log10(v) - lo) / ((hi - lo) or 1) * (width - 1.5 * pad)
+    y_of = lambda v: height - pad - (v - y_min) / (top - y_min) * (height - 1.5 * pad)
+    tick = lambda v: x_names[v] if x_names else f"{100 * v:g}%" if percent_x else f"{v:g}"
+    look = styles or {init: (COLOURS[init_order.index(init) % len(COLOURS)], "") for init in init_order}
     parts = []
     for panel, (task, lines) in enumerate(curves.items()):
         parts.append(f'<g transform="translate({panel * width},0)" font-family="sans-serif" '
                      f'font-size="11"><text x="{width / 2}" y="16" text-anchor="middle" '
                      f'font-size="13">{task}</text><path d="M{pad},{pad / 2}V{height - pad}'
                      f'H{width - pad / 2}" fill="none" stroke="black"/>')
-        parts += [f'<text x="{pad - 4}" y="{y_of(v * top) + 4}" text-anchor="end">{fmt(v * top, 3)}'
-                  f'</text>' for v in (0, 0.25, 0.5, 0.75, 1)]
-        parts += [f'<text x="{x_of(v)}" y="{height - pad + 14}" text-anchor="middle">'
-                  f'{f"{100 * v:g}%" if percent_x else f"{v:g}"}</text>' for v in xs]
+        parts += [f'<text x="{pad - 4}" y="{y_of(v) + 4}" text-anchor="end">{fmt(v, 3)}</text>'
+                  for v in (y_min + t * (top - y_min) for t in (0, 0.25, 0.5, 0.75, 1))]
+        parts += [f'<text x="{x_of(v)}" y="{height - pad + 14}" text-anchor="middle">' + "".join(
+                  f'<tspan x="{x_of(v)}" dy="{12 * (i > 0)}">{line}</tspan>'
+                  for i, line in enumerate(tick(v).split("\n"))) + "</text>" for v in xs]
         parts.append(f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">{x_label}</text>'
                      f'<text x="12" y="{height / 2}" transform="rotate(-90 12 {height / 2})" '
                      f'text-anchor="middle">{y_label}</text>')
-        for i, (init, pts) in enumerate(lines.items()):
-            colour = colours[init_order.index(init) % len(colours)]
+        for i, (key, pts) in enumerate(lines.items()):
+            colour, dash = look[key]
             parts.append(f'<polyline points="{" ".join(f"{x_of(x):.1f},{y_of(y):.1f}" for x, y in pts)}"'
-                         f' fill="none" stroke="{colour}" stroke-width="2"/>')
+                         f' fill="none" stroke="{colour}" stroke-width="2"'
+                         + (f' stroke-dasharray="{dash}"/>' if dash else "/>"))
             parts += [f'<circle cx="{x_of(x):.1f}" cy="{y_of(y):.1f}" r="3" fill="{colour}"/>'
                       for x, y in pts]
-            parts.append(f'<text x="{width - pad / 2}" y="{height - pad - 8 - 14 * (len(lines) - 1 - i)}" '
-                         f'text-anchor="end" fill="{colour}">{init}</text>')
+            if not styles:
+                parts.append(f'<text x="{width - pad / 2}" y="{height - pad - 8 - 14 * (len(lines) - 1 - i)}" '
+                             f'text-anchor="end" fill="{colour}">{key}</text>')
         parts.append("</g>")
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(curves)}" '
             f'height="{height}">' + "".join(parts) + "</svg>\n")
+
+def legend_svg(entries, title, width=200):
+    """An SVG legend: a title, then one row per (colour, dash, text): a line sample and its text."""
+    rows = "".join(f'<path d="M0,{30 + 18 * i}h30" stroke="{colour}" stroke-width="2" stroke-dasharray='
+                   f'"{dash or "none"}"/><text x="38" y="{34 + 18 * i}">{text}</text>'
+                   for i, (colour, dash, text) in enumerate(entries))
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{40 + 18 * len(entries)}" '
+            f'font-family="sans-serif" font-size="11"><text x="0" y="12" font-size="13">{title}</text>'
+            f'{rows}</svg>\n')
+
+def imperfect_svg(results, init_order, width=400, height=270):
+    """The figure of "Imperfect priors" (Appendix "Why Not Just Fix the Mask?": can a learnable
+    mask "refine or correct imperfect initial patterns"?). One column per task, per mask magnitude
+    A two rows: the accuracy (Boolean test acc, threesym test loss, arithmetic held-out seq acc)
+    and the true prior mass (attention on the task's exact pattern) after training, against the
+    edit of the prior (--mask-error; "exact" = unedited, the reference), learnable M (mask, one
+    dash pattern per mask lr) vs fixed M (mask-fixed); grey: the true prior mass at init. None
+    when no mask or mask-fixed run (at mask decay 0) has an edited prior."""
+    runs = [r for r in results if r["init"] in ("mask", "mask-fixed") and not r["config"].get("mask_decay")]
+    if not any(r["config"].get("mask_error") for r in runs):
+        return None
+    edits = sorted({cell_of(r)[5] for r in runs}, key=edit_order)
+    names = [f"{kind}\n{100 * p:g}%" if kind else "exact" for kind, p in map(edit_order, edits)]
+    lrs = sorted({cell_of(r)[6] for r in runs if r["init"] == "mask"}, key=lambda lr: lr or 0)
+    colour = lambda init: COLOURS[init_order.index(init) % len(COLOURS)]
+    styles = {("mask", lr): (colour("mask"), DASHES[i % len(DASHES)]) for i, lr in enumerate(lrs)}
+    styles.update({("mask-fixed", None): (colour("mask-fixed"), ""), "at init": ("#999999", "2,2")})
+    legend = [(*look, "at init (mask, mask-fixed)" if key == "at init" else key[0] if key[0] != "mask"
+               else f"mask, mask lr {'= lr' if key[1] is None else f'{key[1]:g}'}")
+              for key, look in styles.items()]
+    panel, x = lambda cell: (cell[0], cell[3]), lambda cell: edits.index(cell[5])
+    per_lr = lambda cell: (cell[1], cell[6])
+    true_mass = lambda when: lambda f: f.get(f"true_prior_mass_{when}", f.get(f"prior_mass_{when}"))
+    fixed = ("mask-fixed",) if any(r["init"] == "mask-fixed" for r in runs) else None
+    mass = curves_of(runs, init_order, x, true_mass("init"), inits=fixed, panel=panel,
+                     line=lambda cell: "at init")          # equal for mask and mask-fixed
+    for p, lines in curves_of(runs, init_order, x, true_mass("final"), panel=panel, line=per_lr).items():
+        mass.setdefault(p, {}).update(lines)               # drawn over the grey line at init
+    metrics = {cell_of(r)[0]: ("test_loss", "test loss", None) if r["task"] == "threesym" else
+               ("seq_acc", "held-out seq acc (%)", 100.0) if FAMILY_OF[r["task"]] == "arithmetic"
+               else ("test_acc", "test acc (%)", 100.0)
+               for r in sorted(runs, key=lambda r: list(FAMILY_OF).index(r["task"]))}
+    charts, rows = [], 0
+    for col, (task, (key, label, top)) in enumerate(metrics.items()):
+        accuracy = curves_of(runs, init_order, x, key, panel=panel, line=per_lr)
+        magnitudes = sorted({a for t, a in accuracy if t == task}, reverse=True)   # A: row pairs
+        rows = max(rows, 2 * len(magnitudes))
+        for row, a in enumerate(magnitudes):
+            lowest = min((y for points in mass.get((task, a), {}).values() for _, y in points), default=0)
+            for r, curves, y_label, y_range in (
+                    (2 * row, accuracy, label, (0.0, top)),
+                    (2 * row + 1, mass, "true prior mass", (min(0.9, math.floor(10 * lowest) / 10), 1.0))):
+                charts += [(col * width, r * height, line_chart_svg(
+                    {f"{task}, A = {a:g}": curves[(task, a)]}, init_order,
+                    "edit of the prior (--mask-error)", y_label, y_max=y_range[1], y_min=y_range[0],
+                    width=width, height=height, x_names=names, styles=styles))] if (task, a) in curves else []
+    charts.append((len(metrics) * width + 10, 20, legend_svg(legend, "lines: mean over seeds")))
+    return placed_svg(charts, len(metrics) * width + 230, rows * height)
 
 
 def summary_line(result):
     """One line per finished run, with the numbers of its family's table."""
     f, c = result["final"], result["config"]
     head = f"{result['task']} / {result['init']} / seed {result['seed']}"
+    head += f" / prior {c['mask_error']}" if c.get("mask_error") else ""
     family = FAMILY_OF[result["task"]]
     if family == "boolean":
         acc = "n/a" if f["test_acc"] is None else f"{f['test_acc']:.2f}%"
@@ -878,6 +987,8 @@ def summary_line(result):
             text += f", warmup shortened from {c['warmup_shortened_from']} to {c['warmup_epochs']} epochs"
     if f.get("prior_mass_init") is not None:
         text += f", prior mass {f['prior_mass_init']:.2f} -> {f['prior_mass_final']:.2f}"
+    if c.get("mask_error"):
+        text += f", true prior mass {f['true_prior_mass_init']:.2f} -> {f['true_prior_mass_final']:.2f}"
     text += f", {result['seconds']:.0f} s"
     return text + (f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else "")
 

@@ -113,6 +113,7 @@ INITS = {
     "impulse": ("none", "svd"),                 # vision: the impulse pattern in W_Q/W_K by SVD
 }
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
+trains_mask = lambda init: INITS[init][0] in ("learnable", "hadamard")   # M trained (not mask-fixed)
 # The four families: tasks, inits, and the paper's mask magnitude A (open +A, closed -A).
 FAMILIES = {
     "boolean": {"tasks": list(tasks.BOOLEAN_TASKS), "inits": ENCODER_INITS, "magnitude": 10.0},
@@ -123,7 +124,7 @@ FAMILIES = {
                "inits": ("default", "mimetic", "impulse", "mask-fixed", "mask")},
 }
 FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),
-                "mask_variant": ("boolean",),
+                "mask_variant": ("boolean",), "mask_error": ("boolean", "arithmetic"),
                 "eval_size": ("arithmetic",), **{f: ("language",) for f in ("iters", "block_size",
                 "bpe_file")}, **{f: ("vision",) for f in ("image_size", "patch_size",
                 "warmup_epochs", "workers", "download", "compile")}}
@@ -169,6 +170,10 @@ def build_parser():
                    help="mask inits: open +A, closed -A (GPT: the scale s); several: a sweep")
     p.add_argument("--mask-decay", type=number(float, strict=False), nargs="+", metavar="W",
                    help="weight decay on M alone (default 0); several: a sweep")
+    p.add_argument("--mask-error", nargs="+", metavar="KIND:P", help="mask inits: open extra, close "
+                   "or move (KIND) a seeded fraction P of the prior ('none': exact); several: a sweep")
+    p.add_argument("--mask-lr", type=number(float), nargs="+", metavar="LR",
+                   help="learning rate of M alone (default: --lr); several: a sweep")
     p.add_argument("--mask-variant", choices=["composed", "direct"],
                    help="cyclic3: build the triple over two layers (composed) or in each (direct)")
     p.add_argument("--train-frac", type=number(float), nargs="+",
@@ -203,6 +208,15 @@ def check_args(args, task_names):
     if wrong:
         raise UsageError(f"--init {wrong[0]} is not available for {family} tasks "
                          f"(choose from {', '.join(FAMILIES[family]['inits'])})")
+    try:   # --mask-error: 'none' -> None, KIND:FRACTION -> "kind:fraction" (config's mask_error)
+        edits = [maskprior.parse_edit(text) for text in args.mask_error or ()]
+        args.mask_error = args.mask_error and [e and "%s:%s" % e for e in edits]
+    except ValueError as err:
+        raise UsageError(f"argument --mask-error: {err}")
+    if any(args.mask_error or ()) and any(INITS[i][1] != "mask" for i in args.init):
+        raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
+    if args.mask_lr and not any(map(trains_mask, args.init)):
+        raise UsageError(f"--mask-lr: --init {' '.join(args.init)} has no trainable mask")
     out = args.out and pathlib.Path(args.out)
     existing = out and next(p for p in (out, *out.parents) if p.exists())   # out or a parent
     if existing and not existing.is_dir():
@@ -210,7 +224,7 @@ def check_args(args, task_names):
         raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
     return family
 
-def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None):
+def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None, mask_lr=None):
     """The preset, its per-task changes, then every flag the user gave, then derived keys."""
     presets = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS,
                "language": LM_PRESETS, "vision": VISION_PRESETS}[family]
@@ -224,7 +238,7 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
                       **({"head_dim": None} if "head_dim" in config else {}))
     if not config.get("head_dim") and config["dim"] < config["heads"]:
         raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
-    config.update(preset=args.preset, mask_decay=mask_decay or 0.0,
+    config.update(preset=args.preset, mask_decay=mask_decay or 0.0, mask_error=error, mask_lr=mask_lr,
                   mask_magnitude=magnitude or FAMILIES[family]["magnitude"])
     if family == "language":
         config["eval_every"] = args.eval_every or max(1, config["iters"] // 5)
@@ -352,7 +366,7 @@ def gather(obj, world):
 def make_optimizer(model, config):
     """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer) or AdamW decaying
     weight matrices only (nanoGPT, timm). M is a group of its own, decayed by --mask-decay
-    (default 0: decay pulls the prior towards the neutral M = 0)."""
+    (default 0: decay pulls the prior towards the neutral M = 0) at lr --mask-lr (default: lr)."""
     groups = {"weights": [], "others": [], "mask": []}
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -365,8 +379,9 @@ def make_optimizer(model, config):
             groups["others"].append(p)
     decay = {"weights": config["weight_decay"], "others": 0.0, "mask": config["mask_decay"]}
     Optimizer = torch.optim.Adam if config["optimizer"] == "adam" else torch.optim.AdamW
-    return Optimizer([{"params": ps, "weight_decay": decay[g]} for g, ps in groups.items() if ps],
-                     lr=config["lr"])
+    lrs = {"mask": config.get("mask_lr") or config["lr"]}
+    return Optimizer([{"params": ps, "weight_decay": decay[g], "lr": lrs.get(g, config["lr"])}
+                      for g, ps in groups.items() if ps])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -389,7 +404,8 @@ class Experiment:
     unit: str = "epoch"                # the history's counter: "epoch" or "iter"
     probe: Optional[torch.Tensor] = None    # inputs the persistence numbers average attention over
     probe_batch: int = 4096
-    pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern
+    pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern (edited: --mask-error)
+    true_pattern: Optional[torch.Tensor] = None  # the task's exact pattern (persistence "true_")
     generators: tuple = ()             # random streams besides torch's own, kept by checkpoints
     info: dict = field(default_factory=dict)  # further result.json fields (init_seconds: QK init)
 
@@ -433,8 +449,9 @@ def cosine(optimizer, steps, floor=0.0):
 # --- Boolean GOTU (Section 5.1, Table 1): train on the seen points, test on the whole cube -----
 def boolean_setup(task, init, seed, config, device):
     data = tasks.boolean_dataset(task)
-    pattern = maskprior.boolean_mask(task, config["layers"], config["heads"],
-                                     config.get("mask_variant"))                  # (L, H, N, N)
+    exact = maskprior.boolean_mask(task, config["layers"], config["heads"],
+                                   config.get("mask_variant"))                    # (L, H, N, N)
+    pattern = maskprior.edited_prior(exact, config.get("mask_error"), seed, cls_row=True)
     model, seconds = build_encoder(init, scaled_pattern(pattern, config, "boolean"), config, seed,
                                    vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1, out_dim=1)
     model.to(device)
@@ -454,14 +471,15 @@ def boolean_setup(task, init, seed, config, device):
         # The aryol/GOTU loss: mean squared error of the scalar CLS readout.
         loss_of=lambda net, b: F.mse_loss(net(b[0].to(device)).squeeze(-1), b[1].to(device)),
         evaluate=cube, final=final, eval_every=config["eval_every"],
-        probe=tasks.boolean_tokens(data["x_test"]), pattern=pattern, generators=(shuffle,),
+        probe=tasks.boolean_tokens(data["x_test"]), pattern=pattern, true_pattern=exact, generators=(shuffle,),
         info={"init_seconds": seconds})
 
 
 # --- Three-digit arithmetic (Section 5.2): train on a seeded fraction, score held-out pairs ---
 def arithmetic_setup(task, init, seed, config, device):
     data = tasks.arithmetic_dataset(task, config["train_frac"], seed, config["eval_size"])
-    pattern = maskprior.ARITHMETIC_MASKS[task](config["layers"], config["heads"])
+    exact = maskprior.ARITHMETIC_MASKS[task](config["layers"], config["heads"])
+    pattern = maskprior.edited_prior(exact, config.get("mask_error"), seed)       # (L, H, N, N)
     # Structured SVD on arithmetic opens with 10000 and closes with 0 (Table "Arithmetic task
     # setup"); the encoder reads a 10-way digit at every position, no CLS.
     model, seconds = build_encoder(
@@ -489,7 +507,7 @@ def arithmetic_setup(task, init, seed, config, device):
         model, optimizer, cosine(optimizer, steps), config["epochs"], steps,
         batches=lambda epoch: epoch_batches(x, y, config["batch_size"], shuffle),
         loss_of=loss_of, evaluate=sample_metrics, final=final, eval_every=config["eval_every"],
-        probe=data["x_eval"][:4096], pattern=pattern, generators=(shuffle,),
+        probe=data["x_eval"][:4096], pattern=pattern, true_pattern=exact, generators=(shuffle,),
         info={"init_seconds": seconds, "train_pairs": len(x), "eval_pairs": data["eval_pairs"],
               "held_out_pairs": data["held_out_pairs"]})
 
@@ -719,7 +737,8 @@ def run(family, task, init, seed, config, device, out_dir, data, args):
         return None
     after = snapshot(exp, device)
     save_pictures(out_dir, {"before": state["before"], "after": after}, exp.model)
-    result["final"] = {**exp.final(state, world), **persistence_fields(state["before"], after, exp.pattern)}
+    result["final"] = {**exp.final(state, world),
+                       **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
     result.update(status="done", seconds=time.time() - start)
     write_json(os.path.join(out_dir, "result.json"), result)
     return result
@@ -734,30 +753,9 @@ def snapshot(exp, device):
         snap["centre"] = maskprior.centre_patch_maps(model, probe[:1], device)
     return snap
 
-def persistence_fields(before, after, pattern):
-    """Section 6.1's persistence numbers: prior mass and pattern correlation at init and final
-    (mean and per head), the drift ||log sig(M_T) - log sig(M_0)||_F / ||log sig(M_0)||_F, and
-    for the GPT's causal prior its bias by distance i - j (Figure "Relative
-    mask bias before and after training")."""
-    fields = {"mask_drift": None}
-    if pattern is not None:
-        mass0, corr0 = maskprior.prior_stats(before["attn"], pattern)
-        mass1, corr1 = maskprior.prior_stats(after["attn"], pattern)
-        for name, (v0, v1) in (("prior_mass", (mass0, mass1)), ("pattern_corr", (corr0, corr1))):
-            fields.update({f"{name}_init": v0.mean().item(), f"{name}_final": v1.mean().item(),
-                           f"{name}_init_per_head": v0.tolist(), f"{name}_final_per_head": v1.tolist()})
-    b0, b1 = before["bias"], after["bias"]
-    if b0 is not None:
-        drift = (b1 - b0).flatten(2).norm(dim=-1) / b0.flatten(2).norm(dim=-1)
-        fields.update(mask_drift=drift.mean().item(), mask_drift_per_head=drift.tolist())
-        if pattern is None:
-            fields.update(bias_by_distance_init=maskprior.bias_by_distance(b0),
-                          bias_by_distance_final=maskprior.bias_by_distance(b1))
-    return fields
-
 
 # ----------------------------------------------------------------------------------------------
-# 7. main: one run, or a grid over tasks x train fractions x magnitudes x decays x inits x seeds
+# 7. main: one run, or a grid over tasks x inits x seeds x each setting a sweep gives
 # ----------------------------------------------------------------------------------------------
 def main(argv=None):
     try:
@@ -776,20 +774,20 @@ def main(argv=None):
     if args.seeds is None and args.seed == 0 and args.preset == "paper":
         seeds = [PAPER_SEEDS.get(family, PAPER_SEEDS.get(" ".join(task_names), 0))]
     sweep = lambda values: list(dict.fromkeys(values)) if values else [None]
-    runs = [(t, i, s, f, a, w) for t in task_names for f in sweep(args.train_frac)
-            for a in sweep(args.mask_magnitude) for w in sweep(args.mask_decay)
-            for i in dict.fromkeys(args.init) for s in seeds
-            if INITS[i][1] == "mask" or a == sweep(args.mask_magnitude)[0]]   # A only acts on M
+    runs = [(t, i, s, (f, a, w, e, r if trains_mask(i) else None)) for t in task_names
+            for f in sweep(args.train_frac) for a in sweep(args.mask_magnitude)
+            for w in sweep(args.mask_decay) for e in sweep(args.mask_error) for r in sweep(args.mask_lr)
+            for i in dict.fromkeys(args.init) for s in seeds   # A only acts on M, --mask-lr on a trained M
+            if (INITS[i][1] == "mask" or a == sweep(args.mask_magnitude)[0])
+            and (trains_mask(i) or r == sweep(args.mask_lr)[0])]
     grid = len(runs) > 1
     root = args.out or "runs/grid"
     results, failed, cache = [], 0, {}
-    for task, init, seed, frac, magnitude, decay in runs:
-        name = (f"{task}-{init}-seed{seed}" + (f"-frac{frac:g}" if frac else "")
-                + (f"-{args.mask_variant}" if args.mask_variant else "")
-                + (f"-A{magnitude:g}" if magnitude else "") + (f"-wd{decay:g}" if decay is not None else ""))
+    for task, init, seed, sweeps in runs:
+        name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps)
         out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
         try:
-            config = make_config(family, task, args, frac, magnitude, decay)
+            config = make_config(family, task, args, *sweeps)
             data = load_data(family, task, config, args, device, cache)
             check_fits(family, config)
             result = run(family, task, init, seed, config, device, out_dir, data, args)

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import maskprior
-import train
 
 
 def boolean_model(dim=64, heads=3, depth=4, seed=0):
@@ -95,7 +94,7 @@ def test_persistence_fields_report_mask_drift():
     pattern = maskprior.mask_2parity(1, 2)
     attn = torch.full((1, 2, 16, 16), 1 / 16)
     before = torch.nn.functional.logsigmoid(pattern)
-    fields = train.persistence_fields({"attn": attn, "bias": before},
+    fields = maskprior.persistence_fields({"attn": attn, "bias": before},
                                       {"attn": attn, "bias": before * 1.5}, pattern)
     assert fields["mask_drift"] == pytest.approx(0.5)
     assert torch.tensor(fields["mask_drift_per_head"]) == pytest.approx(torch.full((1, 2), 0.5))
@@ -104,14 +103,14 @@ def test_persistence_fields_report_mask_drift():
     open_fraction = maskprior.pattern_targets(pattern).sum(-1).mean(-1) / 16
     assert fields["prior_mass_init"] == pytest.approx(open_fraction.mean().item())
     no_mask = {"attn": attn, "bias": None}
-    assert train.persistence_fields(no_mask, no_mask, pattern)["mask_drift"] is None
+    assert maskprior.persistence_fields(no_mask, no_mask, pattern)["mask_drift"] is None
 
 
 def test_persistence_fields_of_the_causal_prior_give_the_bias_by_distance():
     """No pattern (the GPT prior): no mass or correlation, the drift and the mean bias at each
     distance i - j, log sigmoid(s * -d) before training."""
     bias = torch.nn.functional.logsigmoid(10.0 * maskprior.relative_distance_mask(2, 5))[None]
-    fields = train.persistence_fields({"attn": None, "bias": bias}, {"attn": None, "bias": bias}, None)
+    fields = maskprior.persistence_fields({"attn": None, "bias": bias}, {"attn": None, "bias": bias}, None)
     assert "prior_mass_init" not in fields and fields["mask_drift"] == 0
     expected = [torch.nn.functional.logsigmoid(torch.tensor(-10.0 * d)).item() for d in range(5)]
     assert fields["bias_by_distance_init"] == pytest.approx(expected, rel=1e-5)
