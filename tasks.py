@@ -3,17 +3,20 @@
   1. Boolean GOTU tasks (Section 5.1, Table 1; Abbe et al. "Generalization on the Unseen"):
      target, seen domain, minimum-degree interpolator (MDI), metrics, Fourier coefficients.
   2. Language modelling (Appendix "Wiki-text and Tiny-stories"): the offline corpus, TinyStories,
-     WikiText-2, GPT-2 tokens through tiktoken, batches and whole-split windows.
+     WikiText-2, the user's own text files, GPT-2 tokens through tiktoken, batches and
+     whole-split windows.
   3. Three-digit arithmetic (Section 5.2): all 10^6 pairs, the seeded split, the digit layout the
      masks assume, and the metrics of Table "Performance of arithmetic tasks".
   4. Image classification (Section 5.3): CIFAR-10/100 and ImageNet100 through torchvision, the
-     augmentation of Tables "Experimental setup for CIFAR10 / CIFAR100 / ImageNet100".
+     augmentation of Tables "Experimental setup for CIFAR10 / CIFAR100 / ImageNet100", and the
+     user's own ImageFolder tree.
   5. Result tables: the markdown of table.md, ours beside the paper's numbers, the one-line
-     summary of a run, and the line charts of the sweeps (data efficiency, mask magnitude).
+     summary of a run, and the line charts: training curves and the sweeps (data efficiency,
+     mask magnitude, imperfect priors).
   6. Pictures: heat maps of attention maps and mask biases, layers by heads, as SVG: a run's
      attention.svg and the persistence figure.
 
-Imports torch and the standard library (torchvision, tiktoken only inside the functions that
+Imports torch and the standard library (torchvision, PIL, tiktoken only inside the functions that
 need them); never imports train.py.
 """
 
@@ -193,20 +196,25 @@ PAPER_BOOLEAN = {
 # ----------------------------------------------------------------------------------------------
 # 2. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup")
 # ----------------------------------------------------------------------------------------------
-# Three corpora, each returned as a dict of 1-D int64 token tensors {"train", "val", "test"}:
+# Four corpora, each returned as a dict of 1-D int64 token tensors {"train", "val", "test"}:
 #   lm           English prose shipped with Python (pydoc_data.topics, about 465k characters),
 #                byte-level tokens (vocab 256): runs on a fresh machine with nothing downloaded.
 #   tinystories  the first 12k stories of TinyStories for training and 2k for validation; test
 #                falls back to validation, as in the paper. GPT-2 tokens.
 #   wikitext2    WikiText-2 raw, its train / validation / test splits. GPT-2 tokens.
+#   text         the user's own UTF-8 text files (TEXT_FILES): byte-level tokens (vocab 256), or
+#                GPT-2 tokens with --bpe-file; without test.txt, test falls back to validation.
 
-LM_TASKS = ("lm", "tinystories", "wikitext2")
+LM_TASKS = ("lm", "tinystories", "wikitext2", "text")
 GPT2_VOCAB = 50257
 END_OF_TEXT = "<|endoftext|>"
 
 TINYSTORIES_FILES = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
 WIKITEXT2_FILES = ("wikitext-2-raw/wiki.train.raw", "wikitext-2-raw/wiki.valid.raw",
                    "wikitext-2-raw/wiki.test.raw")
+TEXT_FILES = ("train.txt", "valid.txt", "test.txt")    # --task text: the last one optional
+TEXT_LAYOUT = ("DIR/train.txt and DIR/valid.txt (DIR/test.txt optional), UTF-8 text; byte tokens, "
+               "or GPT-2's with --bpe-file")
 BPE_HELP = ("GPT-2's ranks file: r50k_base.tiktoken (the same ids as 'gpt2'; sha256 306cd27f...dd930),"
             " e.g. from a machine with internet: python -c \"import tiktoken; "
             "tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR set, then copy the cached file")
@@ -338,17 +346,52 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
         streams = [torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for t in texts]
         return {"train": streams[0], "val": streams[1], "test": streams[2],
                 "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": False}
+    if name == "text":
+        return text_dataset(data_dir, bpe_file)
     raise ValueError(f"unknown language task {name!r}")
+
+
+def text_dataset(data_dir, bpe_file=None):
+    """--task text: the user's train.txt, valid.txt and optional test.txt in data_dir as token
+    streams: UTF-8 bytes (vocab 256, nothing to download), or GPT-2 tokens with a bpe_file.
+    DataError for a missing, empty, binary or non-UTF-8 file. "files" names each split's file
+    (check_lm_splits quotes it); "info" goes into result.json as "data"."""
+    import os
+    files = {split: os.path.join(data_dir, name)
+             for split, name in zip(("train", "val", "test"), TEXT_FILES)}
+    if not os.path.exists(files["test"]):
+        files["test"] = files["val"]
+    texts = {}
+    for split, path in files.items():
+        texts[split] = _read(data_dir, os.path.basename(path), "text")
+        if not texts[split].strip():
+            raise DataError(f"text: {path} is empty (or white space only)")
+        if "\0" in texts[split]:
+            raise DataError(f"text: {path} holds NUL bytes: a binary file (or UTF-16), not UTF-8 text")
+    if bpe_file is None:
+        streams, vocab, decode = {k: byte_tokens(t) for k, t in texts.items()}, 256, decode_bytes
+        tokenizer = "UTF-8 bytes"
+    else:
+        enc = gpt2_encoding(bpe_file)
+        streams = {k: torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for k, t in texts.items()}
+        vocab, decode, tokenizer = enc.n_vocab, _decoder(enc), f"GPT-2 BPE ({bpe_file})"
+    test_is_val = files["test"] == files["val"]
+    info = {"files": files, "tokenizer": tokenizer, "test_is_val": test_is_val,
+            "tokens": {k: len(v) for k, v in streams.items()}}
+    return {**streams, "vocab_size": vocab, "decode": decode, "test_is_val": test_is_val,
+            "files": files, "info": {"data": info}}
 
 
 def check_lm_splits(data, block_size):
     """DataError for a context longer than a split: every split must hold a window and its
-    next-token targets."""
+    next-token targets. A split read from a file of the user's (--task text) is named by it."""
     for split in ("train", "val", "test"):
+        name, more = (data["files"][split], ", or give it more text") if "files" in data else \
+            (f"the {split} split", "")
         if len(data[split]) <= block_size + 1:
-            raise DataError(f"--block-size {block_size} needs more tokens than the {split} split "
-                            f"holds ({len(data[split])}): choose a block size below "
-                            f"{len(data[split]) - 1}")
+            raise DataError(f"--block-size {block_size} needs more tokens than {name} holds "
+                            f"({len(data[split])}): choose a block size below "
+                            f"{len(data[split]) - 1}{more}")
 
 
 def lm_batch(tokens, block_size, batch_size, generator):
@@ -515,9 +558,11 @@ PAPER_ARITHMETIC = {
 #   imagenet100        an ImageFolder tree DATA/imagenet100/{train,val}/<class>/<image> (e.g. the
 #                      100 classes of https://huggingface.co/datasets/clane9/imagenet-100 written
 #                      out as image files), as the paper's Appendix describes the subset.
+#   images             the user's own images (image_folder_dataset below): any ImageFolder tree,
+#                      grey or colour, any number of classes, ImageNet100's augmentation.
 # --download is opt-in (CIFAR only); without it a missing dataset raises DataError at once.
 
-VISION_TASKS = ("cifar10", "cifar100", "imagenet100")
+VISION_TASKS = ("cifar10", "cifar100", "imagenet100", "images")
 VISION_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet100": 100}
 CIFAR_LAYOUT = {  # folder torchvision expects under --data-dir, and the files in it
     "cifar10": ("cifar-10-batches-py",
@@ -528,27 +573,33 @@ IMAGENET100_FOLDER = "imagenet100"
 # Per-channel mean and std for Normalize: CIFAR's own (as timm's CIFAR recipes) and ImageNet's.
 NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
                  "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-                 "imagenet100": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+                 "imagenet100": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+                 "images": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+RESIZED_CROP_TASKS = ("imagenet100", "images")   # images of any size: timm's ImageNet crops
 
 
-def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scale=0.08):
-    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (3, S, S).
+def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scale=0.08, channels=3):
+    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S),
+    C = channels (1 for grey-scale images of --task images, normalised by the means of ImageNet's
+    three channel means and stds).
 
     train: random crop (CIFAR: resize to image_size, then a crop padded by image_size / 8 as in
-    the usual 4-pixel CIFAR crop; ImageNet100: RandomResizedCrop of crop_scale to all of the
-    image's area, timm's default scale (0.08, 1) at the paper preset), horizontal flip,
-    RandAugment at magnitude 9 (the tables' "RandAug (m9)"). test: resize (ImageNet100: resize to
-    image_size / 0.875 and centre crop, timm's crop_pct). MixUp / CutMix act on whole batches
-    (mixup_cutmix below)."""
+    the usual 4-pixel CIFAR crop; ImageNet100 and images: RandomResizedCrop of crop_scale to all
+    of the image's area, timm's default scale (0.08, 1) at the paper preset), horizontal flip,
+    RandAugment at magnitude 9 (the tables' "RandAug (m9)"). test: resize (ImageNet100 and
+    images: resize to image_size / 0.875 and centre crop, timm's crop_pct). MixUp / CutMix act
+    on whole batches (mixup_cutmix below)."""
     from torchvision.transforms import v2
     mean, std = NORMALIZATION[name]
-    if train and name == "imagenet100":
+    if channels == 1:
+        mean, std = (statistics.fmean(mean),), (statistics.fmean(std),)
+    if train and name in RESIZED_CROP_TASKS:
         geometry = [v2.RandomResizedCrop(image_size, scale=(crop_scale, 1.0), antialias=True),
                     v2.RandomHorizontalFlip()]
     elif train:
         geometry = [v2.Resize(image_size, antialias=True),
                     v2.RandomCrop(image_size, padding=image_size // 8), v2.RandomHorizontalFlip()]
-    elif name == "imagenet100":
+    elif name in RESIZED_CROP_TASKS:
         geometry = [v2.Resize(int(image_size / 0.875), antialias=True), v2.CenterCrop(image_size)]
     else:
         geometry = [v2.Resize(image_size, antialias=True)]
@@ -606,12 +657,155 @@ def _imagenet100(data_dir, split, transform):
         raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
 
 
+# --task images: the user's own images, an ImageFolder tree in one of two layouts (IMAGES_LAYOUT).
+# Class folders are sorted by name (label = position, as torchvision's ImageFolder); hidden
+# folders and files, and files without an image extension, are skipped. Every image's header is
+# read once up front (PIL's Image.verify), so a damaged file is named before training starts,
+# and gives the channels: 1 when every image is grey-scale, else 3 (grey images turned RGB).
+# The one-folder layout holds out IMAGE_HOLD_OUT of each class by a generator seeded with the
+# fixed IMAGE_SPLIT_SEED, not the run's seed: every init and seed of a comparison trains and
+# tests on the same images, and a grid reads the tree once. Images are resized to the preset's
+# image size (cpu 32, paper 224; --image-size to change it), not used at their own size: an
+# ImageFolder tree may mix sizes and aspect ratios, and the ViT's patch grid, hence its prior's
+# N x N pattern and its cost, must be one fixed size.
+IMAGES_LAYOUT = ("DIR/train/<class>/<image> and DIR/val/<class>/<image> (or validation/, test/), "
+                 "or DIR/<class>/<image> with 10 % of each class held out")
+OWN_DATA_HELP = (f"your own data:\n  --task images --data-dir DIR  {IMAGES_LAYOUT}\n"
+                 f"  --task text --data-dir DIR    {TEXT_LAYOUT}")   # train.py --help, at the end
+IMAGE_EVAL_FOLDERS = ("val", "validation", "test")
+IMAGE_HOLD_OUT = 0.1
+IMAGE_SPLIT_SEED = 0
+GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")     # PIL modes of one-channel images
+
+
+class ImageFiles(torch.utils.data.Dataset):
+    """(path, label) samples read by PIL as `mode` ("L" or "RGB") and transformed: torchvision's
+    ImageFolder over a list of files (the same .samples and .classes)."""
+
+    def __init__(self, samples, classes, mode, transform):
+        self.samples, self.classes, self.mode, self.transform = samples, classes, mode, transform
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        path, label = self.samples[i]
+        try:   # a file whose header was fine but whose pixels are cut short fails only here
+            with Image.open(path) as image:
+                image = image.convert(self.mode)
+        except OSError as err:
+            raise DataError(f"images: {path} cannot be decoded ({err}): delete or replace it")
+        return self.transform(image), label
+
+
+def _class_files(folder, layout_hint):
+    """{class: sorted image paths below folder/<class>}, or DataError: no such folder, fewer than
+    two class folders, or a class folder without images."""
+    import os
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+    if not os.path.isdir(folder):
+        raise DataError(f"images: no folder {folder} ({layout_hint})")
+    classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+    if len(classes) < 2:
+        found = f"one class folder, {classes[0]}/" if classes else "no class folders"
+        raise DataError(f"images: {folder} holds {found}; a classifier needs two or more "
+                        f"({layout_hint})")
+    files = {}
+    for name in classes:
+        files[name] = sorted(os.path.join(parent, f) for parent, _, names in
+                             os.walk(os.path.join(folder, name), followlinks=True) for f in names
+                             if f.lower().endswith(IMG_EXTENSIONS) and not f.startswith("."))
+        if not files[name]:
+            raise DataError(f"images: {os.path.join(folder, name)} holds no image files "
+                            f"({' '.join(IMG_EXTENSIONS)})")
+    return files
+
+
+def _hold_out(files, folder):
+    """(train, held-out) {class: paths}: IMAGE_HOLD_OUT of each class, at least one image, drawn
+    by one generator seeded with IMAGE_SPLIT_SEED, the classes in sorted order."""
+    generator = torch.Generator().manual_seed(IMAGE_SPLIT_SEED)
+    train, held = {}, {}
+    for name, paths in files.items():
+        if len(paths) < 2:
+            raise DataError(f"images: {folder}/{name} holds one image; holding out 10 % of each "
+                            f"class (at least one image) needs two or more per class")
+        order = torch.randperm(len(paths), generator=generator).tolist()
+        count = max(1, round(IMAGE_HOLD_OUT * len(paths)))
+        held[name] = sorted(paths[i] for i in order[:count])
+        train[name] = sorted(paths[i] for i in order[count:])
+    return train, held
+
+
+def _image_header(path):
+    """(PIL mode, (width, height)) of an image file, or DataError naming it: PIL reads its header
+    and checks what it can without decoding (Image.verify: every chunk's CRC for PNG)."""
+    from PIL import Image
+    try:
+        with Image.open(path) as image:
+            mode, size = image.mode, image.size
+            image.verify()
+    except Exception as err:   # PIL raises UnidentifiedImageError, SyntaxError, struct.error, ...
+        raise DataError(f"images: {path} is not a readable image ({type(err).__name__}): delete "
+                        f"or replace it")
+    return mode, size
+
+
+def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_scale=0.08):
+    """--task images: {"train", "test", "classes", "channels", "info"} from the user's ImageFolder
+    tree (IMAGES_LAYOUT); "info" goes into result.json as "data": the layout, folders, classes,
+    image counts, channels, the images' own sizes and the split seed."""
+    import os
+    hint = f"--data-dir DIR: {IMAGES_LAYOUT}"
+    train_dir = os.path.join(data_dir, "train")
+    eval_name = next((n for n in IMAGE_EVAL_FOLDERS if os.path.isdir(os.path.join(data_dir, n))), None)
+    if os.path.isdir(train_dir) and eval_name:
+        eval_dir = os.path.join(data_dir, eval_name)
+        train, held = _class_files(train_dir, hint), _class_files(eval_dir, hint)
+        for have, lack, have_dir, lack_dir in ((train, held, train_dir, eval_dir),
+                                               (held, train, eval_dir, train_dir)):
+            missing = sorted(set(have) - set(lack))
+            if missing:
+                raise DataError(f"images: class {missing[0]} has a folder in {have_dir} but not in "
+                                f"{lack_dir}; both need the same class folders")
+        layout = {"layout": "train and eval folders", "train_folder": train_dir,
+                  "eval_folder": eval_dir, "split_seed": None}
+    elif os.path.isdir(train_dir):
+        raise DataError(f"images: {train_dir} has no evaluation folder beside it (val/, "
+                        f"validation/ or test/, with the same class folders)")
+    else:
+        train, held = _hold_out(_class_files(data_dir, hint), data_dir)
+        layout = {"layout": "one folder, 10 % of each class held out", "train_folder": data_dir,
+                  "eval_folder": data_dir, "split_seed": IMAGE_SPLIT_SEED}
+    headers = [_image_header(p) for paths in (*train.values(), *held.values()) for p in paths]
+    channels = 1 if all(mode in GREY_MODES for mode, _ in headers) else 3
+    classes = sorted(train)
+    samples = lambda files: [(p, label) for label, name in enumerate(classes) for p in files[name]]
+    datasets = [ImageFiles(samples(files), classes, "L" if channels == 1 else "RGB",
+                           vision_transform("images", image_size, is_train, randaugment_magnitude,
+                                            crop_scale, channels))
+                for files, is_train in ((train, True), (held, False))]
+    sizes = [size for _, size in headers]
+    info = {**layout, "classes": classes, "train_images": len(datasets[0]),
+            "eval_images": len(datasets[1]), "channels": channels, "resized_to": image_size,
+            "source_size_min": [min(w for w, _ in sizes), min(h for _, h in sizes)],
+            "source_size_max": [max(w for w, _ in sizes), max(h for _, h in sizes)]}
+    return {"train": datasets[0], "test": datasets[1], "classes": len(classes),
+            "channels": channels, "info": {"data": info}}
+
+
 def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9,
                    crop_scale=0.08):
-    """{"train", "test", "classes"}: torchvision datasets with the train / test pipelines."""
+    """{"train", "test", "classes"} (images: also "channels", "info"): torchvision datasets with
+    the train / test pipelines."""
     if name == "imagenet100" and download:
         raise DataError("ImageNet100 has no --download; build the ImageFolder tree "
                         f"{data_dir}/{IMAGENET100_FOLDER}/{{train,val}}/<class>/<image>")
+    if name == "images" and download:
+        raise DataError(f"--task images has no --download; it reads your own images: {IMAGES_LAYOUT}")
+    if name == "images":
+        return image_folder_dataset(data_dir, image_size, randaugment_magnitude, crop_scale)
     train_tf = vision_transform(name, image_size, True, randaugment_magnitude, crop_scale)
     test_tf = vision_transform(name, image_size, False)
     if name == "imagenet100":
@@ -781,9 +975,10 @@ def markdown_table(results, columns, init_order):
 
 def result_tables(results, init_order):
     """The markdown of table.md: per family its table (Boolean: also the persistence table), and
-    {file name: SVG} of the figures of the sweeps the results hold: the arithmetic data-efficiency
-    curve when the train fraction varies, the Boolean mask-magnitude figure when A varies, the
-    imperfect-prior figure when a run's prior was edited (--mask-error)."""
+    {file name: SVG} of its figures: the training curves of every task (curves.svg), and those
+    of the sweeps the results hold: the arithmetic data-efficiency curve when the train fraction
+    varies, the Boolean mask-magnitude figure when A varies, the imperfect-prior figure when a
+    run's prior was edited (--mask-error)."""
     by_family, figures, sections = {}, {}, []
     for r in results:
         by_family.setdefault(FAMILY_OF[r["task"]], []).append(r)
@@ -799,6 +994,9 @@ def result_tables(results, init_order):
         sections.append(f"## Perplexity\n\n{table('language', LM_COLUMNS)}\n")
     if "vision" in by_family:
         sections.append(f"## Best top-1 accuracy\n\n{table('vision', VISION_COLUMNS)}\n")
+    training_curves = curves_svg(results, init_order)
+    if training_curves:
+        figures["curves.svg"] = training_curves
     if "arithmetic" in by_family:
         sections.append(f"## Arithmetic\n\n{table('arithmetic', ARITHMETIC_COLUMNS + truth)}\n")
         curves = curves_of(by_family["arithmetic"], init_order, x=lambda cell: cell[2], y="seq_acc")
@@ -851,18 +1049,19 @@ def magnitude_svg(panels, init_order, width=360, height=260):
                       width * max(len(acc) + len(threesym), len(drift)), 2 * height)
 
 
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#17becf", "#bcbd22"]   # one per init of train.py's INITS
 DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
 
 def line_chart_svg(curves, init_order, x_label, y_label, percent_x=False, y_max=100.0, y_min=0.0,
                    width=360, height=260, pad=48, x_names=None, styles=None):
     """An SVG of one panel per task, one line per init, x on a log scale: the data-efficiency
-    figure (Figure "Test sequence accuracy under varying training
-    fractions") and the mask-magnitude figure. Plain text, no plot library.
-    With x_names, x is an index into these category names, evenly spaced ("\n" splits a name
-    over two lines). styles {line key: (colour, dash)} sets each line's look and leaves the
-    legend to the caller (legend_svg); without it a line's key is an init, coloured by its
-    place in init_order and named in the panel. y runs from y_min to y_max (None: the largest y)."""
+    figure (Figure "Test sequence accuracy under varying training fractions") and the
+    mask-magnitude figure. Plain text, no plot library. With x_names, x is an index into these
+    category names, evenly spaced ("\n" splits a name over two lines). styles {line key:
+    (colour, dash)} sets each line's look and leaves the legend to the caller (legend_svg);
+    without it a line's key is an init, coloured by its place in init_order and named in the
+    panel. y runs from y_min to y_max (None: the largest y)."""
     xs = sorted({x for lines in curves.values() for pts in lines.values() for x, _ in pts})
     top = y_max or max(y for lines in curves.values() for pts in lines.values() for _, y in pts) or 1
     if x_names:
@@ -959,6 +1158,172 @@ def imperfect_svg(results, init_order, width=400, height=270):
                     width=width, height=height, x_names=names, styles=styles))] if (task, a) in curves else []
     charts.append((len(metrics) * width + 10, 20, legend_svg(legend, "lines: mean over seeds")))
     return placed_svg(charts, len(metrics) * width + 230, rows * height)
+
+
+# Training curves (curves.svg): per task one row of two charts against the history's epoch or
+# iteration, the training loss (each round's mean) and the main metric of the task's table (at
+# each evaluation), one line per init: the mean over seeds, in a band from the lowest to the
+# highest seed when there are several. A grid that varies the train fraction, A or the mask
+# decay gets a line per value too (same colour per init, a dash pattern per value).
+LOSS_LABELS = {"boolean": "training loss (MSE)",
+               "arithmetic": "training loss (cross-entropy / digit)",
+               "language": "training loss (cross-entropy / token)",
+               "vision": "training loss (cross-entropy)"}
+DASHES = ("", "7,4", "2,3", "9,3,2,3")
+
+
+def main_metric(task):
+    """(history key, axis label) of the task's main metric, as its table reports it."""
+    family = FAMILY_OF[task]
+    if family == "boolean":
+        return ("test_acc", "test accuracy (%), whole cube") if BOOLEAN_TASKS[task].values else \
+            ("test_loss", "test loss (MSE), whole cube")
+    return {"arithmetic": ("sample_seq_acc", "held-out seq acc (%), 10,000 pairs"),
+            "language": ("val_ppl", "validation perplexity"),
+            "vision": ("test_top1", "test top-1 accuracy (%)")}[family]
+
+
+def curve_lines(results, init_order):
+    """{task (with its mask variant): (task, {line label: (init, [each seed's history])})} of the
+    finished runs that have a history; a line per init and train fraction, A and mask decay,
+    labelled by the init and what the task's runs vary."""
+    drawable = lambda h: isinstance(h, list) and h and all(isinstance(e, dict) for e in h)
+    runs = sorted((r for r in results if r["status"] == "done" and drawable(r.get("history"))),
+                  key=lambda r: (list(FAMILY_OF).index(r["task"]), init_order.index(r["init"]),
+                                 [v or 0 for v in cell_of(r)[2:]], r["seed"]))
+    by_task = {}
+    for r in runs:
+        by_task.setdefault(cell_of(r)[0], []).append(r)
+    rows = {}
+    for task, task_runs in by_task.items():
+        varied = [(i, name) for i, name in ((2, "frac"), (3, "A"), (4, "decay"))
+                  if len({cell_of(r)[i] for r in task_runs}) > 1]
+        lines = {}
+        for r in task_runs:
+            cell = cell_of(r)
+            label = " ".join([r["init"], *(f"{name} {cell[i] or 0:g}" for i, name in varied)])
+            lines.setdefault(label, (r["init"], []))[1].append(r["history"])
+        rows[task] = (task_runs[0]["task"], lines)
+    return rows
+
+
+def mean_band(histories, key):
+    """[(x, mean, lowest, highest)] over the seeds' finite values of key, at each epoch or
+    iteration where some seed's history has one (anything else is left out)."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    values = {}
+    for history in histories:
+        for entry in history:
+            x, value = entry.get("iter", entry.get("epoch")), entry.get(key)
+            if number(x) and number(value):
+                values.setdefault(x, []).append(value)
+    return [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(values.items())]
+
+
+def nice_ticks(lo, hi, log=False, whole=False):
+    """Round tick values in [lo, hi]: steps of 1, 2 or 5 x 10^k giving about five ticks (whole:
+    steps of 1 or more, for epochs and iterations), or on a log axis the powers of ten (and 2
+    and 5 times them across fewer than three decades)."""
+    if log:
+        decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+        mantissas = (1,) if len(decades) > 3 else (1, 2, 5)
+        return [m * 10.0 ** k for k in decades for m in mantissas if lo <= m * 10.0 ** k <= hi]
+    raw = max((hi - lo) / 5, 1.0 if whole else 0.0) or 1.0
+    base = 10 ** math.floor(math.log10(raw))
+    step = next(m * base for m in (1, 2, 5, 10) if m * base >= raw * 0.999)
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    ticks = (round(k * step, 10) for k in range(first, last + 1))
+    return [t for t in ticks if lo <= t <= hi]
+
+
+def chart_svg(x0, y0, lines, x_label, y_label, percent, width=380, height=250):
+    """One chart at (x0, y0): lines = [(label, colour, dash, [(x, mean, low, high)])]; x from 0,
+    y from 0 to 100 for percentages, else the data's range, on a log scale when it spans a
+    factor of ten or more (the axis label says so)."""
+    from xml.sax.saxutils import escape
+    left, right, top, bottom = 64, 14, 8, 40
+    points = [p for *_, pts in lines for p in pts]
+    x_hi = max(p[0] for p in points) or 1
+    ys = [v for p in points for v in p[1:]]
+    log = not percent and min(ys) > 0 and max(ys) >= 10 * min(ys)
+    if percent:
+        y_lo, y_hi = 0.0, 100.0
+    elif log:
+        y_lo, y_hi = min(ys) / 1.15, max(ys) * 1.15
+    else:
+        pad = (max(ys) - min(ys)) * 0.06 or abs(max(ys)) * 0.1 or 1.0
+        y_lo, y_hi = min(ys) - pad, max(ys) + pad
+    scale = math.log10 if log else (lambda v: v)
+    px = lambda x: x0 + left + x / x_hi * (width - left - right)
+    span = (scale(y_hi) - scale(y_lo)) / (height - top - bottom)         # y units per pixel
+    py = lambda y: y0 + top + (scale(y_hi) - scale(y)) / span
+    x_ticks, y_ticks = nice_ticks(0, x_hi, whole=True), nice_ticks(y_lo, y_hi, log)
+    bottom_y, right_x = y0 + height - bottom, x0 + width - right
+    parts = [f'<path d="M{px(x):.1f},{y0 + top}V{bottom_y}" stroke="#e4e4e4"/>' for x in x_ticks]
+    parts += [f'<path d="M{x0 + left},{py(y):.1f}H{right_x}" stroke="#e4e4e4"/>' for y in y_ticks]
+    parts.append(f'<path d="M{x0 + left},{y0 + top}V{bottom_y}H{right_x}" fill="none" stroke="black"/>')
+    parts += [f'<text x="{px(x):.1f}" y="{bottom_y + 14}" text-anchor="middle">{x:g}</text>'
+              for x in x_ticks]
+    parts += [f'<text x="{x0 + left - 5}" y="{py(y) + 4:.1f}" text-anchor="end">'
+              f'{f"{y:g}".replace("e-0", "e-")}</text>' for y in y_ticks]
+    middle = y0 + top + (height - top - bottom) / 2
+    parts.append(f'<text x="{x0 + left + (width - left - right) / 2}" y="{bottom_y + 32}" '
+                 f'text-anchor="middle">{escape(x_label)}</text><text x="{x0 + 14}" y="{middle}" '
+                 f'transform="rotate(-90 {x0 + 14} {middle})" text-anchor="middle">'
+                 f'{escape(y_label)}{", log scale" if log else ""}</text>')
+    for label, colour, dash, pts in lines:
+        if any(low != high for _, _, low, high in pts):
+            outline = [(x, high) for x, _, _, high in pts] + [(x, low) for x, _, low, _ in reversed(pts)]
+            parts.append(f'<polygon points="{" ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in outline)}" '
+                         f'fill="{colour}" fill-opacity="0.18" stroke="none"/>')
+        parts.append(f'<polyline points="{" ".join(f"{px(x):.1f},{py(m):.1f}" for x, m, _, _ in pts)}" '
+                     f'fill="none" stroke="{colour}" stroke-width="2" '
+                     f'stroke-dasharray="{dash or "none"}"><title>{escape(label)}</title></polyline>')
+        if len(pts) <= 30:    # markers show every evaluation, and a line of one point
+            parts += [f'<circle cx="{px(x):.1f}" cy="{py(m):.1f}" r="2.5" fill="{colour}"/>'
+                      for x, m, _, _ in pts]
+    return "".join(parts)
+
+
+def curves_svg(results, init_order, width=380, height=250, legend=230):
+    """curves.svg: per task a row with its training-loss chart, its main-metric chart and a
+    legend (one line per init, the seeds it averages). None when no finished run has a history."""
+    from xml.sax.saxutils import escape
+    rows = curve_lines(results, init_order)
+    if not rows:
+        return None
+    caption = ("Training curves (the histories in result.json): line = mean over seeds, shaded "
+               "band = lowest to highest seed")
+    parts, y0 = [f'<text x="10" y="20" font-size="13">{caption}</text>'], 34
+    for task_label, (task, lines) in rows.items():
+        family = FAMILY_OF[task]
+        unit = "iter" if any("iter" in h[0] for _, hs in lines.values() for h in hs) else "epoch"
+        x_label = "iteration (optimizer steps)" if unit == "iter" else "epoch"
+        key, metric_label = main_metric(task)
+        seen, styled = {}, []
+        for label, (init, histories) in lines.items():
+            variant = seen[init] = seen.get(init, -1) + 1
+            styled.append((label, COLOURS[init_order.index(init) % len(COLOURS)],
+                           DASHES[variant % len(DASHES)], histories))
+        parts.append(f'<text x="10" y="{y0 + 14}" font-size="14" font-weight="bold">'
+                     f'{escape(task_label)}</text><text x="{10 + 9 * len(task_label) + 8}" '
+                     f'y="{y0 + 14}">{"Boolean" if family == "boolean" else family} task</text>')
+        charts = (("train_loss", LOSS_LABELS[family]), (key, metric_label))
+        for column, (y_key, y_label) in enumerate(charts):
+            drawn = [(label, colour, dash, mean_band(hs, y_key)) for label, colour, dash, hs in styled]
+            drawn = [line for line in drawn if line[3]]
+            if drawn:
+                parts.append(chart_svg(column * width, y0 + 22, drawn, x_label, y_label,
+                                       "(%)" in y_label, width, height))
+        for i, (label, colour, dash, histories) in enumerate(styled):     # the legend
+            y, seeds = y0 + 40 + 18 * i, f"{len(histories)} seed{'s' if len(histories) > 1 else ''}"
+            parts.append(f'<path d="M{2 * width + 6},{y - 4}h26" stroke="{colour}" stroke-width="2" '
+                         f'stroke-dasharray="{dash or "none"}"/><text x="{2 * width + 38}" y="{y}">'
+                         f'{escape(label)} ({seeds})</text>')
+        y0 += 22 + max(height, 40 + 18 * len(styled)) + 10
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * width + legend}" height="{y0}" '
+            f'font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>'
+            + "".join(parts) + "</svg>\n")
 
 
 def summary_line(result):

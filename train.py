@@ -4,6 +4,7 @@
     python train.py --task addition --init default mask            # arithmetic, Section 5.2
     python train.py --task lm --init mask                          # language, Appendix "Wiki-text"
     python train.py --task cifar10 --init impulse --data-dir data  # vision, Section 5.3
+    python train.py --task images --data-dir DIR                   # your own images (text: --help)
     python train.py --summarize runs/grid                          # tables of finished runs
 
 Read top to bottom: presets (the paper's setup tables), command line, utilities, the four
@@ -85,9 +86,10 @@ VISION_PRESETS = {"paper": {
 VISION_PRESETS["cpu"] = {**VISION_PRESETS["paper"], "epochs": 10, "lr": 1e-3, "batch_size": 128,
                          "warmup_epochs": 1, "warmup_lr": 1e-5, "min_lr": 1e-5, "image_size": 32,
                          "patch_size": 4, "layers": 6, "dim": 96, "mlp_dim": 384}
-# Per-task changes to a preset: (family, preset) -> {task: {key: value}}; cpu imagenet100: small data.
+# Per-task changes to a preset: (family, preset) -> {task: {key: value}}; cpu: small-data images.
 TASK_PRESETS = {
-    ("vision", "cpu"): {"imagenet100": {"epochs": 40, "mixup": 0.0, "cutmix": 0.0, "crop_scale": 0.35}},
+    ("vision", "cpu"): {t: {"epochs": 40, "mixup": 0.0, "cutmix": 0.0, "crop_scale": 0.35}
+                        for t in ("imagenet100", "images")},
     ("boolean", "cpu"): {"cyclic3": {"epochs": 20}},
     ("arithmetic", "cpu"): {"multiplication": {"epochs": 20}},
     ("language", "paper"): {"tinystories": {"iters": 5000}, "wikitext2": {"iters": 3000}},
@@ -153,7 +155,8 @@ def number(kind, strict=True):
     return parse
 
 def build_parser():
-    p = Parser(prog="train.py", description=__doc__.split("\n")[0])
+    p = Parser(prog="train.py", description=__doc__.split("\n")[0], epilog=tasks.OWN_DATA_HELP,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     every_task = [t for f in FAMILIES.values() for t in f["tasks"]]
     p.add_argument("--task", nargs="+", default=["majority"], choices=every_task + ["all"],
                    help="task(s); 'all' = every Boolean task")
@@ -547,7 +550,7 @@ def lm_setup(task, init, seed, config, device, data, rank):
                 "tokens_per_second": state["samples"] * T * world / state["train_seconds"],
                 "sample": data["decode"](sample[0].tolist())}
     return Experiment(model, optimizer, cosine(optimizer, iters), rounds, iters, batches, loss_of,
-                      validation, final, unit="iter", generators=(windows,))
+                      validation, final, unit="iter", generators=(windows,), info=data.get("info", {}))
 
 
 # --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup: Tables "Experimental setup for ..."
@@ -559,8 +562,8 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     L, H = config["layers"], config["heads"]
     pattern = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])
     rates = torch.linspace(0, config["drop_path"], L).tolist()   # drop path rising to 0.1
-    model = maskprior.ViT(config["image_size"], config["patch_size"], data["classes"],
-                          config["dim"], L, H, config["mlp_dim"], mode=INITS[init][0],
+    model = maskprior.ViT(config["image_size"], config["patch_size"], data["classes"], config["dim"], L,
+                          H, config["mlp_dim"], channels=data.get("channels", 3), mode=INITS[init][0],
                           masks=mask_inits(init, scaled_pattern(pattern, config, "vision")),
                           pool=config["pool"], drop_paths=[StochasticDepth(r, "row") for r in rates])
     seconds = add_prior(model, init, pattern, seed)
@@ -589,8 +592,7 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
         images, soft_targets = mix(images, labels)                     # (B, C, S, S), (B, classes)
         with tasks.autocast(device):
             logits = net(images)                                       # (B, classes)
-        return F.cross_entropy(logits.float(), soft_targets,
-                               label_smoothing=config["label_smoothing"])
+        return F.cross_entropy(logits.float(), soft_targets, label_smoothing=config["label_smoothing"])
     def top1():    # top-1 % and mean cross-entropy on the whole test set, summed over the ranks
         correct, total, n = (sum(v) for v in zip(*gather(tasks.vision_scores(model, test_loader), world)))
         return {"test_top1": 100.0 * correct / n, "test_loss": total / n}
@@ -601,12 +603,10 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
                 "train_loss": last["train_loss"],
                 "images_per_second": state["samples"] * world / state["train_seconds"]}
     probe = torch.stack([data["test"][i][0] for i in range(min(64, len(data["test"])))])  # fixed
-    return Experiment(
-        model, optimizer, vision_schedule(optimizer, config, len(train_loader)), rounds,
-        rounds * len(train_loader), batches, loss_of,
-        top1, final,
-        eval_every=config["eval_every"], probe=probe, probe_batch=16, pattern=pattern,
-        info={"init_seconds": seconds})
+    return Experiment(model, optimizer, vision_schedule(optimizer, config, len(train_loader)), rounds,
+                      rounds * len(train_loader), batches, loss_of, top1, final,
+                      eval_every=config["eval_every"], probe=probe, probe_batch=16, pattern=pattern,
+                      info={"init_seconds": seconds, **data.get("info", {})})
 
 def vision_schedule(optimizer, config, steps_per_epoch):
     """Per-step lr (Tables "Experimental setup for CIFAR10 / CIFAR100 / ImageNet100"): linear
@@ -866,7 +866,7 @@ def summarize(root):
 # 8. Reporting: tables (tasks.result_tables) and pictures
 # ----------------------------------------------------------------------------------------------
 def write_tables(root, results):
-    """table.md under root (printed too), and the SVG figures of the sweeps it holds."""
+    """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds."""
     text, figures = tasks.result_tables(results, list(INITS))
     os.makedirs(root, exist_ok=True)
     for name, content in {**figures, "table.md": text}.items():

@@ -1,7 +1,8 @@
 """Test scaffolding, written without NumPy, for offline checks of the vision pipeline (tests,
-tests/bench_vision.py): a synthetic CIFAR-10 in the real files' python-pickle layout, and
-synthetic hand-drawn-like digits in the ImageFolder layout of --task imagenet100; and, for the
-language tests, a tiny tiktoken ranks file.
+tests/bench_vision.py): a synthetic CIFAR-10 in the real files' python-pickle layout, synthetic
+hand-drawn-like digits in the ImageFolder layout of --task imagenet100, a user's own data for
+--task images (shapes, grey or colour, in either layout) and --task text (English prose); and, for
+the language tests, a tiny tiktoken ranks file.
 
     python tests/synthetic.py DIR [TRAIN_SIZE TEST_SIZE]             # CIFAR-10 layout
     python tests/synthetic.py --digits DIR [TRAIN_SIZE TEST_SIZE]    # DIR/imagenet100/{train,val}
@@ -119,6 +120,72 @@ def write_tiny_ranks(path):
     lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+# Shapes for a user's own ImageFolder tree (--task images): class folders named by the shape.
+SHAPES = ("disc", "ring", "square", "frame", "triangle", "diamond", "cross", "plus", "hbar", "vbar")
+
+
+def shape_image(shape, g, size=32, mode="L", noise=16.0):
+    """One image (PIL mode "L" or "RGB", size x size) of a shape of SHAPES: random size and
+    position; grey: white on black; colour: a random bright colour on a random dark one (the
+    class is in the shape, not the colour); plus Gaussian noise of std `noise` levels."""
+    def u(lo, hi):
+        return lo + (hi - lo) * torch.rand((), generator=g).item()
+    half, cx, cy = u(0.25, 0.4) * size, u(0.4, 0.6) * size, u(0.4, 0.6) * size
+    x0, y0, x1, y1 = cx - half, cy - half, cx + half, cy + half
+    colour = lambda lo, hi: int(u(lo, hi)) if mode == "L" else tuple(int(u(lo, hi)) for _ in "rgb")
+    ink, width = colour(200, 256) if mode == "L" else colour(90, 256), max(1, size // 10)
+    image = Image.new(mode, (size, size), colour(0, 40))
+    draw = ImageDraw.Draw(image)
+    lines = {"cross": [((x0, y0), (x1, y1)), ((x0, y1), (x1, y0))],
+             "plus": [((cx, y0), (cx, y1)), ((x0, cy), (x1, cy))]}.get(shape, [])
+    for line in lines:
+        draw.line(line, fill=ink, width=width)
+    polygons = {"triangle": [(cx, y0), (x1, y1), (x0, y1)],
+                "diamond": [(cx, y0), (x1, cy), (cx, y1), (x0, cy)]}
+    if shape in polygons:
+        draw.polygon(polygons[shape], fill=ink)
+    if shape in ("disc", "ring"):
+        draw.ellipse([x0, y0, x1, y1], fill=ink if shape == "disc" else None, outline=ink, width=width)
+    if shape in ("square", "frame"):
+        draw.rectangle([x0, y0, x1, y1], fill=ink if shape == "square" else None, outline=ink, width=width)
+    if shape in ("hbar", "vbar"):
+        draw.rectangle([x0, cy - width, x1, cy + width] if shape == "hbar" else
+                       [cx - width, y0, cx + width, y1], fill=ink)
+    pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).float()
+    pixels = (pixels + noise * torch.randn(len(pixels), generator=g)).clamp(0, 255)
+    return Image.frombytes(mode, (size, size), bytes(pixels.round().to(torch.uint8).tolist()))
+
+
+def write_image_tree(root, classes=SHAPES, per_class=10, size=32, mode="L", layout="split",
+                     eval_per_class=3, eval_folder="val", seed=0):
+    """An ImageFolder tree of shape_image PNGs for --task images. layout "split":
+    root/train/<shape>/<n>.png (per_class each) and root/<eval_folder>/<shape>/<n>.png
+    (eval_per_class each); "one folder": root/<shape>/<n>.png (per_class each). Returns root."""
+    g = torch.Generator().manual_seed(seed)
+    splits = [("train", per_class), (eval_folder, eval_per_class)] if layout == "split" else [("", per_class)]
+    for split, count in splits:
+        for shape in classes:
+            folder = os.path.join(root, split, shape)
+            os.makedirs(folder, exist_ok=True)
+            for n in range(count):
+                shape_image(shape, g, size, mode).save(os.path.join(folder, f"{n}.png"))
+    return root
+
+
+def write_text_files(root, train_chars=4000, valid_chars=1000, test_chars=0):
+    """train.txt, valid.txt (and test.txt when test_chars > 0) for --task text: consecutive
+    pieces of English prose from Python's own pydoc_data.topics (tasks.embedded_corpus)."""
+    from tasks import TEXT_FILES, embedded_corpus
+    text, start = embedded_corpus(), 0
+    os.makedirs(root, exist_ok=True)
+    for name, count in zip(TEXT_FILES, (train_chars, valid_chars, test_chars)):
+        if count:
+            with open(os.path.join(root, name), "w", encoding="utf-8") as f:
+                f.write(text[start:start + count])
+            start += count
+    return root
 
 
 if __name__ == "__main__":
