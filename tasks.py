@@ -1164,7 +1164,7 @@ def imperfect_svg(results, init_order, width=400, height=270):
 # iteration, the training loss (each round's mean) and the main metric of the task's table (at
 # each evaluation), one line per init: the mean over seeds, in a band from the lowest to the
 # highest seed when there are several. A grid that varies the train fraction, A or the mask
-# decay gets a line per value too (same colour per init, a dash pattern per value).
+# decay, the mask error or the mask lr gets a line per value too (same colour per init, a dash pattern per value).
 LOSS_LABELS = {"boolean": "training loss (MSE)",
                "arithmetic": "training loss (cross-entropy / digit)",
                "language": "training loss (cross-entropy / token)",
@@ -1190,18 +1190,20 @@ def curve_lines(results, init_order):
     drawable = lambda h: isinstance(h, list) and h and all(isinstance(e, dict) for e in h)
     runs = sorted((r for r in results if r["status"] == "done" and drawable(r.get("history"))),
                   key=lambda r: (list(FAMILY_OF).index(r["task"]), init_order.index(r["init"]),
-                                 [v or 0 for v in cell_of(r)[2:]], r["seed"]))
+                                 [(isinstance(v, str), v if isinstance(v, str) else v or 0)
+                                  for v in cell_of(r)[2:]], r["seed"]))
     by_task = {}
     for r in runs:
         by_task.setdefault(cell_of(r)[0], []).append(r)
     rows = {}
     for task, task_runs in by_task.items():
-        varied = [(i, name) for i, name in ((2, "frac"), (3, "A"), (4, "decay"))
-                  if len({cell_of(r)[i] for r in task_runs}) > 1]
+        varied = [(i, name) for i, name in ((2, "frac"), (3, "A"), (4, "decay"), (5, "error"),
+                                            (6, "mask lr")) if len({cell_of(r)[i] for r in task_runs}) > 1]
         lines = {}
         for r in task_runs:
             cell = cell_of(r)
-            label = " ".join([r["init"], *(f"{name} {cell[i] or 0:g}" for i, name in varied)])
+            value = lambda v: v if isinstance(v, str) else f"{v or 0:g}"     # none / exact: 0
+            label = " ".join([r["init"], *(f"{name} {value(cell[i])}" for i, name in varied)])
             lines.setdefault(label, (r["init"], []))[1].append(r["history"])
         rows[task] = (task_runs[0]["task"], lines)
     return rows
