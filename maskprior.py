@@ -438,7 +438,7 @@ class Transformer(nn.Module):
     """
 
     def __init__(self, vocab_size, seq_len, dim, depth, heads, mlp_dim, out_dim, head_dim=None,
-                 masks=None, mode="none", cls_token=True, readout="cls", dropout=0.0):
+                 masks=None, mode="none", cls_token=True, readout="cls", dropout=0.0, pos_std=0.02):
         super().__init__()
         if masks is not None and tuple(masks.shape[:2]) != (depth, heads):
             raise ValueError(f"masks must have shape (depth, heads, seq_len, seq_len) = "
@@ -447,10 +447,12 @@ class Transformer(nn.Module):
             raise ValueError("readout='cls' needs cls_token=True")
         self.readout = readout
         self.embed = nn.Embedding(vocab_size, dim)
-        # CLS starts at zero and learned positions at N(0, 0.02^2), as in nanoGPT and timm's ViT
-        # (the GOTU code draws both from N(0, 1)).
+        # CLS starts at zero and learned positions at N(0, pos_std^2), pos_std = 0.02 as in nanoGPT
+        # and timm's ViT. The GOTU code draws both from N(0, 1); positions that large are what lets
+        # a vanilla model route attention by position early enough to fit cyclic3 (its cpu preset
+        # sets pos_std = 1).
         self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if cls_token else None
-        self.pos = nn.Parameter(0.02 * torch.randn(1, seq_len, dim))
+        self.pos = nn.Parameter(pos_std * torch.randn(1, seq_len, dim))
         self.blocks = nn.ModuleList(
             Block(dim, heads, seq_len, mlp_dim, head_dim,
                   None if masks is None else masks[layer], mode, dropout=dropout)
