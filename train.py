@@ -186,7 +186,7 @@ def build_parser():
                    help="arithmetic: held-out pairs to score, a number or 'all' (default 100000)")
     p.add_argument("--data-dir", default="data", help="where corpus and image files live")
     p.add_argument("--bpe-file", help="GPT-2 ranks file for tiktoken (offline tokenizer)")
-    p.add_argument("--resume", action="store_true", help="continue from the run's checkpoint.pt")
+    p.add_argument("--resume", action="store_true", help="continue from checkpoint.pt (a grid: all)")
     p.add_argument("--workers", type=number(int, strict=False), help="vision: loader processes")
     p.add_argument("--download", action="store_true", help="vision: fetch CIFAR if missing")
     p.add_argument("--compile", action="store_true", help="vision: torch.compile the model")
@@ -793,9 +793,18 @@ def main(argv=None):
         out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
         try:
             config = make_config(family, task, args, *sweeps)
+            run_args = args
+            if grid and args.resume:   # a killed grid: keep its finished runs, start the unstarted
+                old = os.path.exists(os.path.join(out_dir, "result.json")) and read_result(
+                    os.path.join(out_dir, "result.json"))
+                if old and old["status"] == "done" and old["config"] == config:
+                    results.append(old)
+                    continue
+                run_args = argparse.Namespace(**{**vars(args), "resume": os.path.exists(
+                    os.path.join(out_dir, "checkpoint.pt"))})
             data = load_data(family, task, config, args, device, cache)
             check_fits(family, config)
-            result = run(family, task, init, seed, config, device, out_dir, data, args)
+            result = run(family, task, init, seed, config, device, out_dir, data, run_args)
         except (UsageError, tasks.DataError) as err:
             print(f"train.py: error: {err}", file=sys.stderr)
             return 2
@@ -861,8 +870,7 @@ def summarize(root):
              if "result.json" in files]
     results = [r for r in map(read_result, paths) if r is not None]
     if not results:
-        print(f"train.py: error: --summarize: no readable result.json below {root}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--summarize: no readable result.json below {root}")
     write_tables(root, results)
     return 0 if len(results) == len(paths) else 1
 
@@ -877,7 +885,6 @@ def write_tables(root, results):
     for name, content in {**figures, "table.md": text}.items():
         write_atomic(os.path.join(root, name), content)
     print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")
-
 
 def save_pictures(out_dir, snapshots, model):
     """attention_<when>.pt of the newest snapshot, and attention.svg of all so far ("before",

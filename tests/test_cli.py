@@ -245,3 +245,31 @@ def test_killed_boolean_run_resumes_and_ends_where_an_uninterrupted_one_does(tmp
     assert [h["epoch"] for h in whole["history"]] == [1, 2] and "test_loss" in whole["history"][0]
     assert resumed["history"] == whole["history"]
     assert resumed["final"] == whole["final"]
+
+
+def test_a_killed_grid_resumes_keeping_its_finished_runs(tmp_path, monkeypatch, one_thread):
+    """--resume on a grid: a finished run is read back, not run again; the killed run continues
+    from its checkpoint; a run that never started starts; all end as in the uninterrupted grid."""
+    import train
+    args = ["--task", "majority", "--init", "default", "mask", "mask-zero", *TINY]
+    assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    real_save = train.save_checkpoint
+
+    def die_in_the_mask_run(path, state):
+        real_save(path, state)
+        if path.endswith(os.path.join("majority-mask-seed0", "checkpoint.pt")):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "save_checkpoint", die_in_the_mask_run)
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*args, "--out", str(tmp_path / "killed")])
+    monkeypatch.setattr(train, "save_checkpoint", real_save)
+    finished = tmp_path / "killed" / "majority-default-seed0" / "result.json"
+    written_at = finished.stat().st_mtime_ns
+    assert not (tmp_path / "killed" / "majority-mask-zero-seed0").exists()
+    assert train.main([*args, "--out", str(tmp_path / "killed"), "--resume"]) == 0
+    assert finished.stat().st_mtime_ns == written_at
+    for name in ("majority-default-seed0", "majority-mask-seed0", "majority-mask-zero-seed0"):
+        whole, resumed = (json.loads((tmp_path / grid / name / "result.json").read_text())
+                          for grid in ("whole", "killed"))
+        assert resumed["final"] == whole["final"], name
