@@ -550,7 +550,7 @@ def mask_cyclic3(depth, heads, d=15):
     In layers 0-1 CLS sees only itself: a CLS that read raw bits early could fit the
     minimum-degree shortcut (Principle 2). A model with fewer than 3 layers gets the build layers
     only (depth 1: the pairs layer); the paper's Boolean models have 4.
-    mask_cyclic3_direct is the earlier one-layer pattern, kept as a named variant.
+    mask_cyclic3_direct encodes each triple within one layer instead (--mask-variant direct).
     """
     n = d + 1
     build = _pattern(_diagonal(n) + [(_bit(i), _bit((i + 1) % d)) for i in range(d)], n)
