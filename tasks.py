@@ -1163,13 +1163,12 @@ def imperfect_svg(results, init_order, width=400, height=270):
 # Training curves (curves.svg): per task one row of two charts against the history's epoch or
 # iteration, the training loss (each round's mean) and the main metric of the task's table (at
 # each evaluation), one line per init: the mean over seeds, in a band from the lowest to the
-# highest seed when there are several. A grid that varies the train fraction, A or the mask
-# decay, the mask error or the mask lr gets a line per value too (same colour per init, a dash pattern per value).
+# highest seed when there are several. A grid that varies the train fraction, A, the mask decay,
+# the mask error or the mask lr gets a line per value too (same colour per init, a dash per value).
 LOSS_LABELS = {"boolean": "training loss (MSE)",
                "arithmetic": "training loss (cross-entropy / digit)",
                "language": "training loss (cross-entropy / token)",
                "vision": "training loss (cross-entropy)"}
-DASHES = ("", "7,4", "2,3", "9,3,2,3")
 
 
 def main_metric(task):
