@@ -1062,19 +1062,19 @@ def line_chart_svg(curves, init_order, x_label, y_label, percent_x=False, y_max=
     (colour, dash)} sets each line's look and leaves the legend to the caller (legend_svg);
     without it a line's key is an init, coloured by its place in init_order and named in the
     panel. y runs from y_min to y_max (None: the largest y)."""
-    xs = sorted({x for lines in curves.values() for pts in lines.values() for x, _ in pts})
     top = y_max or max(y for lines in curves.values() for pts in lines.values() for _, y in pts) or 1
-    if x_names:
-        xs = range(len(x_names))
-        x_of = lambda v: pad + (v + 0.5) / len(x_names) * (width - 1.5 * pad)
-    else:
-        lo, hi = math.log10(xs[0]), math.log10(xs[-1])
-        x_of = lambda v: pad + (math.log10(v) - lo) / ((hi - lo) or 1) * (width - 1.5 * pad)
     y_of = lambda v: height - pad - (v - y_min) / (top - y_min) * (height - 1.5 * pad)
     tick = lambda v: x_names[v] if x_names else f"{100 * v:g}%" if percent_x else f"{v:g}"
     look = styles or {init: (COLOURS[init_order.index(init) % len(COLOURS)], "") for init in init_order}
     parts = []
     for panel, (task, lines) in enumerate(curves.items()):
+        if x_names:
+            xs = range(len(x_names))
+            x_of = lambda v: pad + (v + 0.5) / len(x_names) * (width - 1.5 * pad)
+        else:       # each panel spans its own x values (addition's fractions are not multiplication's)
+            xs = sorted({x for pts in lines.values() for x, _ in pts})
+            lo, hi = math.log10(xs[0]), math.log10(xs[-1])
+            x_of = lambda v: pad + (math.log10(v) - lo) / ((hi - lo) or 1) * (width - 1.5 * pad)
         parts.append(f'<g transform="translate({panel * width},0)" font-family="sans-serif" '
                      f'font-size="11"><text x="{width / 2}" y="16" text-anchor="middle" '
                      f'font-size="13">{task}</text><path d="M{pad},{pad / 2}V{height - pad}'

@@ -177,6 +177,23 @@ def test_sweep_writes_the_data_efficiency_table_and_picture(tmp_path, run_cli):
     assert len(lines) == 2 and all(len(l.get("points").split()) == 2 for l in lines)
 
 
+def test_each_data_efficiency_panel_spans_its_own_train_fractions():
+    # the two panels of Figure "Test sequence accuracy under varying training fractions": addition
+    # and multiplication are swept over different fractions, each panel's axis holds only its own
+    curves = {"addition": {"default": [(0.001, 1.0), (0.01, 99.0)], "mask": [(0.001, 95.0), (0.01, 100.0)]},
+              "multiplication": {"default": [(0.01, 0.0), (0.03, 1.0), (0.1, 40.0)]}}
+    width, pad = 360, 40
+    svg = ET.fromstring(tasks.line_chart_svg(curves, ["default", "mask"], "train fraction", "seq acc (%)",
+                                             percent_x=True, width=width, pad=pad))
+    ns = "{http://www.w3.org/2000/svg}"
+    for panel, (task, lines) in zip(svg.findall(f"{ns}g"), curves.items()):
+        ticks = {t.text for t in panel.findall(f".//{ns}tspan")}
+        assert ticks == {f"{100 * x:g}%" for pts in lines.values() for x, _ in pts}, task
+        xs = [float(p.split(",")[0]) for line in panel.findall(f"{ns}polyline")
+              for p in line.get("points").split()]
+        assert min(xs) == pytest.approx(pad) and max(xs) == pytest.approx(width - pad / 2), task
+
+
 @pytest.mark.parametrize("args, message", [
     (["--task", "addition", "--train-frac", "1.5"], "must lie strictly between 0 and 1"),
     (["--task", "addition", "--eval-size", "0"], "--eval-size"),
