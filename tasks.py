@@ -1066,12 +1066,12 @@ def line_chart_svg(curves, init_order, x_label, y_label, percent_x=False, y_max=
     y_of = lambda v: height - pad - (v - y_min) / (top - y_min) * (height - 1.5 * pad)
     tick = lambda v: x_names[v] if x_names else f"{100 * v:g}%" if percent_x else f"{v:g}"
     look = styles or {init: (COLOURS[init_order.index(init) % len(COLOURS)], "") for init in init_order}
+    if x_names:
+        xs = range(len(x_names))
+        x_of = lambda v: pad + (v + 0.5) / len(x_names) * (width - 1.5 * pad)
     parts = []
     for panel, (task, lines) in enumerate(curves.items()):
-        if x_names:
-            xs = range(len(x_names))
-            x_of = lambda v: pad + (v + 0.5) / len(x_names) * (width - 1.5 * pad)
-        else:       # each panel spans its own x values (addition's fractions are not multiplication's)
+        if not x_names:     # each panel spans its own x values (addition's fractions are not multiplication's)
             xs = sorted({x for pts in lines.values() for x, _ in pts})
             lo, hi = math.log10(xs[0]), math.log10(xs[-1])
             x_of = lambda v: pad + (math.log10(v) - lo) / ((hi - lo) or 1) * (width - 1.5 * pad)
