@@ -170,6 +170,7 @@ def build_parser():
                        ("image-size", int), ("patch-size", int), ("eval-every", int)):
         p.add_argument(f"--{name}", type=number(kind))
     p.add_argument("--warmup-epochs", type=number(int, strict=False))
+    p.add_argument("--weight-decay", type=number(float, strict=False), help="weight decay off M (default: the preset's)")
     p.add_argument("--mask-magnitude", type=number(float), nargs="+", metavar="A",
                    help="mask inits: open +A, closed -A (GPT: the scale s); several: a sweep")
     p.add_argument("--mask-decay", type=number(float, strict=False), nargs="+", metavar="W",
@@ -234,7 +235,7 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
                "language": LM_PRESETS, "vision": VISION_PRESETS}[family]
     config = {**presets[args.preset], **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
     for key in ("epochs", "iters", "lr", "batch_size", "layers", "heads", "dim", "block_size",
-                "image_size", "patch_size", "warmup_epochs"):
+                "image_size", "patch_size", "warmup_epochs", "weight_decay"):
         if getattr(args, key) is not None and key in config:
             config[key] = getattr(args, key)
     if args.dim is not None and "mlp_dim" in config:   # ViT MLPs are 4 x wide, encoders 1 x
@@ -775,6 +776,8 @@ def main(argv=None):
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if device.type == "cpu":   # once M shuts pairs, attention's backward makes subnormal floats that
+        torch.set_flush_denormal(True)   # slow CPU kernels 2x; flushed to zero where the CPU can
     seeds = args.seeds if args.seeds is not None else [args.seed]
     if args.seeds is None and args.seed == 0 and args.preset == "paper":
         seeds = [PAPER_SEEDS.get(family, PAPER_SEEDS.get(" ".join(task_names), 0))]

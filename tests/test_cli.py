@@ -109,6 +109,7 @@ def test_every_init_runs_and_reports_persistence_and_summarize_merges_grids(tmp_
     (["--lr", "nan"], "--lr: must be a number > 0, got 'nan'"),
     (["--lr", "inf"], "--lr: must be a number > 0, got 'inf'"),
     (["--seed", "-1"], "--seed: must be a number >= 0, got '-1'"),
+    (["--weight-decay", "-0.1"], "--weight-decay: must be a number >= 0, got '-0.1'"),
     (["--batch-size", "many"], "--batch-size: expected a int"),
     (["--device", "cuda:99"], "--device cuda:99"),
     (["--device", "banana"], "--device"),
@@ -164,6 +165,31 @@ def test_same_seed_same_result_other_seed_other_result(tmp_path):
         finals.append(json.loads((tmp_path / name / "result.json").read_text())["final"])
     assert finals[0] == finals[1]
     assert finals[0]["test_loss"] != finals[2]["test_loss"]
+
+
+@pytest.mark.parametrize("preset, flag, weights_decay", [("paper", [], 1e-3), ("cpu", [], 0.0),
+                                                       ("paper", ["--weight-decay", "0"], 0.0),
+                                                       ("cpu", ["--weight-decay", "0.01"], 0.01)])
+def test_weight_decay_replaces_the_presets_on_the_weights_and_leaves_m_to_mask_decay(preset, flag,
+                                                                                    weights_decay):
+    args = train.build_parser().parse_args(["--task", "2parity", "--preset", preset, *flag])
+    config = train.make_config("boolean", "2parity", args, mask_decay=0.5)
+    exp = train.boolean_setup("2parity", "mask", 0, config, torch.device("cpu"))
+    masks = {id(p) for name, p in exp.model.named_parameters() if name.endswith("mask")}
+    decays = {id(p): group["weight_decay"] for group in exp.optimizer.param_groups for p in group["params"]}
+    assert masks and len(decays) == sum(p.requires_grad for p in exp.model.parameters())
+    assert all(decay == (0.5 if key in masks else weights_decay) for key, decay in decays.items())
+
+
+def test_a_cpu_run_flushes_subnormal_floats_to_zero(tmp_path):
+    """Attention's backward through pairs the mask shuts yields subnormal floats, which slow CPU
+    kernels about 2x; main flushes them to zero on CPU (torch.set_flush_denormal)."""
+    subnormal = torch.finfo(torch.float32).tiny / 8               # below the smallest normal float
+    torch.set_flush_denormal(False)
+    assert (torch.tensor([subnormal]) * 2).item() > 0
+    assert train.main(["--task", "2parity", "--init", "mask", "--device", "cpu",
+                       "--out", str(tmp_path), *TINY]) == 0
+    assert (torch.tensor([subnormal]) * 2).item() == 0
 
 
 def test_viridis_colormap_hits_its_anchors_and_interpolates():
