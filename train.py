@@ -15,6 +15,7 @@ tables); neither imports this file.
 """
 
 import argparse
+import contextlib
 import io
 import json
 import math
@@ -359,6 +360,18 @@ def distributed_setup(device):
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return dist.get_rank(), world, device
+
+@contextlib.contextmanager
+def subnormals_flushed(device):
+    """On the CPU, floats below 1.2e-38 read and written as zero while a run trains. Once M shuts
+    pairs, attention there and the gradients through it are such subnormal floats, which x86 cores
+    handle many times slower (tests/bench_denormal.py). The flag is put back as it was after."""
+    was_on = (torch.tensor([torch.finfo(torch.float32).tiny]) / 4).item() == 0   # torch has no getter
+    torch.set_flush_denormal(was_on or device.type == "cpu")
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(was_on)
 
 def gather(obj, world):
     """Every rank's obj as a list indexed by rank ([obj] without torchrun)."""
@@ -776,8 +789,6 @@ def main(argv=None):
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    if device.type == "cpu":   # once M shuts pairs, attention's backward makes subnormal floats that
-        torch.set_flush_denormal(True)   # slow CPU kernels 2x; flushed to zero where the CPU can
     seeds = args.seeds if args.seeds is not None else [args.seed]
     if args.seeds is None and args.seed == 0 and args.preset == "paper":
         seeds = [PAPER_SEEDS.get(family, PAPER_SEEDS.get(" ".join(task_names), 0))]
@@ -807,7 +818,8 @@ def main(argv=None):
                     os.path.join(out_dir, "checkpoint.pt"))})
             data = load_data(family, task, config, args, device, cache)
             check_fits(family, config)
-            result = run(family, task, init, seed, config, device, out_dir, data, run_args)
+            with subnormals_flushed(device):
+                result = run(family, task, init, seed, config, device, out_dir, data, run_args)
         except (UsageError, tasks.DataError) as err:
             print(f"train.py: error: {err}", file=sys.stderr)
             return 2

@@ -181,15 +181,20 @@ def test_weight_decay_replaces_the_presets_on_the_weights_and_leaves_m_to_mask_d
     assert all(decay == (0.5 if key in masks else weights_decay) for key, decay in decays.items())
 
 
-def test_a_cpu_run_flushes_subnormal_floats_to_zero(tmp_path):
+def test_a_cpu_run_trains_with_subnormal_floats_flushed_and_puts_the_flag_back(tmp_path, monkeypatch):
     """Attention's backward through pairs the mask shuts yields subnormal floats, which slow CPU
-    kernels about 2x; main flushes them to zero on CPU (torch.set_flush_denormal)."""
+    kernels many times; a run flushes them to zero (torch.set_flush_denormal) while it trains."""
     subnormal = torch.finfo(torch.float32).tiny / 8               # below the smallest normal float
-    torch.set_flush_denormal(False)
+    doubled_during_run, real_run = [], train.run
+    def run_and_probe(*args):
+        doubled_during_run.append((torch.tensor([subnormal]) * 2).item())
+        return real_run(*args)
+    monkeypatch.setattr(train, "run", run_and_probe)
     assert (torch.tensor([subnormal]) * 2).item() > 0
     assert train.main(["--task", "2parity", "--init", "mask", "--device", "cpu",
                        "--out", str(tmp_path), *TINY]) == 0
-    assert (torch.tensor([subnormal]) * 2).item() == 0
+    assert doubled_during_run == [0.0]
+    assert (torch.tensor([subnormal]) * 2).item() > 0              # as it was before the run
 
 
 def test_viridis_colormap_hits_its_anchors_and_interpolates():
