@@ -171,7 +171,8 @@ def build_parser():
                        ("image-size", int), ("patch-size", int), ("eval-every", int)):
         p.add_argument(f"--{name}", type=number(kind))
     p.add_argument("--warmup-epochs", type=number(int, strict=False))
-    p.add_argument("--weight-decay", type=number(float, strict=False), help="weight decay off M (default: the preset's)")
+    p.add_argument("--weight-decay", type=number(float, strict=False),
+                   help="weight decay on all but M (default: the preset's)")
     p.add_argument("--mask-magnitude", type=number(float), nargs="+", metavar="A",
                    help="mask inits: open +A, closed -A (GPT: the scale s); several: a sweep")
     p.add_argument("--mask-decay", type=number(float, strict=False), nargs="+", metavar="W",
