@@ -438,7 +438,8 @@ class Transformer(nn.Module):
     """
 
     def __init__(self, vocab_size, seq_len, dim, depth, heads, mlp_dim, out_dim, head_dim=None,
-                 masks=None, mode="none", cls_token=True, readout="cls", dropout=0.0, pos_std=0.02):
+                 masks=None, mode="none", cls_token=True, readout="cls", dropout=0.0, pos_std=0.02,
+                 cls_std=0.0):
         super().__init__()
         if masks is not None and tuple(masks.shape[:2]) != (depth, heads):
             raise ValueError(f"masks must have shape (depth, heads, seq_len, seq_len) = "
@@ -447,11 +448,16 @@ class Transformer(nn.Module):
             raise ValueError("readout='cls' needs cls_token=True")
         self.readout = readout
         self.embed = nn.Embedding(vocab_size, dim)
-        # CLS starts at zero and learned positions at N(0, pos_std^2), pos_std = 0.02 as in nanoGPT
-        # and timm's ViT. The GOTU code draws both from N(0, 1); positions that large are what lets
-        # a vanilla model route attention by position early enough to fit cyclic3 (its cpu preset
-        # sets pos_std = 1).
-        self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if cls_token else None
+        # CLS starts at N(0, cls_std^2) and learned positions at N(0, pos_std^2). The defaults (CLS
+        # 0, positions 0.02) are nanoGPT's and timm's; the aryol/GOTU code, which the paper's Boolean
+        # experiments build on, draws both from N(0, 1) (torch.randn), and so does `--preset paper`.
+        # Starts that large let attention route by position from the first steps: a vanilla model
+        # then fits cyclic3, and 2parity's CLS, closed to every bit by its mask, reaches them
+        # before weight decay shrinks W_Q and W_K. CLS is drawn first, then the positions.
+        self.cls = None
+        if cls_token:
+            start = cls_std * torch.randn(1, 1, dim) if cls_std else torch.zeros(1, 1, dim)
+            self.cls = nn.Parameter(start)
         self.pos = nn.Parameter(pos_std * torch.randn(1, seq_len, dim))
         self.blocks = nn.ModuleList(
             Block(dim, heads, seq_len, mlp_dim, head_dim,

@@ -40,14 +40,17 @@ import tasks
 # 1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu")
 # ----------------------------------------------------------------------------------------------
 # Boolean GOTU, Table "Training setup for Boolean tasks": 4 layers, 3 heads, Adam, lr 1e-3, batch
-# 256, 90 epochs, a schedule the paper does not name (cosine here). The width and the optimizer's
-# coupled weight decay 1e-3 on every parameter come from the aryol/GOTU code (M excepted: its
-# decay is --mask-decay). "cpu" shrinks the width to 64 (heads of 21) and the epochs, without
-# weight decay; cyclic3 gets 20 epochs and the GOTU code's N(0, 1) positions, with which its
-# vanilla model fits its training set (with 0.02 it stays at a training loss of 6 even after 60).
+# 256, 90 epochs, a schedule the paper does not name (cosine here). The rest is the aryol/GOTU
+# code's model, which the paper builds on: width 256, the optimizer's coupled weight decay 1e-3 on
+# every parameter (M excepted: its decay is --mask-decay), and positions and CLS drawn from
+# N(0, 1) (pos_std, cls_std; nanoGPT's and timm's 0.02 and zero otherwise). "cpu" shrinks the
+# width to 64 (heads of 21) and the epochs, without weight decay; cyclic3 gets 20 epochs and the
+# GOTU code's N(0, 1) positions, with which its vanilla model fits its training set (with 0.02 it
+# stays at a training loss of 6 even after 60).
 BOOLEAN_PRESETS = {
     "paper": {"epochs": 90, "lr": 1e-3, "batch_size": 256, "layers": 4, "heads": 3, "dim": 256,
-              "head_dim": 64, "mlp_dim": 256, "optimizer": "adam", "weight_decay": 1e-3},
+              "head_dim": 64, "mlp_dim": 256, "optimizer": "adam", "weight_decay": 1e-3,
+              "pos_std": 1.0, "cls_std": 1.0},
     "cpu": {"epochs": 10, "lr": 1e-3, "batch_size": 256, "layers": 4, "heads": 3, "dim": 64,
             "head_dim": None, "mlp_dim": 64, "optimizer": "adam", "weight_decay": 0.0},
 }
@@ -456,10 +459,11 @@ def mask_inits(init, pattern):
 def build_encoder(init, pattern, config, seed, svd_scales=None, **shape):
     """maskprior.Transformer of the config's shape with the init's prior for the (L, H, N, N)
     pattern, in M (mask inits) or in W_Q / W_K (QK inits). Returns (model, init seconds)."""
-    pos_std = config.get("pos_std") or 0.02          # N(0, 1) in cyclic3's cpu preset
+    pos_std = config.get("pos_std") or 0.02          # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
     model = maskprior.Transformer(
         masks=mask_inits(init, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
-        heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std, **shape)
+        heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
+        cls_std=config.get("cls_std", 0.0), **shape)
     return model, add_prior(model, init, pattern, seed, svd_scales, 18.0 if pos_std == 0.02 else 1.0)
 
 def epoch_batches(x, y, batch_size, generator):  # one epoch of seeded shuffled mini-batches
