@@ -448,17 +448,19 @@ class Transformer(nn.Module):
             raise ValueError("readout='cls' needs cls_token=True")
         self.readout = readout
         self.embed = nn.Embedding(vocab_size, dim)
-        # CLS starts at N(0, cls_std^2) and learned positions at N(0, pos_std^2). The defaults (CLS
-        # 0, positions 0.02) are nanoGPT's and timm's; the aryol/GOTU code, which the paper's Boolean
-        # experiments build on, draws both from N(0, 1) (torch.randn), and so does `--preset paper`.
+        # Learned positions start at N(0, pos_std^2) and CLS at N(0, cls_std^2). The defaults
+        # (positions 0.02, CLS 0) are nanoGPT's and timm's; the aryol/GOTU code, which the paper's
+        # Boolean experiments build on, draws both from N(0, 1), and so does `--preset paper`.
         # Starts that large let attention route by position from the first steps: a vanilla model
         # then fits cyclic3, and 2parity's CLS, closed to every bit by its mask, reaches them
-        # before weight decay shrinks W_Q and W_K. CLS is drawn first, then the positions.
+        # before weight decay shrinks W_Q and W_K. The draws come in the GOTU model's order
+        # (embedding, positions, CLS, then each block's layers), so with cls_std = pos_std = 1
+        # a seed gives the initial weights that code's TokenTransformer gets from it.
+        self.pos = nn.Parameter(pos_std * torch.randn(1, seq_len, dim))
         self.cls = None
         if cls_token:
             start = cls_std * torch.randn(1, 1, dim) if cls_std else torch.zeros(1, 1, dim)
             self.cls = nn.Parameter(start)
-        self.pos = nn.Parameter(pos_std * torch.randn(1, seq_len, dim))
         self.blocks = nn.ModuleList(
             Block(dim, heads, seq_len, mlp_dim, head_dim,
                   None if masks is None else masks[layer], mode, dropout=dropout)

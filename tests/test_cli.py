@@ -181,6 +181,31 @@ def test_weight_decay_replaces_the_presets_on_the_weights_and_leaves_m_to_mask_d
     assert all(decay == (0.5 if key in masks else weights_decay) for key, decay in decays.items())
 
 
+@pytest.mark.parametrize("init", ["default", "mask", "structured-svd"])
+def test_the_paper_presets_boolean_model_starts_positions_and_cls_as_the_gotu_code(init):
+    """--preset paper builds aryol/GOTU's model: positions and CLS drawn from N(0, 1); the QK
+    inits solve on them without rescaling them (norm_p = 18 is for positions drawn at 0.02)."""
+    args = train.build_parser().parse_args(["--task", "2parity", "--preset", "paper"])
+    config = train.make_config("boolean", "2parity", args)
+    model = train.boolean_setup("2parity", init, 0, config, torch.device("cpu")).model
+    assert model.pos.shape == (1, 16, 256) and model.cls.shape == (1, 1, 256)
+    assert 0.95 < model.pos.std().item() < 1.05 and 0.85 < model.cls.std().item() < 1.15
+    assert abs(model.pos.mean().item()) < 0.05
+
+
+def test_a_paper_preset_boolean_model_draws_its_starts_in_the_gotu_models_order():
+    """aryol/GOTU's TokenTransformer draws the bit embedding N(0, 1), then the positions and then
+    CLS with torch.randn; a run seeded s (train.run seeds torch first) draws the same numbers."""
+    args = train.build_parser().parse_args(["--task", "majority", "--preset", "paper"])
+    config = train.make_config("boolean", "majority", args)
+    torch.manual_seed(3)
+    model = train.boolean_setup("majority", "mask", 3, config, torch.device("cpu")).model
+    torch.manual_seed(3)
+    embedding, positions, cls = torch.randn(2, 256), torch.randn(1, 16, 256), torch.randn(1, 1, 256)
+    assert torch.equal(model.embed.weight, embedding)
+    assert torch.equal(model.pos, positions) and torch.equal(model.cls, cls)
+
+
 def test_a_cpu_run_trains_with_subnormal_floats_flushed_and_puts_the_flag_back(tmp_path, monkeypatch):
     """Attention's backward through pairs the mask shuts yields subnormal floats, which slow CPU
     kernels many times; a run flushes them to zero (torch.set_flush_denormal) while it trains."""
