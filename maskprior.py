@@ -51,65 +51,43 @@ OPEN, CLOSE = 10.0, -10.0
 # ----------------------------------------------------------------------------------------------
 
 class MaskedSelfAttention(nn.Module):
-    """Multi-head self-attention with a per-head additive logit bias log sigmoid(s * M).
+    """Multi-head self-attention with a learnable additive logit bias per head, Section 4.1:
 
-    Section 4.1:  A = softmax(Q K^T / sqrt(d) + log sigmoid(M)),  y = A V.
+        A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
 
-    Since log sigmoid(M) <= 0, the bias can only down-weight an interaction: it multiplies the
-    unnormalised weight exp(q_i . k_j / sqrt(d)) of entry (i, j) by sigmoid(M_ij) <= 1. What reaches
-    the output is the row after renormalisation, so a row whose entries all carry the same M (all
-    open, all closed, or the all-zero mask) is exactly vanilla attention: the common factor
-    cancels. In a row that mixes values, an open entry (M = 10, factor sigmoid(10) = e^-4.5e-5)
-    keeps its vanilla ratio to every other open entry and gains the factor
-    sigmoid(10) / sigmoid(-10) = e^10 over each closed entry (M = -10); the row is then vanilla
-    attention with its closed keys down-weighted, not vanilla attention itself.
-    M is a raw parameter named `mask`, shape (heads, seq_len, seq_len): one full N x N matrix per
-    head.
+    M (heads, seq_len, seq_len) is the parameter `mask`, one full N x N matrix per head, started
+    from the task's pattern (open +10, closed -10); s = mask_scale (1; 10 for the GPT prior of
+    Appendix "Wiki-text and Tiny-stories"). log sigmoid(s M) <= 0 can only down-weight: entry (i, j)
+    keeps exp(q_i . k_j / sqrt(d)) * sigmoid(s M_ij) before its row is renormalised. A row whose
+    entries share one M (all open, all closed, or the zero mask of Appendix A.1) is therefore
+    vanilla attention; in a mixed row an open key outweighs a closed key of equal score by
+    sigmoid(10) / sigmoid(-10) = e^10, while open keys keep their vanilla ratios to each other.
 
-    mode:
-      "learnable"  the paper: M is trained jointly with the rest of the model.
-      "fixed"      Appendix A.2 ("Why not just fix the mask?"): same bias, M is never updated.
-      "hadamard"   Appendix B: sigma(M) * softmax(Q K^T / sqrt(d)), the multiplicative variant whose
-                   rows no longer sum to one (Proposition 1 compares the two).
-      "none"       vanilla attention, no mask parameter at all.
-    causal: add the hard causal mask (-inf above the diagonal) on top of the learnable bias (GPT).
-    mask_scale: s in log sigmoid(s * M). 1 everywhere except the GPT prior of Appendix
-      "Wiki-text and Tiny-stories", which initialises M_ij = -max(i - j, 0) and uses s = 10.
-
-    Inputs shorter than seq_len use the top-left (n, n) block of M.
-
-    The class uses only math, torch, torch.nn as nn and torch.nn.functional as F, so its source
-    can be copied into another file on its own.
+    mode: "learnable" (the paper: M trains with the model), "fixed" (Appendix A.2: M never
+      moves), "hadamard" (Appendix B: sigma(s M) o softmax(Q K^T / sqrt(d)), rows no longer sum
+      to 1), "none" (vanilla attention, no M). causal: the hard causal mask on top (the GPT).
+    Inputs shorter than seq_len use the top-left (n, n) block of M. The class needs only math,
+    torch, torch.nn as nn and torch.nn.functional as F: it pastes alone into another file.
     """
 
     MODES = ("learnable", "fixed", "hadamard", "none")
-
-    # Two paths compute the same function: F.scaled_dot_product_attention (SDPA) and the
-    # written-out softmax of _plain; forward takes the faster one (_sdpa_is_faster). use_sdpa =
-    # False forces the plain path everywhere (e.g. a backend that cannot return the gradient of a
-    # float attn_mask); sdpa_cpu_min_tokens is the shortest sequence for which SDPA's fused CPU
-    # kernel beats the plain path (0: take it wherever it runs).
-    use_sdpa = True
-    sdpa_cpu_min_tokens = 128
+    # forward's two paths compute the same function; path "auto" takes the fused one where it is
+    # faster, "fused" or "written" forces one (e.g. a backend without the float mask's gradient).
+    path = "auto"
+    sdpa_cpu_min_tokens = 128   # the CPU's fused kernel wins from this sequence length on
 
     def __init__(self, dim, heads, seq_len, head_dim=None, mask_init=None, mode="learnable",
                  causal=False, mask_scale=1.0, dropout=0.0, qkv_bias=False):
         super().__init__()
         if mode not in self.MODES:
             raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
-        self.heads = heads
-        self.head_dim = head_dim or dim // heads
-        self.seq_len = seq_len
-        self.mode = mode
-        self.causal = causal
-        self.mask_scale = mask_scale
-        self.dropout = dropout
+        self.heads, self.head_dim, self.seq_len = heads, head_dim or dim // heads, seq_len
+        self.mode, self.causal, self.mask_scale, self.dropout = mode, causal, mask_scale, dropout
         inner = heads * self.head_dim
         # W_Q, W_K, W_V of Eq. (1), all heads at once; no bias by default, as in Eq. (1) and the
         # GOTU code (a bias would add content-independent logits beside the mask).
         self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias)
         self.proj = nn.Linear(inner, dim)      # W_O: concatenated heads back to the model width
-
         if mode == "none":
             if mask_init is not None:
                 raise ValueError("mode='none' is vanilla attention and takes no mask_init")
@@ -121,123 +99,72 @@ class MaskedSelfAttention(nn.Module):
         elif tuple(mask_init.shape) != expected:
             raise ValueError(f"mask_init must have shape (heads, seq_len, seq_len) = {expected}, "
                              f"got {tuple(mask_init.shape)}")
-        # A fixed mask is still a Parameter named `mask` (so checkpoints and pictures treat every
-        # mode alike) but has requires_grad=False: no optimizer ever moves it.
+        # A fixed M is still the Parameter `mask` (checkpoints and pictures treat every mode
+        # alike), with requires_grad=False: no optimizer moves it.
         self.mask = nn.Parameter(mask_init.detach().clone().float(), requires_grad=(mode != "fixed"))
 
     @staticmethod
     def logit_bias(mask, n, scale=1.0, causal=False, dtype=None, device=None):
-        """The additive logit bias of Section 4.1 on the first n positions, the one place it is
-        computed (both paths below, the Hadamard variant, masked_attention, add_mask_prior):
+        """The additive bias of Section 4.1 on the first n positions, computed only here:
 
-            log sigmoid(scale * M[:, :n, :n])          (H, n, n), from mask M (H, N, N)
-            + (-inf where key j lies after query i)    if causal, the hard causal mask
+            log sigmoid(scale * M[:, :n, :n])        (H, n, n), from M (H, N, N)
+            + (-inf where key j lies after query i)   if causal: the hard causal mask
 
-        mask None: just the causal mask, (n, n) of 0 and -inf (None if not causal either: vanilla
-        attention has no bias). dtype: cast the bias to it (the dtype of q under autocast);
-        device: where the causal mask goes (default: the mask's)."""
+        mask None: the causal mask alone, (n, n) of 0 and -inf, or None (vanilla attention).
+        dtype: cast to it (q's dtype under autocast); device: the causal mask's (default M's)."""
         bias = None
         if mask is not None:
-            if mask.shape[-1] != n:      # skipping the no-op ops saves time on short sequences
-                mask = mask[..., :n, :n]
-            if scale != 1:
-                mask = scale * mask
-            bias = F.logsigmoid(mask)                                         # (H, n, n)
-            if dtype is not None:
-                bias = bias.to(dtype)
+            mask = mask[..., :n, :n] if mask.shape[-1] != n else mask
+            bias = F.logsigmoid(scale * mask if scale != 1 else mask)           # (H, n, n)
+            bias = bias.to(dtype) if dtype is not None else bias
         if causal:
             future = torch.ones(n, n, dtype=torch.bool,
                                 device=device if mask is None else mask.device).triu(1)
-            if bias is None:
-                bias = torch.zeros(n, n, dtype=dtype, device=future.device)  # (n, n)
-            bias = bias.masked_fill(future, float("-inf"))
+            bias = torch.zeros(n, n, dtype=dtype, device=future.device) if bias is None else bias
+            bias = bias.masked_fill(future, float("-inf"))                      # (H, n, n) or (n, n)
         return bias
 
     def forward(self, x, return_attn=False):
         B, N, _ = x.shape
         if N > self.seq_len:
             raise ValueError(f"sequence of length {N} is longer than seq_len={self.seq_len}")
-        # Split heads with unbind(2) + transpose, not permute(2, 0, 3, 1, 4): the same views, but
-        # the backward then writes the three gradients straight into the (B, N, 3, H, hd) layout
-        # of the qkv output, one copy instead of a stack and a copy.
+        # unbind(2) + transpose rather than permute: the backward then writes the three gradients
+        # straight into the (B, N, 3, H, hd) layout of the qkv output, one copy instead of two.
         q, k, v = (t.transpose(1, 2) for t in
-                   self.qkv(x).view(B, N, 3, self.heads, self.head_dim).unbind(2))
-        # q, k, v: (B, H, N, head_dim) each
-        if self.mode == "hadamard":
-            y, attn = self._hadamard(q, k, v)
-        elif return_attn:
-            y, attn = self._plain(q, k, v, self._bias(q))
-        else:
-            y, attn = self._fast(q, k, v), None
-        y = y.transpose(1, 2).reshape(B, N, self.heads * self.head_dim)  # concatenate heads
-        y = self.proj(y)                                                   # (B, N, dim)
-        return (y, attn) if return_attn else y
-
-    def _bias(self, q):
-        """This module's logit_bias for q (B, H, N, head_dim): (H, N, N), (N, N) or None."""
-        return self.logit_bias(self.mask, q.shape[-2], self.mask_scale, self.causal, q.dtype,
-                               q.device)
-
-    def _sdpa_is_faster(self, q, bias, dropout):
-        """Whether F.scaled_dot_product_attention beats _plain here. Measured on a 2-core CPU
-        (torch 2.14) by tests/bench_attention_paths.py, forward + backward of this module:
-          - CUDA and other accelerators: SDPA (flash / memory-efficient kernels) always.
-          - CPU: SDPA runs its fused ("flash") kernel only without dropout and with no mask that
-            needs a gradient; otherwise its math kernel, the same operations as _plain plus a
-            scaling of q and k, takes 0.88-1.13x _plain's time, above 1 at most shapes. So a
-            learnable mask in training takes _plain.
-          - CPU, fused kernel: 1.1-1.6x slower than _plain at N = 12-16 (the Boolean and
-            arithmetic models), about even at N = 65-128, up to 2x faster at N = 197-256; SDPA from
-            sdpa_cpu_min_tokens positions on.
-        """
-        if not self.use_sdpa:
-            return False
-        if q.device.type != "cpu":
-            return True
-        fused = dropout == 0.0 and (bias is None or not bias.requires_grad)
-        return fused and q.shape[-2] >= self.sdpa_cpu_min_tokens
-
-    def _fast(self, q, k, v):
-        """Section 4.1's attention by the faster path (same function, see _sdpa_is_faster);
-        (B, H, N, head_dim)."""
+                   self.qkv(x).view(B, N, 3, self.heads, self.head_dim).unbind(2))  # (B, H, N, hd)
         dropout = self.dropout if self.training else 0.0
-        if self.mask is None and self.causal and self._sdpa_is_faster(q, None, dropout):
-            # is_causal instead of a -inf bias lets CUDA take its flash kernel
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        bias = self._bias(q)                                    # (H, N, N), (N, N) or None
-        if not self._sdpa_is_faster(q, bias, dropout):
-            return self._plain(q, k, v, bias)[0]
-        # SDPA adds a float attn_mask to the scaled logits and back-propagates into it, so M gets
-        # its gradient from here too. The bias goes in as (1, H, N, N): PyTorch's CPU flash kernel
-        # accepts only 2-D or 4-D masks and sends a 3-D one to the slower math kernel.
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None if bias is None else bias[None], dropout_p=dropout)
-
-    def _plain(self, q, k, v, bias):
-        """Section 4.1's softmax(Q K^T / sqrt(d) + bias) V written out, bias = logit_bias (the
-        log sigmoid(s M) prior and / or the causal -inf); returns the probabilities too."""
-        # In place (div_, add_) on the fresh product: neither op needs the values it overwrites
-        # for its backward, and each saves a (B, H, N, N) tensor and a pass over it.
-        logits = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.head_dim))    # (B, H, N, N)
-        if bias is not None:
-            logits.add_(bias)                                     # + (H, N, N) or (N, N)
-        attn = logits.softmax(dim=-1)                                 # (B, H, N, N)
-        if self.dropout and self.training:   # F.dropout with p = 0 would still cost a pass
-            attn = F.dropout(attn, self.dropout)
-        return attn @ v, attn
-
-    def _hadamard(self, q, k, v):
-        """Appendix B: A = sigma(s * M) o softmax(Q K^T / sqrt(d) [+ causal]); y = A V. The gate
-        sigma(s M) is exp of the additive bias log sigmoid(s M), so both come from logit_bias."""
-        N = q.shape[-2]
-        _, attn = self._plain(q, k, v, self.logit_bias(None, N, causal=self.causal,
-                                                        dtype=q.dtype, device=q.device))
-        attn = self.logit_bias(self.mask, N, self.mask_scale).exp() * attn  # (B, H, N, N)
-        return attn @ v, attn
+        hadamard = self.mode == "hadamard"    # Appendix B: sigma(s M) gates the probabilities
+        bias = self.logit_bias(None if hadamard else self.mask, N, self.mask_scale, self.causal,
+                               q.dtype, q.device)                  # (H, N, N), (N, N) or None
+        # The fused kernel: on CUDA always; on the CPU (tests/bench_attention_paths.py, torch 2.14)
+        # it needs no dropout and no bias gradient, and beats the written-out path from 128 tokens.
+        fused = not (return_attn or hadamard) and (self.path == "fused" or self.path == "auto" and (
+            q.device.type != "cpu" or dropout == 0 and N >= self.sdpa_cpu_min_tokens
+            and (bias is None or not bias.requires_grad)))
+        if fused:   # F.scaled_dot_product_attention adds attn_mask to the scaled logits (and
+            # back-propagates into it); is_causal lets CUDA take its flash kernel; a 4-D mask
+            # keeps the CPU on its fused kernel (a 3-D one goes to the slower math kernel)
+            causal_only = self.causal and self.mask is None
+            mask = None if causal_only or bias is None else bias.expand(1, -1, -1, -1)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                               is_causal=causal_only)         # (B, H, N, hd)
+            attn = None
+        else:       # written out; div_ and add_ in place: neither needs what it overwrites
+            logits = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.head_dim))      # (B, H, N, N)
+            if bias is not None:
+                logits.add_(bias)
+            attn = logits.softmax(dim=-1)      # softmax(Q K^T / sqrt(d) + log sigmoid(s M))
+            if hadamard:                       # sigma(s M) = exp(log sigmoid(s M))
+                attn = self.logit_bias(self.mask, N, self.mask_scale).exp() * attn
+            if dropout:                        # F.dropout with p = 0 would still cost a pass
+                attn = F.dropout(attn, dropout)
+            y = attn @ v                                                         # (B, H, N, hd)
+        y = self.proj(y.transpose(1, 2).reshape(B, N, self.heads * self.head_dim))  # (B, N, dim)
+        return (y, attn) if return_attn else y
 
 
 # The same attention as one function, to read beside Section 4.1; the bias is the class's own
-# logit_bias, so this is the class's _plain path without dropout and in-place steps:
+# logit_bias, so this is the class's written-out path without dropout and in-place steps:
 #
 #     Attention(Q, K, V; M) = softmax( Q K^T / sqrt(d) + log sigmoid(s M) [+ causal -inf] ) V
 #

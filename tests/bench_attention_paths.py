@@ -1,5 +1,5 @@
 """Benchmark: where F.scaled_dot_product_attention (SDPA) beats the written-out softmax path of
-MaskedSelfAttention on this machine: the sweep behind MaskedSelfAttention._sdpa_is_faster.
+MaskedSelfAttention on this machine: the sweep behind the rule in MaskedSelfAttention.forward (sdpa_cpu_min_tokens).
 
     python tests/bench_attention_paths.py [--threads 1 2] [--repeats 5] [--sample-seconds 0.25]
                                           [--tokens 4096] [--lengths 8 16 ...] [--head-dims 21 32 64]
@@ -32,14 +32,6 @@ KINDS = {"none": ("none", False), "fixed": ("fixed", False), "learnable": ("lear
          "causal": ("none", True), "causal+M": ("learnable", True)}
 
 
-class Forced(maskprior.MaskedSelfAttention):
-    """MaskedSelfAttention whose fast path is forced to SDPA (path = "sdpa") or _plain."""
-    path = "sdpa"
-
-    def _sdpa_is_faster(self, q, bias, dropout):
-        return self.path == "sdpa"
-
-
 def time_steps(module, x, steps):
     start = time.perf_counter()
     for _ in range(steps):
@@ -54,11 +46,11 @@ def bench(kind, n, head_dim, tokens, repeats, sample_seconds, max_other, max_rou
     mode, causal = KINDS[kind]
     torch.manual_seed(0)
     mask = None if mode == "none" else 4 * torch.randn(heads, n, n)
-    module = Forced(heads * head_dim, heads, n, head_dim, mask_init=mask, mode=mode, causal=causal)
+    module = maskprior.MaskedSelfAttention(heads * head_dim, heads, n, head_dim, mask_init=mask, mode=mode, causal=causal)
     x = torch.randn(max(1, tokens // n), n, heads * head_dim, requires_grad=True)
 
-    def run(path, steps):
-        module.path = path
+    def run(path, steps):      # MaskedSelfAttention.path forces one path: "fused" or "written"
+        module.path = "fused" if path == "sdpa" else "written"
         time_steps(module, x, steps)
 
     for path in ("sdpa", "plain", "sdpa", "plain"):  # warm-up

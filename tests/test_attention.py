@@ -46,7 +46,7 @@ def test_learnable_block_equals_written_out_formula(n):
     x = torch.randn(2, n, 12, dtype=torch.float64)
     expected, expected_attn = reference(block, x)
     torch.testing.assert_close(block(x), expected)               # fast path (SDPA)
-    y, attn = block(x, return_attn=True)                         # plain path
+    y, attn = block(x, return_attn=True)                         # written-out path
     torch.testing.assert_close(y, expected)
     torch.testing.assert_close(attn, expected_attn)
     assert attn.shape == (2, 3, n, n)
@@ -70,10 +70,10 @@ def test_plain_path_equals_the_functional_form(n, mask_scale, causal):
 
 
 def test_mask_gradient_of_sdpa_path_equals_plain_path_and_autograd_of_formula(monkeypatch):
-    """SDPA (forced: on the CPU the rule would take the plain path for a learnable mask) and the
-    plain path both give M the gradient that autograd finds through the written-out formula."""
+    """SDPA (forced: on the CPU the rule would take the written-out path for a learnable mask) and the
+    written-out path both give M the gradient that autograd finds through the written-out formula."""
     block = make_block()
-    monkeypatch.setattr(type(block), "_sdpa_is_faster", lambda self, q, bias, dropout: True)
+    monkeypatch.setattr(type(block), "path", "fused")
     x = torch.randn(2, 7, 12, dtype=torch.float64)
     grads = []
     for run in ("sdpa", "plain", "reference"):

@@ -1,8 +1,9 @@
-"""MaskedSelfAttention's two paths, F.scaled_dot_product_attention (SDPA) and the written-out
-_plain, compute the same function, and _sdpa_is_faster picks between them by the rule measured
-with tests/bench_attention_paths.py. Forcing SDPA (even where the rule would not take it) and
-forcing _plain must give the same outputs and gradients for every mode, causal or not, on the
-full mask and on its top-left block; dropout draws the same mask on both."""
+"""MaskedSelfAttention's two paths, F.scaled_dot_product_attention (SDPA, "fused") and the
+written-out softmax ("written"), compute the same function, and forward picks between them by the
+rule measured with tests/bench_attention_paths.py. Forcing SDPA (even where the rule would not
+take it) and forcing the written-out path must give the same outputs and gradients for every
+mode, causal or not, on the full mask and on its top-left block; dropout draws the same mask on
+both."""
 import pytest
 import torch
 
@@ -14,8 +15,17 @@ DIM, HEADS, SEQ_LEN = 12, 3, 7
 
 def force(monkeypatch, path):
     """Make every MaskedSelfAttention take `path` ("sdpa" or "plain") outside return_attn."""
-    monkeypatch.setattr(MaskedSelfAttention, "_sdpa_is_faster",
-                        lambda self, q, bias, dropout: path == "sdpa")
+    monkeypatch.setattr(MaskedSelfAttention, "path", "fused" if path == "sdpa" else "written")
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """The list that every call of F.scaled_dot_product_attention appends to."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    return calls
 
 
 def make(mode, causal, dropout=0.0, mask_scale=1.0):
@@ -50,14 +60,14 @@ def test_sdpa_and_plain_paths_agree(monkeypatch, mode, causal, n):
     assert g_s.keys() == g_p.keys() and ("mask" in g_s) == (mode == "learnable")
     for name in g_s:
         torch.testing.assert_close(g_s[name], g_p[name])
-    # the return_attn path (always _plain) gives the same output too
+    # the return_attn path (always written out) gives the same output too
     torch.testing.assert_close(module(x, return_attn=True)[0], y_p)
 
 
 @pytest.mark.parametrize("mode", ["learnable", "none"])
 def test_attention_dropout_draws_the_same_mask_on_both_paths(monkeypatch, mode):
     """On the CPU, SDPA with dropout runs its math kernel, which calls dropout on the attention
-    probabilities exactly as _plain does: the same random numbers, so switching paths does not
+    probabilities exactly as the written-out path does: the same random numbers, so switching paths does not
     change a training run with attention dropout (the language presets use 0.1 / 0.2)."""
     module = make(mode, causal=True, dropout=0.3).train()
     x = torch.randn(5, SEQ_LEN, DIM, dtype=torch.float64)
@@ -72,63 +82,67 @@ def test_attention_dropout_draws_the_same_mask_on_both_paths(monkeypatch, mode):
     assert not torch.allclose(module(x), outputs[1])   # the dropout is really on
 
 
-def qkv_and_bias(module, n, requires_grad):
-    q = torch.randn(2, HEADS, n, module.head_dim)
-    bias = None if module.mask is None else torch.zeros(HEADS, n, n, requires_grad=requires_grad)
-    return q, bias
+def takes_sdpa(module, n, calls, train=False):
+    """Whether one forward pass of module over n positions calls SDPA."""
+    calls.clear()
+    module.train(train)(torch.randn(2, n, DIM))
+    return len(calls) == 1
 
 
-def test_rule_on_the_cpu():
+def test_rule_on_the_cpu(sdpa_calls):
     long = MaskedSelfAttention.sdpa_cpu_min_tokens
-    vanilla = MaskedSelfAttention(DIM, HEADS, 2 * long, mode="none")
+    vanilla = MaskedSelfAttention(DIM, HEADS, 2 * long, mode="none", dropout=0.1)
     masked = MaskedSelfAttention(DIM, HEADS, 2 * long, mode="learnable")
     fixed = MaskedSelfAttention(DIM, HEADS, 2 * long, mode="fixed")
     # vanilla attention: the fused CPU kernel from sdpa_cpu_min_tokens positions on
-    assert not vanilla._sdpa_is_faster(*qkv_and_bias(vanilla, long - 1, False), 0.0)
-    assert vanilla._sdpa_is_faster(*qkv_and_bias(vanilla, long, False), 0.0)
-    # dropout, or a mask that needs a gradient, would send SDPA to its math kernel: always plain
-    assert not vanilla._sdpa_is_faster(*qkv_and_bias(vanilla, long, False), 0.1)
-    assert not masked._sdpa_is_faster(*qkv_and_bias(masked, 2 * long, True), 0.0)
+    assert not takes_sdpa(vanilla, long - 1, sdpa_calls)
+    assert takes_sdpa(vanilla, long, sdpa_calls)
+    # dropout, or a mask that needs a gradient, would send SDPA to its math kernel: written out
+    assert not takes_sdpa(vanilla, long, sdpa_calls, train=True)
+    assert not takes_sdpa(masked, 2 * long, sdpa_calls)
     # a mask without gradient (mode "fixed", or any mask under no_grad) is like vanilla
-    assert fixed._sdpa_is_faster(*qkv_and_bias(fixed, long, False), 0.0)
-    assert not fixed._sdpa_is_faster(*qkv_and_bias(fixed, long - 1, False), 0.0)
-    assert masked._sdpa_is_faster(*qkv_and_bias(masked, long, False), 0.0)
+    assert takes_sdpa(fixed, long, sdpa_calls)
+    assert not takes_sdpa(fixed, long - 1, sdpa_calls)
+    with torch.no_grad():
+        assert takes_sdpa(masked, long, sdpa_calls)
+    # return_attn and the Hadamard variant need the probabilities: always written out
+    calls_before = len(sdpa_calls)
+    vanilla.eval()(torch.randn(2, long, DIM), return_attn=True)
+    MaskedSelfAttention(DIM, HEADS, long, mode="hadamard")(torch.randn(2, long, DIM))
+    assert len(sdpa_calls) == calls_before
 
 
-def test_use_sdpa_false_forces_the_plain_path(monkeypatch):
+def test_path_forces_one_path_everywhere(monkeypatch, sdpa_calls):
     long = MaskedSelfAttention.sdpa_cpu_min_tokens
-    module = MaskedSelfAttention(DIM, HEADS, 2 * long, mode="none")
-    q, bias = qkv_and_bias(module, module.seq_len, False)
-    assert module._sdpa_is_faster(q, bias, 0.0)
-    monkeypatch.setattr(MaskedSelfAttention, "use_sdpa", False)
-    assert not module._sdpa_is_faster(q, bias, 0.0)
+    module = MaskedSelfAttention(DIM, HEADS, 2 * long, mode="learnable")
+    assert not takes_sdpa(module, 16, sdpa_calls)
+    monkeypatch.setattr(MaskedSelfAttention, "path", "fused")
+    assert takes_sdpa(module, 16, sdpa_calls)
+    monkeypatch.setattr(MaskedSelfAttention, "path", "written")
+    with torch.no_grad():
+        assert not takes_sdpa(module, 2 * long, sdpa_calls)
 
 
-def test_the_rule_decides_which_kernel_runs(monkeypatch):
-    """Count the SDPA calls of a forward pass: the Boolean model's short sequences (N = 16) take
-    _plain, a long vanilla sequence takes SDPA, return_attn always takes _plain."""
-    calls = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+def test_the_rule_decides_which_kernel_runs(sdpa_calls):
+    """Count the SDPA calls of a forward pass: the Boolean model's short sequences (N = 16) are
+    written out, a long vanilla sequence takes SDPA, return_attn is always written out."""
     n = MaskedSelfAttention.sdpa_cpu_min_tokens
     for mode, length, expected in (("none", 16, 0), ("learnable", 16, 0), ("none", n, 1),
                                    ("learnable", n, 0)):
-        calls.clear()
+        sdpa_calls.clear()
         module = MaskedSelfAttention(DIM, HEADS, length, mode=mode)
         module(torch.randn(2, length, DIM))
-        assert len(calls) == expected, (mode, length)
+        assert len(sdpa_calls) == expected, (mode, length)
         module(torch.randn(2, length, DIM), return_attn=True)
-        assert len(calls) == expected, (mode, length)
+        assert len(sdpa_calls) == expected, (mode, length)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_always_takes_sdpa_and_agrees_with_plain(monkeypatch):
-    module = make("learnable", causal=True).float().cuda()
-    q, bias = qkv_and_bias(module, SEQ_LEN, True)
-    assert module._sdpa_is_faster(q.cuda(), bias.cuda(), 0.1)
+def test_cuda_always_takes_sdpa_and_agrees_with_plain(monkeypatch, sdpa_calls):
+    module = make("learnable", causal=True, dropout=0.1).float().cuda().eval()
     x = torch.randn(5, SEQ_LEN, DIM, device="cuda")
     y_sdpa = module(x)
+    assert len(sdpa_calls) == 1
     force(monkeypatch, "plain")
     torch.testing.assert_close(y_sdpa, module(x), rtol=1e-4, atol=1e-5)
 

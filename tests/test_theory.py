@@ -199,8 +199,7 @@ def test_theorem1_mask_gradient_of_the_modules_probabilities(module_and_input):
 @given(attention_module())
 def test_theorem1_mask_gradient_of_the_modules_output(module_and_input):
     """L = sum(W o y) with y the module's output by its default path (without return_attn; on
-    the CPU that is the written-out _plain, since the mask needs a gradient, see
-    _sdpa_is_faster): G = dL/dp = (dL/dO) V^T, O = p V the per-head output before W_O."""
+    the CPU that is the written-out softmax, since the mask needs a gradient): G = dL/dp = (dL/dO) V^T, O = p V the per-head output before W_O."""
     block, x = module_and_input
     y = block(x)                                                         # (B, n, dim)
     weights = torch.randn(y.shape, generator=torch.Generator().manual_seed(0), dtype=y.dtype)
