@@ -1164,17 +1164,18 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
         nn.init.normal_(self.pos, std=0.02)
 
-    def forward(self, idx, targets=None):
-        """idx (B, T) token ids -> logits (B, T, vocab); with targets also the mean cross-entropy."""
+    def forward(self, idx, targets=None, return_attn=False):
+        """idx (B, T) token ids -> logits (B, T, vocab); with targets (logits, mean cross-entropy);
+        with return_attn that and each layer's attention, [(B, H, T, T)] (mean_attention)."""
         T = idx.shape[1]
         if T > self.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
         x = self.drop(self.embed(idx) + self.pos[:, :T])
-        x, _ = run_blocks(self.blocks, x)
+        x, attns = run_blocks(self.blocks, x, return_attn)
         logits = self.head(self.norm(x))
-        if targets is None:
-            return logits
-        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        out = logits if targets is None else \
+            (logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
+        return (out, attns) if return_attn else out
 
 
     @torch.no_grad()

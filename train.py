@@ -573,8 +573,12 @@ def lm_setup(task, init, seed, config, device, data, rank):
                 "test_ppl": math.exp(test_loss), "test_is_val": data["test_is_val"],
                 "tokens_per_second": state["samples"] * T * world / state["train_seconds"],
                 "sample": data["decode"](sample[0].tolist())}
+    # Where attention goes (attention_*.pt, attention.svg; what --mask-from reads): the mean over
+    # the first 64 whole windows of the validation split.
+    probe = torch.stack([data["val"][s:s + T] for s in range(0, len(data["val"]) - T, T)][:64])
     return Experiment(model, optimizer, cosine(optimizer, iters), rounds, iters, batches, loss_of,
-                      validation, final, unit="iter", generators=(windows,), info=data.get("info", {}))
+                      validation, final, unit="iter", probe=probe, generators=(windows,),
+                      info=data.get("info", {}))
 
 
 # --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup: Tables "Experimental setup for ..."
