@@ -14,7 +14,7 @@
      summary of a run, and the line charts: training curves and the sweeps (data efficiency,
      mask magnitude, imperfect priors).
   6. Pictures: heat maps of attention maps and mask biases, layers by heads, as SVG: a run's
-     attention.svg and the persistence figure.
+     attention.svg, the persistence figure and learned priors beside hand-made ones.
 
 Imports torch and the standard library (torchvision, PIL, tiktoken only inside the functions that
 need them); never imports train.py.
@@ -1470,6 +1470,24 @@ def persistence_figure(runs):
     blocks = [(f"{label}, {when} training", torch.load(f"{folder}/attention_{when}.pt")["attn"],
                0, 1, "mean attention weight") for label, folder in runs for when in ("before", "after")]
     return heatmap_svg([blocks], [f"{PANEL_NOTE}; token 0 is CLS."])
+
+
+def learned_prior_figure(runs):
+    """An SVG of priors side by side: for each (label, run folder) of a mask init the bias
+    log sigmoid(s M) it started from (attention_before.pt's "bias", (L, H, N, N)), layers down,
+    heads across; e.g. a hand-made mask run beside runs whose M was learned (--mask-from). Each
+    block coloured from its lowest bias (purple) to 0 (yellow, open)."""
+    import os
+    blocks = []
+    for label, folder in runs:
+        bias = torch.load(os.path.join(folder, "attention_before.pt"), weights_only=True)["bias"]
+        if bias is None:
+            raise ValueError(f"{folder}: a run without a mask has no prior to draw")
+        blocks.append((f"{label}: log σ(s M) at init", bias, min(bias.min().item(), -1e-6), 0.0,
+                       "bias added to the logits"))
+    return heatmap_svg([blocks], [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}.",
+                                  "Colours: purple = the left end of the bar under the block, "
+                                  "yellow = 0 (an open entry)."])
 
 
 def attention_figure(snapshots, cls_token, causal=False):

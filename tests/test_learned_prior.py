@@ -1,11 +1,13 @@
 """Priors learned from a trained model (--mask-from): maskprior.learned_mask against its definition
 on synthetic attention maps, every refusal of a source run as one line and exit 2, the config a
-learned-prior run records, its M at init, and its resume."""
+learned-prior run records, its M at init, its resume, and the figure of learned beside hand-made
+priors."""
 import hashlib
 import json
 import math
 import os
 import shutil
+import xml.etree.ElementTree as ET
 
 import pytest
 import torch
@@ -28,6 +30,7 @@ TINY_LM = ["--iters", "8", "--eval-every", "4", "--layers", "1", "--heads", "2",
            "--block-size", "16", "--batch-size", "4", "--no-progress"]
 TINY_VIT = ["--image-size", "8", "--patch-size", "4", "--dim", "12", "--layers", "1", "--heads", "2",
             "--batch-size", "8", "--epochs", "1", "--no-progress"]
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 # ------------------------------------------------------------------------------------------
@@ -395,7 +398,7 @@ def test_a_vit_learns_its_prior_and_is_measured_against_the_impulse(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------
-# Names and table cells
+# Names, table cells and the figure
 # ------------------------------------------------------------------------------------------
 
 def test_run_names_and_the_inits_with_a_mask_prior():
@@ -404,3 +407,19 @@ def test_run_names_and_the_inits_with_a_mask_prior():
     assert tasks.run_name("lm", "mask", 1, source="src") == "lm-mask-seed1-from-src-tau1"
     assert tasks.run_name("addition", "mask", 0, None, 0.001, threshold=0.5) == "addition-mask-seed0-frac0.001"
     assert set(tasks.MASK_PRIOR_INITS) == {i for i, (_, prior) in train.INITS.items() if prior == "mask"}
+
+
+def test_the_figure_draws_learned_priors_beside_the_hand_made_one(source, tmp_path):
+    hand, ours = tmp_path / "hand", tmp_path / "learned"
+    args = ["--task", "addition", "--init", "mask", "--train-frac", "0.001", *TINY]
+    assert train.main([*args, "--out", str(hand)]) == 0
+    assert train.main([*args, "--mask-from", str(source), "--out", str(ours)]) == 0
+    svg = ET.fromstring(tasks.learned_prior_figure([("hand-made", hand), ("learned", ours)]))
+    titles = [t.text for t in svg.iter(f"{SVG}text") if t.get("font-size") == "13"]
+    assert titles == ["hand-made: log σ(s M) at init", "learned: log σ(s M) at init"]
+    images = [i.get("href") for i in svg.iter(f"{SVG}image")]
+    assert len(images) == 2 and images[0] != images[1]
+    texts = [t.text for t in svg.iter(f"{SVG}text")]
+    assert "layer 2" in texts and "head 4" in texts and "-5.01" in texts
+    with pytest.raises(ValueError, match="no prior to draw"):
+        tasks.learned_prior_figure([("default", source)])
