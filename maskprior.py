@@ -843,8 +843,8 @@ def open_fraction(pattern, causal=False):
     that are open, over every layer and head; causal: of the entries a query may see (key before
     query, j < i). 0 when there are none (N = 1)."""
     n = pattern.shape[-1]
-    counted = torch.ones(n, n, dtype=torch.bool, device=pattern.device)
-    counted = counted.tril(-1) if causal else counted & ~torch.eye(n, dtype=torch.bool, device=pattern.device)
+    eye = torch.eye(n, dtype=torch.bool, device=pattern.device)
+    counted = torch.ones_like(eye).tril(-1) if causal else ~eye                    # (N, N)
     entries = pattern[..., counted]                                     # (..., #counted)
     return (entries > 0).float().mean().item() if entries.numel() else 0.0
 

@@ -254,9 +254,11 @@ def check_mask_from(args):
         raise UsageError(f"--mask-from: --init {wrong[0]} has no mask prior to replace (mask, "
                          f"mask-fixed or mask-hadamard only)")
     if any(args.mask_error or ()):
-        raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give one of the two")
+        raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give one "
+                         "of the two")
     if args.out and os.path.realpath(args.out) == os.path.realpath(args.mask_from):
-        raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite its source")
+        raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite "
+                         f"its source")
     args.mask_threshold = args.mask_threshold or [1.0]
 
 def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None,
@@ -455,7 +457,8 @@ class Experiment:
     unit: str = "epoch"                # the history's counter: "epoch" or "iter"
     probe: Optional[torch.Tensor] = None    # inputs the persistence numbers average attention over
     probe_batch: int = 4096
-    pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern (edited: --mask-error)
+    pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern (edited: --mask-error,
+                                            # learned: --mask-from)
     true_pattern: Optional[torch.Tensor] = None  # the task's exact pattern (persistence "true_")
     generators: tuple = ()             # random streams besides torch's own, kept by checkpoints
     info: dict = field(default_factory=dict)  # further result.json fields (init_seconds: QK init)
@@ -923,8 +926,8 @@ def main(argv=None):
     root = args.out or "runs/grid"
     results, failed, cache = [], 0, {}
     for task, init, seed, sweeps in runs:
-        name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps,
-                              source=args.mask_from and os.path.basename(os.path.abspath(args.mask_from)))
+        source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
+        name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps, source=source)
         out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
         try:
             config = make_config(family, task, args, *sweeps)
