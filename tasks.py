@@ -942,7 +942,7 @@ MASK_PRIOR_INITS = ("mask", "mask-fixed", "mask-hadamard")
 
 
 def learned_prior(config):
-    """"<source run folder>, τ <TAU>" of a run whose M came from --mask-from, else None."""
+    """The label "<source run folder>, τ <TAU>" of a run whose M came from --mask-from, else None."""
     import os
     source = config.get("mask_from")
     return source and f"{os.path.basename(os.path.abspath(source))}, τ {config['mask_threshold']:g}"
