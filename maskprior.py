@@ -16,7 +16,9 @@ Read top to bottom beside the paper:
                            cyclic3 and threesym.
   4. Arithmetic masks      digit-structure patterns for 3-digit addition and multiplication
                            (Section 5.2), open 5 / close -5; edit_pattern, a seeded rough or
-                           wrong version of a pattern (Appendix "Why Not Just Fix the Mask?").
+                           wrong version of a pattern (Appendix "Why Not Just Fix the Mask?");
+                           learned_mask, a pattern read off a trained model's attention maps
+                           (the future work of the paper's Limitations).
   5. QK baselines          the same patterns put into W_Q / W_K instead: structured SVD and Opt
                            (Zheng et al.), and mimetic (Trockman and Kolter), Sections 2.1, 5.1.
   6. GPT                   a causal decoder with the relative-distance mask prior (Appendix
@@ -725,6 +727,56 @@ def edited_prior(pattern, error, seed, cls_row=False):
     return edit_pattern(pattern, kind, fraction, torch.Generator().manual_seed(seed), cls_row)
 
 
+
+# ----------------------------------------------------------------------------------------------
+# Priors learned from a trained model. The hand-made patterns above assume that the interaction
+# structure is known: the paper's Limitations call this "in effect an oracle assumption" and name
+# "learning priors from data or pretrained models" as future work. A model that has already
+# learned the task (from more data, or a related task) shows its structure in its attention
+# maps; learned_mask turns them into mask logits of the same two values, so the prior goes into
+# M (Section 4.1) where a hand-made one would (train.py's --mask-from). Mimetic initialisation
+# (Trockman and Kolter) copies such maps into W_Q / W_K instead.
+# ----------------------------------------------------------------------------------------------
+
+def learned_mask(attn, magnitude, tau=1.0, causal=False):
+    """Mask logits from mean attention maps p (..., N, N), e.g. mean_attention of a trained model,
+    (L, H, N, N): query row i, key column j, each row summing to 1 over the keys it may see.
+
+        M_ij = +A   if  i = j  or  p_ij >= tau / n_i        (open)
+        M_ij = -A   otherwise                                (closed)
+
+    n_i is the number of keys row i may see: N in an encoder, i + 1 in a causal model (key
+    j <= i). So tau = 1 opens exactly the keys that get at least a uniform row's share 1 / n_i;
+    tau = 2 only those with twice that, tau = 0.5 more. The diagonal is always open (every token
+    keeps seeing itself, as in every hand-made pattern of sections 3 and 4). causal: the future
+    entries (j > i) are closed; the hard causal mask hides them whatever M holds there.
+
+    magnitude A: open +A, closed -A, the hand-made patterns' values (Boolean and vision 10,
+    arithmetic 5). Where the model applies log sigmoid(s M) with a scale s (the GPT, s = 10),
+    pass A = 1: open entries then add log sigmoid(s) = -4.5e-5 and closed ones log sigmoid(-s) =
+    -10.00005, the bias the relative-distance prior gives the key one step back, so the learned
+    prior is as strong as that prior's nearest closed entry (its diagonal starts at -0.69, keys
+    further back at -20, -30, ...). Returns float32 logits of attn's shape."""
+    n = attn.shape[-1]
+    i = torch.arange(n, device=attn.device)
+    keys_seen = (i + 1 if causal else torch.full_like(i, n)).float()   # (N,) n_i
+    is_open = attn >= tau / keys_seen[:, None]                          # (..., N, N)
+    is_open = is_open | (i[:, None] == i[None, :])                      # the diagonal
+    if causal:
+        is_open = is_open & (i[None, :] <= i[:, None])                  # the future: closed
+    return torch.where(is_open, magnitude, -magnitude).float()
+
+
+def open_fraction(pattern, causal=False):
+    """The density of a pattern (..., N, N), open > 0: the fraction of its off-diagonal entries
+    that are open, over every layer and head; causal: of the entries a query may see (key before
+    query, j < i). 0 when there are none (N = 1)."""
+    n = pattern.shape[-1]
+    eye = torch.eye(n, dtype=torch.bool, device=pattern.device)
+    counted = torch.ones_like(eye).tril(-1) if causal else ~eye                    # (N, N)
+    entries = pattern[..., counted]                                     # (..., #counted)
+    return (entries > 0).float().mean().item() if entries.numel() else 0.0
+
 # ----------------------------------------------------------------------------------------------
 # 5. Query-key initialisation baselines (Sections 2.1 and 5.1; following the public code of
 #    Zheng et al., github.com/osiriszjq/structured_initialization)
@@ -1041,17 +1093,18 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
         nn.init.normal_(self.pos, std=0.02)
 
-    def forward(self, idx, targets=None):
-        """idx (B, T) token ids -> logits (B, T, vocab); with targets also the mean cross-entropy."""
+    def forward(self, idx, targets=None, return_attn=False):
+        """idx (B, T) token ids -> logits (B, T, vocab); with targets (logits, mean cross-entropy);
+        with return_attn that and each layer's attention, [(B, H, T, T)] (mean_attention)."""
         T = idx.shape[1]
         if T > self.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
         x = self.drop(self.embed(idx) + self.pos[:, :T])
-        x, _ = run_blocks(self.blocks, x)
+        x, attns = run_blocks(self.blocks, x, return_attn)
         logits = self.head(self.norm(x))
-        if targets is None:
-            return logits
-        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        out = logits if targets is None else \
+            (logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
+        return (out, attns) if return_attn else out
 
 
     @torch.no_grad()

@@ -14,7 +14,7 @@
      summary of a run, and the line charts: training curves and the sweeps (data efficiency,
      mask magnitude, imperfect priors).
   6. Pictures: heat maps of attention maps and mask biases, layers by heads, as SVG: a run's
-     attention.svg and the persistence figure.
+     attention.svg, the persistence figure and learned priors beside hand-made ones.
 
 Imports torch and the standard library (torchvision, PIL, tiktoken only inside the functions that
 need them); never imports train.py.
@@ -865,7 +865,8 @@ PAPER_VISION = {
 # ----------------------------------------------------------------------------------------------
 # 5. Result tables: ours beside the paper's numbers above (printed by train.py into table.md)
 # ----------------------------------------------------------------------------------------------
-# A cell is (task, init, train fraction, mask magnitude A, mask decay W, mask error, mask lr);
+# A cell is (task, init, train fraction, mask magnitude A, mask decay W, mask error, mask lr,
+# learned prior: "<source run folder>, τ <TAU>" for --mask-from, else None);
 # each table has one row per cell, mean ± std over its seeds, and a column per metric: (header,
 # function of the cell's finished runs' "final" dicts and the cell).
 
@@ -884,7 +885,7 @@ def mean_std(values):
     return f"{fmt(statistics.fmean(values))} ± {fmt(std, 2)}"
 
 stat = lambda key: lambda done, cell: mean_std([f.get(key) for f in done])
-paper = lambda table, i=None: lambda done, cell: fmt(None if cell[5] else   # an edited prior: none
+paper = lambda table, i=None: lambda done, cell: fmt(None if cell[5] or cell[7] else   # not their prior
     (table.get(cell[:2]) or (None,) * 3)[i] if i is not None else table.get(cell[:2]))
 # Columns of each table: (header, function of the cell's finished runs and its key).
 PERSISTENCE_COLUMNS = [(h, stat(k)) for h, k in (
@@ -918,28 +919,42 @@ VISION_COLUMNS = [(h, stat(k)) for h, k in (
     ("paper best top-1 (%)", paper(PAPER_VISION))]
 
 def run_name(task, init, seed, variant=None, train_frac=None, magnitude=None, decay=None,
-             error=None, mask_lr=None):
+             error=None, mask_lr=None, threshold=None, source=None):
     """A run's folder name: <task>-<init>-seed<seed>, then each setting a command gave: -frac<f>,
-    -<mask variant>, -A<A>, -wd<W>, -err-<kind><p> (--mask-error kind:p), -mlr<lr>."""
+    -<mask variant>, -A<A>, -wd<W>, -err-<kind><p> (--mask-error kind:p), -mlr<lr>, and for a
+    prior learned from the run folder <source> (--mask-from) -from-<source>-tau<TAU>."""
     kind, _, fraction = (error or "").partition(":")
     return (f"{task}-{init}-seed{seed}" + (f"-frac{train_frac:g}" if train_frac else "")
             + (f"-{variant}" if variant else "") + (f"-A{magnitude:g}" if magnitude else "")
             + (f"-wd{decay:g}" if decay is not None else "")
             + (f"-err-{kind}{float(fraction):g}" if error else "")
-            + (f"-mlr{mask_lr:g}" if mask_lr else ""))
+            + (f"-mlr{mask_lr:g}" if mask_lr else "")
+            + (f"-from-{source}-tau{threshold or 1:g}" if source else ""))
 
 def edit_order(error):
     """Sort key of a mask error: the exact prior (None) first, then by kind and fraction."""
     kind, _, fraction = (error or "").partition(":")
     return kind, float(fraction or 0)
 
+# The inits whose M starts from the task's pattern (train.py's INITS with prior "mask"): the
+# hand-made prior, or with --mask-from the learned one.
+MASK_PRIOR_INITS = ("mask", "mask-fixed", "mask-hadamard")
+
+
+def learned_prior(config):
+    """The label "<source run folder>, τ <TAU>" of a run whose M came from --mask-from, else None."""
+    import os
+    source = config.get("mask_from")
+    return source and f"{os.path.basename(os.path.abspath(source))}, τ {config['mask_threshold']:g}"
+
 def cell_of(result):
     """A run's table cell: (task, init, train fraction, mask magnitude A, mask decay W, mask
-    error, mask lr); a mask variant is named beside the task, e.g. "cyclic3 (direct)"."""
+    error, mask lr, learned prior); a mask variant is named beside the task, e.g. "cyclic3
+    (direct)"."""
     c = result["config"]
     task = result["task"] + (f" ({c['mask_variant']})" if c.get("mask_variant") else "")
     return (task, result["init"], c.get("train_frac"), c.get("mask_magnitude"),
-            c.get("mask_decay") or 0.0, c.get("mask_error"), c.get("mask_lr"))
+            c.get("mask_decay") or 0.0, c.get("mask_error"), c.get("mask_lr"), learned_prior(c))
 
 def group_runs(results, init_order):
     """{cell: (finished runs' final dicts, number of runs)}, in task, sweep, init, seed order."""
@@ -947,7 +962,7 @@ def group_runs(results, init_order):
     order = lambda r: (every_task.index(r["task"]), r["config"].get("train_frac") or 0,
                        r["config"].get("mask_magnitude") or 0, r["config"].get("mask_decay") or 0,
                        edit_order(r["config"].get("mask_error")), init_order.index(r["init"]),
-                       r["config"].get("mask_lr") or 0, r["seed"])
+                       learned_prior(r["config"]) or "", r["config"].get("mask_lr") or 0, r["seed"])
     cells = {}
     for r in sorted(results, key=order):
         cells.setdefault(cell_of(r), []).append(r)
@@ -957,19 +972,22 @@ def group_runs(results, init_order):
 def markdown_table(results, columns, init_order):
     """One row per cell, mean ± std over seeds; train fraction, A, W, mask error and mask lr
     columns appear when a grid varies them (a data-efficiency, mask-magnitude or imperfect-prior
-    sweep) and train fraction, mask error and mask lr whenever one is set. A mask error's "none"
-    is the exact prior; a mask lr's "—" is the model's lr (or, for mask-fixed, no trained M)."""
+    sweep) and train fraction, mask error, mask lr and prior whenever one is set. A mask error's
+    "none" is the exact prior; a mask lr's "—" is the model's lr (or, for mask-fixed, no trained
+    M); the prior is the --mask-from source and τ, "hand-made" for the task's own pattern."""
     cells = group_runs(results, init_order)
-    names = {2: "train frac", 3: "A", 4: "mask decay", 5: "mask error", 6: "mask lr"}
+    names = {2: "train frac", 3: "A", 4: "mask decay", 5: "mask error", 6: "mask lr", 7: "prior"}
     shown = [i for i in names if len({cell[i] for cell in cells}) > 1
-             or (i in (2, 5, 6) and any(c[i] for c in cells))]
+             or (i in (2, 5, 6, 7) and any(c[i] for c in cells))]
     text = lambda i, v: v if isinstance(v, str) else f"{v:g}" if v is not None else "none" if i == 5 else "—"
+    prior = lambda cell: cell[7] or ("hand-made" if cell[1] in MASK_PRIOR_INITS else "—")
     header = ["task", *[names[i] for i in shown if i == 2], "init", *[names[i] for i in shown if i > 2],
               "seeds"] + [h for h, _ in columns]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for cell, (done, total) in cells.items():
         keys = [cell[0], *[text(i, cell[i]) for i in shown if i == 2], cell[1],
-                *[text(i, cell[i]) for i in shown if i > 2], f"{len(done)}/{total}"]
+                *[prior(cell) if i == 7 else text(i, cell[i]) for i in shown if i > 2],
+                f"{len(done)}/{total}"]
         lines.append("| " + " | ".join(keys + [fn(done, cell) for _, fn in columns]) + " |")
     return "\n".join(lines)
 
@@ -983,27 +1001,30 @@ def result_tables(results, init_order):
     for r in results:
         by_family.setdefault(FAMILY_OF[r["task"]], []).append(r)
     table = lambda family, columns: markdown_table(by_family[family], columns, init_order)
-    truth = TRUE_MASS_COLUMNS if any(r["config"].get("mask_error") for r in results) else []
+    edited = any(r["config"].get("mask_error") for r in results)
+    # an edited or learned prior: the attention on the task's exact (hand-made) pattern as well
+    truth = TRUE_MASS_COLUMNS if edited or any(r["config"].get("mask_from") for r in results) else []
     if "boolean" in by_family:
         sections += [f"## Results\n\n{table('boolean', BOOLEAN_COLUMNS)}\n",
                      f"## Persistence of the prior\n\n{table('boolean', PERSISTENCE_COLUMNS + truth)}\n"]
         panels = magnitude_panels(by_family["boolean"], init_order)
-        if panels and not truth:         # an imperfect-prior sweep: its own figure below
+        if panels and not edited:        # an imperfect-prior sweep: its own figure below
             figures["mask_magnitude.svg"] = magnitude_svg(panels, init_order)
     if "language" in by_family:
         sections.append(f"## Perplexity\n\n{table('language', LM_COLUMNS)}\n")
     if "vision" in by_family:
-        sections.append(f"## Best top-1 accuracy\n\n{table('vision', VISION_COLUMNS)}\n")
+        sections.append(f"## Best top-1 accuracy\n\n{table('vision', VISION_COLUMNS + truth)}\n")
     training_curves = curves_svg(results, init_order)
     if training_curves:
         figures["curves.svg"] = training_curves
     if "arithmetic" in by_family:
         sections.append(f"## Arithmetic\n\n{table('arithmetic', ARITHMETIC_COLUMNS + truth)}\n")
-        curves = curves_of(by_family["arithmetic"], init_order, x=lambda cell: cell[2], y="seq_acc")
+        hand_made = [r for r in by_family["arithmetic"] if not r["config"].get("mask_from")]
+        curves = curves_of(hand_made, init_order, x=lambda cell: cell[2], y="seq_acc")
         if any(len({x for x, _ in points}) > 1 for lines in curves.values() for points in lines.values()):
             figures["data_efficiency.svg"] = line_chart_svg(
                 curves, init_order, "train fraction", "held-out seq acc (%)", percent_x=True)
-    figure = truth and imperfect_svg(results, init_order)
+    figure = edited and imperfect_svg(results, init_order)
     if figure:
         figures["imperfect_prior.svg"] = figure
     return "\n".join(sections), figures
@@ -1025,8 +1046,9 @@ def curves_of(results, init_order, x, y, inits=None, panel=lambda cell: cell[0],
 def magnitude_panels(results, init_order):
     """The figure of "Does the mask learn?": per Boolean task, test accuracy (threesym: test loss)
     and mask drift against A, learnable (mask) vs fixed (mask-fixed), at mask decay 0 with the
-    exact prior at the model's lr."""
-    runs = [r for r in results if not any(r["config"].get(k) for k in ("mask_decay", "mask_error", "mask_lr"))]
+    exact hand-made prior at the model's lr."""
+    runs = [r for r in results if not any(r["config"].get(k) for k in
+                                          ("mask_decay", "mask_error", "mask_lr", "mask_from"))]
     if len({cell_of(r)[3] for r in runs if r["init"] in ("mask", "mask-fixed")}) < 2:
         return None
     pick = lambda y: curves_of(runs, init_order, x=lambda cell: cell[3], y=y, inits=("mask", "mask-fixed"))
@@ -1118,7 +1140,8 @@ def imperfect_svg(results, init_order, width=400, height=270):
     edit of the prior (--mask-error; "exact" = unedited, the reference), learnable M (mask, one
     dash pattern per mask lr) vs fixed M (mask-fixed); grey: the true prior mass at init. None
     when no mask or mask-fixed run (at mask decay 0) has an edited prior."""
-    runs = [r for r in results if r["init"] in ("mask", "mask-fixed") and not r["config"].get("mask_decay")]
+    runs = [r for r in results if r["init"] in ("mask", "mask-fixed")
+            and not r["config"].get("mask_decay") and not r["config"].get("mask_from")]
     if not any(r["config"].get("mask_error") for r in runs):
         return None
     edits = sorted({cell_of(r)[5] for r in runs}, key=edit_order)
@@ -1197,12 +1220,14 @@ def curve_lines(results, init_order):
     rows = {}
     for task, task_runs in by_task.items():
         varied = [(i, name) for i, name in ((2, "frac"), (3, "A"), (4, "decay"), (5, "error"),
-                                            (6, "mask lr")) if len({cell_of(r)[i] for r in task_runs}) > 1]
+                                            (6, "mask lr"), (7, "prior"))
+                  if len({cell_of(r)[i] for r in task_runs}) > 1]
         lines = {}
         for r in task_runs:
             cell = cell_of(r)
             value = lambda v: v if isinstance(v, str) else f"{v or 0:g}"     # none / exact: 0
-            label = " ".join([r["init"], *(f"{name} {value(cell[i])}" for i, name in varied)])
+            label = " ".join([r["init"], *(f"{name} {value(cell[i])}" if i != 7 else
+                                           f"prior {cell[i] or 'hand-made'}" for i, name in varied)])
             lines.setdefault(label, (r["init"], []))[1].append(r["history"])
         rows[task] = (task_runs[0]["task"], lines)
     return rows
@@ -1332,6 +1357,7 @@ def summary_line(result):
     f, c = result["final"], result["config"]
     head = f"{result['task']} / {result['init']} / seed {result['seed']}"
     head += f" / prior {c['mask_error']}" if c.get("mask_error") else ""
+    head += f" / prior from {learned_prior(c)}" if c.get("mask_from") else ""
     family = FAMILY_OF[result["task"]]
     if family == "boolean":
         acc = "n/a" if f["test_acc"] is None else f"{f['test_acc']:.2f}%"
@@ -1353,7 +1379,7 @@ def summary_line(result):
             text += f", warmup shortened from {c['warmup_shortened_from']} to {c['warmup_epochs']} epochs"
     if f.get("prior_mass_init") is not None:
         text += f", prior mass {f['prior_mass_init']:.2f} -> {f['prior_mass_final']:.2f}"
-    if c.get("mask_error"):
+    if f.get("true_prior_mass_init") is not None and (c.get("mask_error") or c.get("mask_from")):
         text += f", true prior mass {f['true_prior_mass_init']:.2f} -> {f['true_prior_mass_final']:.2f}"
     text += f", {result['seconds']:.0f} s"
     return text + (f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else "")
@@ -1444,6 +1470,24 @@ def persistence_figure(runs):
     blocks = [(f"{label}, {when} training", torch.load(f"{folder}/attention_{when}.pt")["attn"],
                0, 1, "mean attention weight") for label, folder in runs for when in ("before", "after")]
     return heatmap_svg([blocks], [f"{PANEL_NOTE}; token 0 is CLS."])
+
+
+def learned_prior_figure(runs):
+    """An SVG of priors side by side: for each (label, run folder) of a mask init the bias
+    log sigmoid(s M) it started from (attention_before.pt's "bias", (L, H, N, N)), layers down,
+    heads across; e.g. a hand-made mask run beside runs whose M was learned (--mask-from). Each
+    block coloured from its lowest bias (purple) to 0 (yellow, open)."""
+    import os
+    blocks = []
+    for label, folder in runs:
+        bias = torch.load(os.path.join(folder, "attention_before.pt"), weights_only=True)["bias"]
+        if bias is None:
+            raise ValueError(f"{folder}: a run without a mask has no prior to draw")
+        blocks.append((f"{label}: log σ(s M) at init", bias, min(bias.min().item(), -1e-6), 0.0,
+                       "bias added to the logits"))
+    return heatmap_svg([blocks], [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}.",
+                                  "Colours: purple = the left end of the bar under the block, "
+                                  "yellow = 0 (an open entry)."])
 
 
 def attention_figure(snapshots, cls_token, causal=False):

@@ -16,6 +16,7 @@ tables); neither imports this file.
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -107,7 +108,8 @@ PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 
 # --init -> (attention mode of MaskedSelfAttention, where the prior goes), read by every family
 # (mask_inits, add_prior). The prior is always the task's own pattern (vision: the impulse;
-# language: the relative distance), so "the same prior, in M or in W_Q / W_K" holds literally.
+# language: the relative distance), so "the same prior, in M or in W_Q / W_K" holds literally;
+# --mask-from replaces it, for the "mask" inits only, by one learned from a trained run.
 INITS = {
     "default": ("none", None),                  # vanilla Transformer, no prior
     "mask": ("learnable", "mask"),              # the paper: learnable log sigmoid(M), M = pattern
@@ -184,6 +186,11 @@ def build_parser():
                    "or move (KIND) a seeded fraction P of the prior ('none': exact); several: a sweep")
     p.add_argument("--mask-lr", type=number(float), nargs="+", metavar="LR",
                    help="learning rate of M alone (default: --lr); several: a sweep")
+    p.add_argument("--mask-from", metavar="DIR", help="mask inits: M from the attention maps of "
+                   "the finished run in DIR (same layers, heads, N), not the hand-made pattern")
+    p.add_argument("--mask-threshold", type=number(float), nargs="+", metavar="TAU",
+                   help="--mask-from: open where attention >= TAU / keys a row sees (default 1, "
+                   "a uniform row); several: a sweep")
     p.add_argument("--mask-variant", choices=["composed", "direct"],
                    help="cyclic3: build the triple over two layers (composed) or in each (direct)")
     p.add_argument("--train-frac", type=number(float), nargs="+",
@@ -227,6 +234,10 @@ def check_args(args, task_names):
         raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
     if args.mask_lr and not any(map(trains_mask, args.init)):
         raise UsageError(f"--mask-lr: --init {' '.join(args.init)} has no trainable mask")
+    if args.mask_from is not None:
+        check_mask_from(args)
+    elif args.mask_threshold:
+        raise UsageError("--mask-threshold applies with --mask-from only")
     out = args.out and pathlib.Path(args.out)
     existing = out and next(p for p in (out, *out.parents) if p.exists())   # out or a parent
     if existing and not existing.is_dir():
@@ -234,8 +245,26 @@ def check_args(args, task_names):
         raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
     return family
 
-def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None, mask_lr=None):
-    """The preset, its per-task changes, then every flag the user gave, then derived keys."""
+def check_mask_from(args):
+    """--mask-from replaces the hand-made pattern of a mask init: refused with an init that has
+    none (default, the QK inits, vision's impulse), with --mask-error (a learned prior is not
+    edited) and as its own --out. TAU (--mask-threshold) defaults to 1."""
+    wrong = [i for i in args.init if INITS[i][1] != "mask"]
+    if wrong:
+        raise UsageError(f"--mask-from: --init {wrong[0]} has no mask prior to replace (mask, "
+                         f"mask-fixed or mask-hadamard only)")
+    if any(args.mask_error or ()):
+        raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give one "
+                         "of the two")
+    if args.out and os.path.realpath(args.out) == os.path.realpath(args.mask_from):
+        raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite "
+                         f"its source")
+    args.mask_threshold = args.mask_threshold or [1.0]
+
+def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None,
+                mask_lr=None, threshold=None):
+    """The preset, its per-task changes, then every flag the user gave, then derived keys; with
+    --mask-from the source run and its learned pattern (learned_prior_config)."""
     presets = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS,
                "language": LM_PRESETS, "vision": VISION_PRESETS}[family]
     config = {**presets[args.preset], **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
@@ -265,6 +294,8 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
                       eval_size=None if args.eval_size == "all" else args.eval_size or 100_000)
     if family == "vision":
         check_vision_config(config)
+    if args.mask_from is not None:
+        config.update(learned_prior_config(args.mask_from, threshold or 1.0, family == "language"))
     return config
 
 
@@ -426,7 +457,8 @@ class Experiment:
     unit: str = "epoch"                # the history's counter: "epoch" or "iter"
     probe: Optional[torch.Tensor] = None    # inputs the persistence numbers average attention over
     probe_batch: int = 4096
-    pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern (edited: --mask-error)
+    pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern (edited: --mask-error,
+                                            # learned: --mask-from)
     true_pattern: Optional[torch.Tensor] = None  # the task's exact pattern (persistence "true_")
     generators: tuple = ()             # random streams besides torch's own, kept by checkpoints
     info: dict = field(default_factory=dict)  # further result.json fields (init_seconds: QK init)
@@ -455,6 +487,85 @@ def add_prior(model, init, pattern, seed, svd_scales=None, pos_scale=18.0):
 def mask_inits(init, pattern):
     """Each layer's initial M for init (INITS): the (L, H, N, N) pattern, zeros, or None (no M)."""
     return {"mask": pattern, "zero": torch.zeros_like(pattern)}.get(INITS[init][1])
+
+# --- The prior learned from a trained model (--mask-from) ---------------------------------------
+# Every family builds its hand-made prior as usual (the same random draws as a hand-made mask
+# run); run() then swaps M for maskprior.learned_mask of the source run's mean attention after
+# training (attention_after.pt, "attn", (L, H, N, N)) before anything trains. The hand-made
+# pattern stays true_pattern, so true_prior_mass_* measures the learned prior against it.
+def read_source(folder):
+    """The finished run that --mask-from names: (its result.json, its mean attention after
+    training (L, H, N, N), the sha256 of attention_after.pt); UsageError, one line naming the
+    folder and what is wrong, when it is missing, not finished or damaged."""
+    where = f"--mask-from {folder}"
+    if not os.path.isdir(folder):
+        raise UsageError(f"{where}: no such folder")
+    path = os.path.join(folder, "result.json")
+    if not os.path.isfile(path):
+        raise UsageError(f"{where}: no result.json there: not a run folder of train.py")
+    result = read_result(path, warn=False)
+    if result is None:
+        raise UsageError(f"{where}: result.json is damaged or not a result of train.py")
+    if result["status"] != "done":
+        raise UsageError(f"{where}: not a finished run (status {result['status']!r}): name a "
+                         f"run whose result.json says done")
+    try:
+        with open(os.path.join(folder, "attention_after.pt"), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise UsageError(f"{where}: no attention_after.pt there: it holds the attention maps")
+    try:   # a dict of tensors: nothing but tensors needs unpickling (weights_only)
+        saved = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise UsageError(f"{where}: attention_after.pt is damaged or not one of train.py's "
+                         f"({type(err).__name__})")
+    attn = saved.get("attn") if isinstance(saved, dict) else None
+    if not isinstance(attn, torch.Tensor) or attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
+        raise UsageError(f"{where}: attention_after.pt holds no mean attention maps (a layers x "
+                         f"heads x N x N tensor under 'attn')")
+    if not torch.isfinite(attn).all():
+        raise UsageError(f"{where}: attention_after.pt's mean attention is not finite (NaN or inf)")
+    return result, attn.float(), hashlib.sha256(raw).hexdigest()
+
+def learned_prior_config(folder, tau, causal):
+    """result.json config's record of the source: the folder, the hash of its attention maps (a
+    re-trained source is refused by --resume), its task, init, train fraction and seed, TAU and
+    the learned pattern's density (maskprior.open_fraction)."""
+    result, attn, digest = read_source(folder)
+    return {"mask_from": os.path.normpath(folder), "mask_from_sha256": digest,
+            "mask_from_task": result["task"], "mask_from_init": result["init"],
+            "mask_from_train_frac": result["config"].get("train_frac"),
+            "mask_from_seed": result["seed"], "mask_threshold": tau,
+            "mask_density": maskprior.open_fraction(maskprior.learned_mask(attn, 1.0, tau, causal),
+                                                    causal)}
+
+def use_learned_prior(exp, config):
+    """Replace the hand-made M of exp.model by maskprior.learned_mask of the source's attention:
+    open +A, closed -A with A = --mask-magnitude over the model's scale s (the encoders' s = 1:
+    A itself; the GPT's s = A: M = +-1, bias log sigmoid(+-s)). The learned pattern becomes
+    exp.pattern (prior_mass_*), the hand-made one exp.true_pattern (the GPT has neither: no open
+    / closed pattern). UsageError when the source's shape is not the model's."""
+    folder = config["mask_from"]
+    _, attn, digest = read_source(folder)
+    if digest != config["mask_from_sha256"]:
+        raise UsageError(f"--mask-from {folder}: attention_after.pt changed while this run "
+                         f"started: start it again")
+    layers = maskprior.attention_modules(exp.model)                 # each M: (H, N, N)
+    ours = (len(layers), *layers[0].mask.shape)
+    if tuple(attn.shape) != ours:
+        shape = lambda s: f"{s[0]} layers x {s[1]} heads x {s[2]} x {s[3]}"
+        raise UsageError(f"--mask-from {folder}: its attention maps are {shape(attn.shape)}, this "
+                         f"model's {shape(ours)}: the source needs the same --layers, --heads and "
+                         f"sequence length")
+    first = layers[0]
+    learned = maskprior.learned_mask(attn, config["mask_magnitude"] / first.mask_scale,
+                                     config["mask_threshold"], first.causal)    # (L, H, N, N)
+    with torch.no_grad():
+        for attention, mask in zip(layers, learned):
+            attention.mask.copy_(mask)
+    if exp.pattern is not None:
+        exp.true_pattern = exp.pattern if exp.true_pattern is None else exp.true_pattern
+        exp.pattern = learned
 
 def build_encoder(init, pattern, config, seed, svd_scales=None, **shape):
     """maskprior.Transformer of the config's shape with the init's prior for the (L, H, N, N)
@@ -573,8 +684,12 @@ def lm_setup(task, init, seed, config, device, data, rank):
                 "test_ppl": math.exp(test_loss), "test_is_val": data["test_is_val"],
                 "tokens_per_second": state["samples"] * T * world / state["train_seconds"],
                 "sample": data["decode"](sample[0].tolist())}
+    # Where attention goes (attention_*.pt, attention.svg; what --mask-from reads): the mean over
+    # the first 64 whole windows of the validation split.
+    probe = torch.stack([data["val"][s:s + T] for s in range(0, len(data["val"]) - T, T)][:64])
     return Experiment(model, optimizer, cosine(optimizer, iters), rounds, iters, batches, loss_of,
-                      validation, final, unit="iter", generators=(windows,), info=data.get("info", {}))
+                      validation, final, unit="iter", probe=probe, generators=(windows,),
+                      info=data.get("info", {}))
 
 
 # --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup: Tables "Experimental setup for ..."
@@ -725,6 +840,8 @@ def run(family, task, init, seed, config, device, out_dir, data, args):
     else:
         workers = args.workers if args.workers is not None else 8 if device.type == "cuda" else 0
         exp = vision_setup(task, init, seed, config, device, data, rank, world, workers)
+    if config.get("mask_from"):                 # M from a trained run's attention, not by hand
+        use_learned_prior(exp, config)
     checkpoint = os.path.join(out_dir, "checkpoint.pt")
     meta = {"task": task, "init": init, "seed": seed, "config": config, "world_size": world}
     state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0}
@@ -798,9 +915,10 @@ def main(argv=None):
     if args.seeds is None and args.seed == 0 and args.preset == "paper":
         seeds = [PAPER_SEEDS.get(family, PAPER_SEEDS.get(" ".join(task_names), 0))]
     sweep = lambda values: list(dict.fromkeys(values)) if values else [None]
-    runs = [(t, i, s, (f, a, w, e, r if trains_mask(i) else None)) for t in task_names
+    runs = [(t, i, s, (f, a, w, e, r if trains_mask(i) else None, tau)) for t in task_names
             for f in sweep(args.train_frac) for a in sweep(args.mask_magnitude)
             for w in sweep(args.mask_decay) for e in sweep(args.mask_error) for r in sweep(args.mask_lr)
+            for tau in sweep(args.mask_threshold)
             for i in dict.fromkeys(args.init) for s in seeds   # A only acts on M, --mask-lr on a trained M
             if (INITS[i][1] == "mask" or a == sweep(args.mask_magnitude)[0])
             and (trains_mask(i) or r == sweep(args.mask_lr)[0])]
@@ -808,7 +926,8 @@ def main(argv=None):
     root = args.out or "runs/grid"
     results, failed, cache = [], 0, {}
     for task, init, seed, sweeps in runs:
-        name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps)
+        source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
+        name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps, source=source)
         out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
         try:
             config = make_config(family, task, args, *sweeps)
@@ -868,8 +987,8 @@ def load_data(family, task, config, args, device, cache):
         cache[key] = tasks.vision_dataset(task, args.data_dir, key[1], False, *key[2:])
     return cache[key]
 
-def read_result(path):
-    """A result.json as a dict, or None (with a warning naming it) if it is damaged."""
+def read_result(path, warn=True):
+    """A result.json as a dict, or None (with a warning naming it, if warn) if it is damaged."""
     try:
         with open(path) as f:
             result = json.load(f)
@@ -879,8 +998,9 @@ def read_result(path):
             tasks.summary_line(result)           # the fields a table reads are all there
         return result
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
-        print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})",
-              file=sys.stderr)
+        if warn:
+            print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})",
+                  file=sys.stderr)
         return None
 
 def summarize(root):

@@ -139,10 +139,15 @@ def test_lm_run_writes_perplexities_sample_and_mask_pictures(tmp_path, run_cli, 
     assert 1 < final["val_ppl"] < 256 * 2 and isinstance(final["sample"], str)
     assert [h["iter"] for h in result["history"]] == [4, 8]
     assert (tmp_path / "checkpoint.pt").exists()
-    # no probe inputs for language: attention.svg shows the bias alone, and says what is causal
-    texts, titles, _ = attention_svg(tmp_path)
-    assert titles == ["mask bias log σ(s M), before training", "mask bias log σ(s M), after training"]
+    # attention.svg: the mean attention over the first validation windows beside the bias, before
+    # and after; it says what is causal; no attention lands above the diagonal (key after query)
+    texts, titles, panels = attention_svg(tmp_path)
+    assert titles == [f"{what}, {when} training" for when in ("before", "after")
+                      for what in ("mean attention", "mask bias log σ(s M)")]
     assert "layer 1" in texts and "head 2" in texts and any("Causal" in t for t in texts)
+    after = torch.load(tmp_path / "attention_after.pt", weights_only=True)["attn"]   # (1, 2, 16, 16)
+    assert after.shape == (1, 2, 16, 16) and (after.triu(1) == 0).all()
+    assert torch.allclose(after.sum(-1), torch.ones(1, 2, 16))
     # the relative-bias profile: log sigmoid(10 * -d) at distance d before training
     block = result["config"]["block_size"]
     profile = final["bias_by_distance_init"]
