@@ -4,30 +4,22 @@ Reference implementation of "Mask-Based Priors Are More Persistent than Query-Ke
 Read top to bottom beside the paper:
 
   1. MaskedSelfAttention   the block of Section 4.1: softmax(Q K^T / sqrt(d) + log sigmoid(M)) V,
-                           plus the fixed (Appendix A.2), Hadamard (Appendix B) and vanilla
-                           variants; its logit_bias is the one place the bias log sigmoid(s M)
-                           (and the causal mask) is computed; masked_attention, the same equation
-                           as one function; attention_modules, every such block of a model.
-  1b. add_mask_prior       the same prior put into the nn.MultiheadAttention modules of an existing
-                           model (e.g. torchvision's ViT) in one call.
-  2. Block, Transformer    a pre-LayerNorm encoder with one mask per layer (Principle 4, layer-wise
-                           composition), the model of the Boolean GOTU experiments (Section 5.1).
-  3. Boolean masks         the patterns of Appendix "Design of Mask Pattern" for 2parity, majority,
-                           cyclic3 and threesym.
-  4. Arithmetic masks      digit-structure patterns for 3-digit addition and multiplication
-                           (Section 5.2), open 5 / close -5; edit_pattern, a seeded rough or
-                           wrong version of a pattern (Appendix "Why Not Just Fix the Mask?");
-                           learned_mask, a pattern read off a trained model's attention maps
-                           (the future work of the paper's Limitations).
-  5. QK baselines          the same patterns put into W_Q / W_K instead: structured SVD and Opt
+                           with its fixed (Appendix A.2), Hadamard (Appendix B) and vanilla modes;
+                           logit_bias is the one place the bias log sigmoid(s M) (and the causal
+                           mask) is computed; masked_attention, the same equation as a function.
+  2. Models                on that block, one mask per layer (Principle 4): the GOTU Transformer
+                           encoder (Section 5.1, also the arithmetic model), the GPT (Appendix
+                           "Wiki-text and Tiny-stories") and the ViT (Section 5.3).
+  3. Mask patterns         the hand-made priors (Appendix "Design of Mask Pattern"): Boolean,
+                           arithmetic, the GPT's relative distance, the ViT's impulse; edit_pattern,
+                           a rough or wrong prior (Appendix A.2); learned_mask, a prior read off a
+                           trained model's attention (the future work of the paper's Limitations).
+  4. QK baselines          the same patterns put into W_Q / W_K instead: structured SVD and Opt
                            (Zheng et al.), and mimetic (Trockman and Kolter), Sections 2.1, 5.1.
-  6. GPT                   a causal decoder with the relative-distance mask prior (Appendix
-                           "Wiki-text and Tiny-stories").
-  7. ViT, impulse masks    a Vision Transformer on the same block, with the 3x3 impulse pattern
-                           of Zheng et al. as mask prior (Section 5.3).
-  8. Measuring the prior   mean attention maps, mask biases, prior mass and pattern correlation,
-                           the bias by distance (Section 6.1): the persistence numbers; the
-                           centre patch's maps of a ViT.
+  5. Measuring the prior   mean attention maps, mask biases, prior mass and pattern correlation,
+                           the bias by distance (Section 6.1): the persistence numbers.
+  6. add_mask_prior        appendix: the same prior put into the nn.MultiheadAttention modules of
+                           an existing model (e.g. torchvision's ViT) in one call.
 
 This file imports torch and nothing else; MaskedSelfAttention needs nothing else from it, so its
 class can be copied into another file on its own.
@@ -39,13 +31,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Appendix "Experiment Details": open positions get M = 10, closed ones M = -10. After log sigmoid,
-# an open entry adds log sigmoid(10) = -4.5e-5 to its logit and a closed entry adds
-# log sigmoid(-10) = -10.00005. Softmax only sees differences within a row, so in a row that mixes
-# the two an open key outweighs a closed key with the same content score by
-# sigmoid(10) / sigmoid(-10) = e^10 = 22026, while open keys keep their vanilla ratios to each
-# other.
+# The constants of the paper's setup, each once. Appendix "Experiment Details": a hand-made prior
+# opens an entry with M = +A and closes it with M = -A, A = 10 for the Boolean tasks and the ViT.
+# After log sigmoid an open entry adds log sigmoid(10) = -4.5e-5 to its logit and a closed entry
+# log sigmoid(-10) = -10.00005. Softmax only sees differences within a row, so in a row that
+# mixes the two an open key outweighs a closed key with the same content score by
+# sigmoid(10) / sigmoid(-10) = e^10 = 22026, while open keys keep their vanilla ratios.
 OPEN, CLOSE = 10.0, -10.0
+ARITHMETIC_OPEN, ARITHMETIC_CLOSE = 5.0, -5.0    # Table "Arithmetic task setup": open 5, close -5
+GPT_MASK_SCALE = 10.0   # Appendix "Wiki-text and Tiny-stories": the GPT prior is log sigmoid(10 M)
+NORM_P = 18.0           # structured init multiplies the positions by 18 before its solve (norm_p,
+                        # osiriszjq/structured_initialization; meant for positions drawn at 0.02)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,119 +183,8 @@ def attention_modules(model):
 
 
 # ----------------------------------------------------------------------------------------------
-# 1b. The same prior inside an existing model's nn.MultiheadAttention (Section 4.1)
-# ----------------------------------------------------------------------------------------------
-# add_mask_prior gives every nn.MultiheadAttention of a model a parameter `mask` M (heads, N, N)
-# and a forward pre-hook that adds log sigmoid(s * M) to the attention logits: nn.MultiheadAttention
-# adds a float attn_mask to Q K^T / sqrt(d) before its softmax, so the module then computes
-# softmax(Q K^T / sqrt(d) + log sigmoid(s M)) V, the attention of Section 4.1, and nothing else in
-# the model changes. The hook passes the bias as attn_mask (B * heads, N, N), added to any mask the
-# caller gave. Two PyTorch shortcuts would bypass it, and neither runs on a patched module:
-#   - nn.MultiheadAttention's own fused path (torch._native_multi_head_attention, eval mode) is
-#     never taken with a float attn_mask;
-#   - nn.TransformerEncoderLayer's fused path (torch._transformer_encoder_layer_fwd) is never taken
-#     while any of its sub-modules has a forward hook, and the hook is one.
-# nn.TransformerEncoder's nested-tensor path (eval with a padding mask) would feed the layers
-# nested tensors, which nn.MultiheadAttention refuses off its fused path; add_mask_prior turns it
-# off (use_nested_tensor = False) on every nn.TransformerEncoder of the model.
-
-# nn.MultiheadAttention.forward's arguments in order, to read positional arguments by name.
-_MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
-                  "average_attn_weights", "is_causal")
-
-
-def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
-    """Put the Section 4.1 mask prior log sigmoid(scale * M) into every nn.MultiheadAttention of
-    model; returns the patched modules in model.named_modules() order.
-
-    mask_init: (heads, N, N), the same M for every module, or (layers, heads, N, N), one per module
-      in that order. N must equal the sequence length the module sees (checked at forward time).
-    mode: "learnable" (M is trained) or "fixed" (M has requires_grad=False), as in
-      MaskedSelfAttention. M is registered as the parameter `mask`, so it is in the state_dict.
-    Every nn.MultiheadAttention is patched, so each must be used as self-attention: a call whose
-    query or key length is not N raises ValueError (a cross-attention with N keys and queries would
-    get the prior too; patch only the encoder of such a model). batch_first True and False and
-    unbatched inputs all work.
-    """
-    if mode not in ("learnable", "fixed"):
-        raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
-    named = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
-    if not named:
-        raise ValueError(f"{type(model).__name__} contains no nn.MultiheadAttention to patch")
-    if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
-        raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) "
-                         f"for the modules {[name for name, _ in named]}, "
-                         f"got {tuple(mask_init.shape)}")
-    masks = mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1)
-    for (name, attn), mask in zip(named, masks):
-        _check_mask_fits(name, attn, mask)
-    for (name, attn), mask in zip(named, masks):
-        weight = attn.out_proj.weight                # M takes the module's dtype and device
-        attn.mask = nn.Parameter(mask.detach().to(weight).clone(),
-                                 requires_grad=(mode == "learnable"))
-        attn.mask_scale = scale
-        attn.mask_prior_name = name                # for the forward-time error message
-        attn.register_forward_pre_hook(_add_mask_prior_to_call, with_kwargs=True)
-    for encoder in model.modules():
-        if isinstance(encoder, nn.TransformerEncoder):
-            encoder.use_nested_tensor = False
-    return [attn for _, attn in named]
-
-
-def _check_mask_fits(name, attn, mask):
-    """ValueError naming the module unless attn is unpatched and mask is (num_heads, N, N)."""
-    if hasattr(attn, "mask_prior_name"):
-        raise ValueError(f"{name or 'model'} already has a mask prior")
-    heads, rows, cols = mask.shape
-    if heads != attn.num_heads or rows != cols:
-        raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit an "
-                         f"nn.MultiheadAttention with num_heads={attn.num_heads}; expected "
-                         f"({attn.num_heads}, N, N)")
-
-
-def _add_mask_prior_to_call(attn, args, kwargs):
-    """Forward pre-hook: the call's arguments, attn_mask = log sigmoid(s M) + the caller's mask."""
-    call = dict(zip(_MHA_ARGUMENTS, args), **kwargs)
-    query, key = call["query"], call["key"]
-    batched = query.dim() == 3
-    position_dim = 1 if batched and attn.batch_first else 0
-    n, n_keys = query.shape[position_dim], key.shape[position_dim]
-    if attn.mask.shape[-1] != n or n_keys != n:
-        raise ValueError(f"{attn.mask_prior_name or 'model'}: mask of shape "
-                         f"{tuple(attn.mask.shape)} is for self-attention over sequences of length "
-                         f"{attn.mask.shape[-1]}, got length {n} (query {tuple(query.shape)}, key "
-                         f"{tuple(key.shape)})")
-    bias = MaskedSelfAttention.logit_bias(attn.mask, n, attn.mask_scale,
-                                          dtype=query.dtype)           # (H, N, N)
-    if batched:                                                             # row b * H + h
-        batch = query.shape[0 if attn.batch_first else 1]
-        bias = bias.expand(batch, -1, -1, -1).reshape(-1, n, n)             # (B * H, N, N)
-    caller_mask = call.get("attn_mask")                                     # (N, N), (B * H, N, N)
-    if caller_mask is None and call.get("is_causal"):                       # hint alone: build it
-        caller_mask = MaskedSelfAttention.logit_bias(None, n, causal=True, dtype=query.dtype,
-                                                     device=query.device)   # (N, N), 0 / -inf
-    caller_mask = _as_logits(caller_mask, query.dtype)
-    call["attn_mask"] = bias if caller_mask is None else bias + caller_mask # (B * H, N, N)
-    # With is_causal=True (and no padding mask, no weights asked for) F.multi_head_attention_forward
-    # drops attn_mask and lets SDPA apply the causal mask alone; the causal -inf is in attn_mask.
-    call["is_causal"] = False
-    # A Boolean key_padding_mask beside a float attn_mask draws a deprecation warning; same values.
-    call["key_padding_mask"] = _as_logits(call.get("key_padding_mask"), query.dtype)
-    return (), call
-
-
-def _as_logits(mask, dtype):
-    """An attention mask as additive logits of dtype: Boolean (True = blocked) becomes 0 / -inf,
-    float is kept, None stays None."""
-    if mask is None:
-        return None
-    if mask.dtype == torch.bool:
-        return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
-    return mask.to(dtype)
-
-
-# ----------------------------------------------------------------------------------------------
-# 2. The Transformer encoder (Section 5.1; the model of the GOTU code, github.com/aryol/GOTU)
+# 2. Models on the block: the GOTU encoder (Section 5.1), the GPT (Appendix "Wiki-text and
+#    Tiny-stories") and the ViT (Section 5.3)
 # ----------------------------------------------------------------------------------------------
 
 class MLP(nn.Module):
@@ -408,9 +293,130 @@ class Transformer(nn.Module):
         return (out, attns) if return_attn else out
 
 
+def _init_weights(model, truncated):
+    """The GPT-2 / timm initialisation shared by GPT and ViT: every nn.Linear and nn.Embedding
+    weight drawn with std 0.02, every nn.Linear bias zero. truncated=False draws N(0, 0.02^2)
+    (nn.init.normal_, GPT-2 and nanoGPT); truncated=True draws nn.init.trunc_normal_ (timm's ViT;
+    its cut at +-2 lies 100 std out). model.apply visits the layers in registration order, which
+    fixes the order of the random draws. (The ViT has no nn.Embedding.)"""
+    draw = nn.init.trunc_normal_ if truncated else nn.init.normal_
+
+    def init(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            draw(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    model.apply(init)
+
+
+class GPT(nn.Module):
+    """A GPT on MaskedSelfAttention(causal=True): token and learned position embeddings, pre-LN
+    blocks, final LayerNorm, a language-model head tied to the token embedding (nanoGPT's model).
+
+    mode "none" is the default GPT; "learnable" with masks=relative_distance_mask(...) per layer
+    is the paper's mask init. masks: None or (depth, heads, block_size, block_size).
+    """
+
+    def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none",
+                 masks=None, mask_scale=GPT_MASK_SCALE):
+        super().__init__()
+        self.block_size = block_size
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Parameter(torch.zeros(1, block_size, dim))
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, block_size, 4 * dim, mask_init=None if masks is None else masks[layer],
+                  mode=mode, causal=True, mask_scale=mask_scale, dropout=dropout)
+            for layer in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # weight tying, as in GPT-2 and nanoGPT
+        _init_weights(self, truncated=False)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.out.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+        nn.init.normal_(self.pos, std=0.02)
+
+    def forward(self, idx, targets=None, return_attn=False):
+        """idx (B, T) token ids -> logits (B, T, vocab); with targets (logits, mean cross-entropy);
+        with return_attn that and each layer's attention, [(B, H, T, T)] (mean_attention)."""
+        T = idx.shape[1]
+        if T > self.block_size:
+            raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
+        x = self.drop(self.embed(idx) + self.pos[:, :T])
+        x, attns = run_blocks(self.blocks, x, return_attn)
+        logits = self.head(self.norm(x))
+        out = logits if targets is None else \
+            (logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
+        return (out, attns) if return_attn else out
+
+
+    @torch.no_grad()
+    def generate(self, idx, new_tokens, temperature=1.0, top_k=None, generator=None):
+        """Sample new_tokens continuations of idx (B, T), feeding back the last block_size tokens."""
+        for _ in range(new_tokens):
+            logits = self(idx[:, -self.block_size:])[:, -1] / temperature  # (B, vocab)
+            if top_k is not None:
+                kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            idx = torch.cat([idx, nxt], 1)
+        return idx
+
+
+class ViT(nn.Module):
+    """A ViT on our Block: patch embedding, CLS token, learned positions, pre-LN blocks with drop
+    path, final LayerNorm and a linear classifier (timm's vit_tiny_patch16_224 at width 192,
+    depth 12, 3 heads, MLP 768, patch 16 on 224 x 224; Table "Experimental setup for CIFAR10").
+
+    masks: None, or (depth, heads, N, N) mask_init per layer (impulse_mask for the paper's prior).
+    pool: "cls" reads the CLS token (timm's default, used for CIFAR); "avg" averages the patch
+      tokens ("Global pool avg" in Table "Experimental setup for ImageNet100").
+    drop_paths: None, or one module per block for its residual branches, e.g.
+      torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
+    qkv_bias=True as in timm's ViT; the biases start at zero, so no init below is affected.
+    """
+
+    def __init__(self, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
+                 masks=None, mode="none", pool="cls", drop_paths=None, channels=3):
+        super().__init__()
+        if image_size % patch_size:
+            raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
+        if pool not in ("cls", "avg"):
+            raise ValueError(f"pool must be 'cls' or 'avg', got {pool!r}")
+        self.grid = image_size // patch_size
+        self.pool = pool
+        seq_len = self.grid ** 2 + 1
+        # Patch embedding: a stride-p convolution = a linear map of each p x p x C patch.
+        self.patch_embed = nn.Conv2d(channels, dim, patch_size, stride=patch_size)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.empty(1, seq_len, dim))
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, seq_len, mlp_dim, mask_init=None if masks is None else masks[layer],
+                  mode=mode, qkv_bias=True,
+                  drop_path=None if drop_paths is None else drop_paths[layer])
+            for layer in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+        # timm's ViT init: Linear weights trunc-normal(0.02), biases 0, positions trunc-normal(0.02).
+        _init_weights(self, truncated=True)
+        nn.init.trunc_normal_(self.pos, std=0.02)
+
+    def forward(self, images, return_attn=False):
+        """images (B, C, H, W) -> class logits (B, num_classes) [, each layer's (B, H, N, N)]."""
+        x = self.patch_embed(images).flatten(2).transpose(1, 2)    # (B, grid^2, dim), row-major
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)     # (B, N, dim)
+        x = x + self.pos
+        x, attns = run_blocks(self.blocks, x, return_attn)
+        x = self.norm(x)
+        features = x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1)   # (B, dim)
+        out = self.head(features)
+        return (out, attns) if return_attn else out
+
 
 # ----------------------------------------------------------------------------------------------
-# 3. Mask patterns for the Boolean GOTU tasks (Appendix "Design of Mask Pattern")
+# 3. Mask patterns. The Boolean GOTU tasks (Appendix "Design of Mask Pattern")
 # ----------------------------------------------------------------------------------------------
 # Token layout of the Boolean model: position 0 is the CLS token the readout uses, position
 # 1 + i holds bit x_i, so d = 15 bits give N = 16. Each constructor returns (depth, heads, N, N)
@@ -548,9 +554,7 @@ def boolean_mask(task, depth, heads, variant=None):
     return variants[variant](depth, heads)
 
 
-# ----------------------------------------------------------------------------------------------
-# 4. Mask patterns for three-digit arithmetic (Section 5.2; Appendix "Design of Mask Pattern")
-# ----------------------------------------------------------------------------------------------
+# --- Three-digit arithmetic (Section 5.2; Appendix "Design of Mask Pattern") ---
 # Token layout (tasks.py, section 3): a0 a1 a2 b0 b1 b2 c0 .. c(K-1), least significant digit
 # first, no CLS; the model reads answer digit c_k off position 6 + k. Table "Arithmetic task
 # setup" opens with M = 5 and closes with M = -5: log sigmoid(-5) = -5.007, a softer prior than the
@@ -558,9 +562,7 @@ def boolean_mask(task, depth, heads, variant=None):
 # its partner (Principle 1: aligned interactions). The heads then split the algorithm
 # (Principle 3: one sub-computation per head); every layer gets the same heads, and depth
 # composes them (Principle 4: carries need several steps). With more heads than roles the roles
-# repeat (head h takes role h mod 4).
-
-ARITHMETIC_OPEN, ARITHMETIC_CLOSE = 5.0, -5.0
+# repeat (head h takes role h mod 4). Open entries are ARITHMETIC_OPEN, closed ARITHMETIC_CLOSE.
 
 
 def _operand(which, i):
@@ -635,12 +637,77 @@ def mask_multiplication(depth, heads):
 ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplication}
 
 
-# ----------------------------------------------------------------------------------------------
-# Imperfect priors (Appendix "Why Not Just Fix the Mask?": a learnable mask can "refine or
+# --- The GPT's relative distance (Appendix "Wiki-text and Tiny-stories") ---
+# Language has no known interaction pattern, so the paper initialises a full learnable mask per head
+# from causal relative distance, M_ij = -max(i - j, 0), and applies it as log sigmoid(s M) with
+# s = 10: the diagonal gets log sigmoid(0) = -0.69, one step back log sigmoid(-10) = -10, two steps
+# back -20, ... (a strong "attend to the recent past" prior that training can flatten, Figure
+# "Relative mask bias before and after training"). s enters as MaskedSelfAttention's mask_scale, so
+# the parameter M keeps the paper's units. The hard causal mask (-inf above the diagonal) is added
+# on top.
+
+def relative_distance_mask(heads, block_size):
+    """M_ij = -max(i - j, 0) for every head, (heads, block_size, block_size)."""
+    i = torch.arange(block_size)
+    distance_back = (i[None, :] - i[:, None]).clamp(max=0).float()   # j - i where j <= i, else 0
+    return distance_back.expand(heads, -1, -1).clone()
+
+
+# --- The ViT's impulse (Section 5.3, Table "Best Top-1 accuracy") ---
+# Section 5.3 follows Zheng et al. (2025): each head starts as one 3x3 convolution "impulse"
+# filter, i.e. a patch attends to exactly one neighbour (Appendix "Visualization of Structure
+# Initialization"). As impulse_init of osiriszjq/structured_initialization builds it: head i gets
+# offset k[i mod 9] of the 3x3 window with k = IMPULSE_ORDER, (row, col) offset =
+# (k // 3 - 1, k % 3 - 1), so heads 0..4 are identity, up, right, left, down, then the diagonals;
+# ViT-Tiny's 3 heads get identity, up, right. Every layer gets the same offsets.
+#
+# Token layout of the ViT: position 0 is CLS, patch (r, c) of the grid x grid patches sits at
+# position 1 + r * grid + c (row-major, as Conv2d + flatten produce them). N = grid^2 + 1.
+# The impulse covers patches only; our mask needs a row and column for CLS as well:
+#   - CLS row (CLS as query): OPEN to every key. CLS is the readout token; it must gather the
+#     whole image, as a global average pool does (the 2024 code, osiriszjq/structured_init, runs
+#     its impulse init with class_token=False and --gp avg; the 2025 code keeps timm's CLS).
+#   - CLS column (patches as queries, CLS as key): CLOSED. A patch row then holds exactly its
+#     impulse, so patch-to-patch attention starts as the 3x3 filter and nothing else.
+#   - A patch whose neighbour lies off the grid (zero padding in the filter) gets an empty row,
+#     all CLOSED. Softmax is shift-invariant, so an all-closed row acts like an unmasked one:
+#     such a patch starts with plain content-based attention over all positions.
+# The QK counterpart (structured_svd_init_ on a ViT) uses only the patch part,
+# impulse_mask(...)[..., 1:, 1:], and the patch positions, as the 2025 code solves on
+# pos_embed[1:] with a patches-only target; the CLS row and column above belong to the mask prior.
+
+IMPULSE_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
+
+
+def impulse_offsets(heads):
+    """The (row, col) offset of each head's impulse, [(dr, dc)] of length heads."""
+    return [(k // 3 - 1, k % 3 - 1) for k in (IMPULSE_ORDER[h % 9] for h in range(heads))]
+
+
+def patch_position(r, c, grid):
+    """Sequence position of patch (r, c); position 0 is CLS."""
+    return 1 + r * grid + c
+
+
+def impulse_mask(depth, heads, grid):
+    """Impulse mask logits over CLS + a grid x grid patch grid, (depth, heads, N, N), N = grid^2 + 1:
+    query patch (r, c) of head h is OPEN to key patch (r + dr, c + dc) only; the CLS row is OPEN
+    everywhere; everything else is CLOSE (the treatment of CLS and off-grid rows is above)."""
+    n = grid * grid + 1
+    m = torch.full((heads, n, n), CLOSE)
+    m[:, 0, :] = OPEN                                              # CLS reads the whole image
+    for h, (dr, dc) in enumerate(impulse_offsets(heads)):
+        for r in range(grid):
+            for c in range(grid):
+                if 0 <= r + dr < grid and 0 <= c + dc < grid:      # off-grid: empty row
+                    m[h, patch_position(r, c, grid), patch_position(r + dr, c + dc, grid)] = OPEN
+    return m.expand(depth, heads, n, n).clone()
+
+
+# --- Imperfect priors (Appendix "Why Not Just Fix the Mask?": a learnable mask can "refine or
 # correct imperfect initial patterns"). A seeded edit of a task's exact pattern stands in for a
 # rough or wrong guess of the interaction structure; the run then shows whether training M
 # recovers the exact pattern (train.py's --mask-error, its true_prior_mass_* numbers).
-# ----------------------------------------------------------------------------------------------
 EDIT_KINDS = ("extra", "missing", "moved")
 
 
@@ -727,16 +794,13 @@ def edited_prior(pattern, error, seed, cls_row=False):
     return edit_pattern(pattern, kind, fraction, torch.Generator().manual_seed(seed), cls_row)
 
 
-
-# ----------------------------------------------------------------------------------------------
-# Priors learned from a trained model. The hand-made patterns above assume that the interaction
+# --- Priors learned from a trained model. The hand-made patterns above assume that the interaction
 # structure is known: the paper's Limitations call this "in effect an oracle assumption" and name
 # "learning priors from data or pretrained models" as future work. A model that has already
 # learned the task (from more data, or a related task) shows its structure in its attention
 # maps; learned_mask turns them into mask logits of the same two values, so the prior goes into
 # M (Section 4.1) where a hand-made one would (train.py's --mask-from). Mimetic initialisation
 # (Trockman and Kolter) copies such maps into W_Q / W_K instead.
-# ----------------------------------------------------------------------------------------------
 
 def learned_mask(attn, magnitude, tau=1.0, causal=False):
     """Mask logits from mean attention maps p (..., N, N), e.g. mean_attention of a trained model,
@@ -777,8 +841,9 @@ def open_fraction(pattern, causal=False):
     entries = pattern[..., counted]                                     # (..., #counted)
     return (entries > 0).float().mean().item() if entries.numel() else 0.0
 
+
 # ----------------------------------------------------------------------------------------------
-# 5. Query-key initialisation baselines (Sections 2.1 and 5.1; following the public code of
+# 4. Query-key initialisation baselines (Sections 2.1 and 5.1; following the public code of
 #    Zheng et al., github.com/osiriszjq/structured_initialization)
 # ----------------------------------------------------------------------------------------------
 # The paper's comparison: put the SAME pattern into W_Q / W_K instead of into M. Every function
@@ -888,7 +953,7 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
     return model
 
 
-def scale_positions_(model, factor=18.0):
+def scale_positions_(model, factor=NORM_P):
     """Multiply the learned positional embedding by factor (norm_p = 18 of the impulse branch of
     post_init_weights, osiriszjq/structured_initialization). The structured inits write the
     pattern into how positions meet through W_Q W_K^T; at the usual 0.02 scale the positions would
@@ -908,7 +973,7 @@ def _prefix_tokens(model, skip):
 
 
 def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_norm=7.0,
-                         pos_scale=18.0, generator=None, skip=None):
+                         pos_scale=NORM_P, generator=None, skip=None):
     """Structured initialisation, SVD variant (Zheng et al. 2025), solved per layer and head.
 
     Follows impulse_init and post_init_weights' impulse branch of
@@ -953,7 +1018,36 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
     return model
 
 
-def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, pos_scale=18.0,
+def opt_norm_reset_(q, k, nq):
+    """The norm reset of Structured (Opt), in place: every column of Q (H, D, r) over D and every
+    column of K (H, r, D) over r rescaled to norm nq (impulse_init, osiriszjq/structured_init)."""
+    with torch.no_grad():
+        q.div_(q.norm(dim=1, keepdim=True) / nq)
+        k.div_(k.norm(dim=1, keepdim=True) / nq)
+
+
+def _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator):
+    """Adam fit of Q (H, D, r), K (H, r, D) so that softmax(scale P Q K P^T) ~ target (MSE), with
+    the norm reset before every renorm_every-th step (structured_opt_init_ has the details)."""
+    heads, dim = target.shape[0], p.shape[1]
+    bound = math.sqrt(1 / (rank * heads))
+    q = ((torch.rand(heads, dim, rank, generator=generator) * 2 - 1) * bound).requires_grad_()
+    k = ((torch.rand(heads, rank, dim, generator=generator) * 2 - 1) * bound).requires_grad_()
+    nq = q.detach().norm(dim=1).mean()                             # Q's mean column norm
+    optimizer = torch.optim.Adam([q, k], lr=lr)
+    with torch.enable_grad():
+        for step in range(steps):
+            if step % renorm_every == 0:
+                opt_norm_reset_(q, k, nq)
+            attn = torch.softmax(scale * (p @ q @ k @ p.T), dim=-1)          # (H, N, N)
+            loss = F.mse_loss(attn, target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return q.detach(), k.detach()
+
+
+def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, pos_scale=NORM_P,
                          generator=None, scale=None):
     """Structured initialisation, optimisation variant (Zheng et al. 2024): "Structured (Opt)".
 
@@ -998,232 +1092,8 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
     return model
 
 
-def opt_norm_reset_(q, k, nq):
-    """The norm reset of Structured (Opt), in place: every column of Q (H, D, r) over D and every
-    column of K (H, r, D) over r rescaled to norm nq (impulse_init, osiriszjq/structured_init)."""
-    with torch.no_grad():
-        q.div_(q.norm(dim=1, keepdim=True) / nq)
-        k.div_(k.norm(dim=1, keepdim=True) / nq)
-
-
-def _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator):
-    """Adam fit of Q (H, D, r), K (H, r, D) so that softmax(scale P Q K P^T) ~ target (MSE), with
-    the norm reset before every renorm_every-th step (structured_opt_init_ has the details)."""
-    heads, dim = target.shape[0], p.shape[1]
-    bound = math.sqrt(1 / (rank * heads))
-    q = ((torch.rand(heads, dim, rank, generator=generator) * 2 - 1) * bound).requires_grad_()
-    k = ((torch.rand(heads, rank, dim, generator=generator) * 2 - 1) * bound).requires_grad_()
-    nq = q.detach().norm(dim=1).mean()                             # Q's mean column norm
-    optimizer = torch.optim.Adam([q, k], lr=lr)
-    with torch.enable_grad():
-        for step in range(steps):
-            if step % renorm_every == 0:
-                opt_norm_reset_(q, k, nq)
-            attn = torch.softmax(scale * (p @ q @ k @ p.T), dim=-1)          # (H, N, N)
-            loss = F.mse_loss(attn, target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    return q.detach(), k.detach()
-
-
 # ----------------------------------------------------------------------------------------------
-# 6. GPT with a causal relative-distance mask prior (Appendix "Wiki-text and Tiny-stories")
-# ----------------------------------------------------------------------------------------------
-# Language has no known interaction pattern, so the paper initialises a full learnable mask per head
-# from causal relative distance, M_ij = -max(i - j, 0), and applies it as log sigmoid(s M) with
-# s = 10: the diagonal gets log sigmoid(0) = -0.69, one step back log sigmoid(-10) = -10, two steps
-# back -20, ... (a strong "attend to the recent past" prior that training can flatten, Figure
-# "Relative mask bias before and after training"). s enters as MaskedSelfAttention's mask_scale, so
-# the parameter M keeps the paper's units. The hard causal mask (-inf above the diagonal) is added
-# on top.
-
-GPT_MASK_SCALE = 10.0
-
-
-def _init_weights(model, truncated):
-    """The GPT-2 / timm initialisation shared by GPT and ViT: every nn.Linear and nn.Embedding
-    weight drawn with std 0.02, every nn.Linear bias zero. truncated=False draws N(0, 0.02^2)
-    (nn.init.normal_, GPT-2 and nanoGPT); truncated=True draws nn.init.trunc_normal_ (timm's ViT;
-    its cut at +-2 lies 100 std out). model.apply visits the layers in registration order, which
-    fixes the order of the random draws. (The ViT has no nn.Embedding.)"""
-    draw = nn.init.trunc_normal_ if truncated else nn.init.normal_
-
-    def init(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            draw(module.weight, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    model.apply(init)
-
-
-def relative_distance_mask(heads, block_size):
-    """M_ij = -max(i - j, 0) for every head, (heads, block_size, block_size)."""
-    i = torch.arange(block_size)
-    distance_back = (i[None, :] - i[:, None]).clamp(max=0).float()   # j - i where j <= i, else 0
-    return distance_back.expand(heads, -1, -1).clone()
-
-
-class GPT(nn.Module):
-    """A GPT on MaskedSelfAttention(causal=True): token and learned position embeddings, pre-LN
-    blocks, final LayerNorm, a language-model head tied to the token embedding (nanoGPT's model).
-
-    mode "none" is the default GPT; "learnable" with masks=relative_distance_mask(...) per layer
-    is the paper's mask init. masks: None or (depth, heads, block_size, block_size).
-    """
-
-    def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none",
-                 masks=None, mask_scale=GPT_MASK_SCALE):
-        super().__init__()
-        self.block_size = block_size
-        self.embed = nn.Embedding(vocab_size, dim)
-        self.pos = nn.Parameter(torch.zeros(1, block_size, dim))
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            Block(dim, heads, block_size, 4 * dim, mask_init=None if masks is None else masks[layer],
-                  mode=mode, causal=True, mask_scale=mask_scale, dropout=dropout)
-            for layer in range(depth))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab_size, bias=False)
-        self.head.weight = self.embed.weight  # weight tying, as in GPT-2 and nanoGPT
-        _init_weights(self, truncated=False)
-        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
-            if name.endswith("attn.proj.weight") or name.endswith("mlp.out.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
-        nn.init.normal_(self.pos, std=0.02)
-
-    def forward(self, idx, targets=None, return_attn=False):
-        """idx (B, T) token ids -> logits (B, T, vocab); with targets (logits, mean cross-entropy);
-        with return_attn that and each layer's attention, [(B, H, T, T)] (mean_attention)."""
-        T = idx.shape[1]
-        if T > self.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
-        x = self.drop(self.embed(idx) + self.pos[:, :T])
-        x, attns = run_blocks(self.blocks, x, return_attn)
-        logits = self.head(self.norm(x))
-        out = logits if targets is None else \
-            (logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
-        return (out, attns) if return_attn else out
-
-
-    @torch.no_grad()
-    def generate(self, idx, new_tokens, temperature=1.0, top_k=None, generator=None):
-        """Sample new_tokens continuations of idx (B, T), feeding back the last block_size tokens."""
-        for _ in range(new_tokens):
-            logits = self(idx[:, -self.block_size:])[:, -1] / temperature  # (B, vocab)
-            if top_k is not None:
-                kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
-            idx = torch.cat([idx, nxt], 1)
-        return idx
-
-
-# ----------------------------------------------------------------------------------------------
-# 7. Vision Transformer with impulse masks (Section 5.3, Table "Best Top-1 accuracy")
-# ----------------------------------------------------------------------------------------------
-# Section 5.3 follows Zheng et al. (2025): each head starts as one 3x3 convolution "impulse"
-# filter, i.e. a patch attends to exactly one neighbour (Appendix "Visualization of Structure
-# Initialization"). As impulse_init of osiriszjq/structured_initialization builds it: head i gets
-# offset k[i mod 9] of the 3x3 window with k = IMPULSE_ORDER, (row, col) offset =
-# (k // 3 - 1, k % 3 - 1), so heads 0..4 are identity, up, right, left, down, then the diagonals;
-# ViT-Tiny's 3 heads get identity, up, right. Every layer gets the same offsets.
-#
-# Token layout of the ViT: position 0 is CLS, patch (r, c) of the grid x grid patches sits at
-# position 1 + r * grid + c (row-major, as Conv2d + flatten produce them). N = grid^2 + 1.
-# The impulse covers patches only; our mask needs a row and column for CLS as well:
-#   - CLS row (CLS as query): OPEN to every key. CLS is the readout token; it must gather the
-#     whole image, as a global average pool does (the 2024 code, osiriszjq/structured_init, runs
-#     its impulse init with class_token=False and --gp avg; the 2025 code keeps timm's CLS).
-#   - CLS column (patches as queries, CLS as key): CLOSED. A patch row then holds exactly its
-#     impulse, so patch-to-patch attention starts as the 3x3 filter and nothing else.
-#   - A patch whose neighbour lies off the grid (zero padding in the filter) gets an empty row,
-#     all CLOSED. Softmax is shift-invariant, so an all-closed row acts like an unmasked one:
-#     such a patch starts with plain content-based attention over all positions.
-# The QK counterpart (structured_svd_init_ on a ViT) uses only the patch part,
-# impulse_mask(...)[..., 1:, 1:], and the patch positions, as the 2025 code solves on
-# pos_embed[1:] with a patches-only target; the CLS row and column above belong to the mask prior.
-
-IMPULSE_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
-
-
-def impulse_offsets(heads):
-    """The (row, col) offset of each head's impulse, [(dr, dc)] of length heads."""
-    return [(k // 3 - 1, k % 3 - 1) for k in (IMPULSE_ORDER[h % 9] for h in range(heads))]
-
-
-def patch_position(r, c, grid):
-    """Sequence position of patch (r, c); position 0 is CLS."""
-    return 1 + r * grid + c
-
-
-def impulse_mask(depth, heads, grid):
-    """Impulse mask logits over CLS + a grid x grid patch grid, (depth, heads, N, N), N = grid^2 + 1:
-    query patch (r, c) of head h is OPEN to key patch (r + dr, c + dc) only; the CLS row is OPEN
-    everywhere; everything else is CLOSE (the treatment of CLS and off-grid rows is above)."""
-    n = grid * grid + 1
-    m = torch.full((heads, n, n), CLOSE)
-    m[:, 0, :] = OPEN                                              # CLS reads the whole image
-    for h, (dr, dc) in enumerate(impulse_offsets(heads)):
-        for r in range(grid):
-            for c in range(grid):
-                if 0 <= r + dr < grid and 0 <= c + dc < grid:      # off-grid: empty row
-                    m[h, patch_position(r, c, grid), patch_position(r + dr, c + dc, grid)] = OPEN
-    return m.expand(depth, heads, n, n).clone()
-
-
-class ViT(nn.Module):
-    """A ViT on our Block: patch embedding, CLS token, learned positions, pre-LN blocks with drop
-    path, final LayerNorm and a linear classifier (timm's vit_tiny_patch16_224 at width 192,
-    depth 12, 3 heads, MLP 768, patch 16 on 224 x 224; Table "Experimental setup for CIFAR10").
-
-    masks: None, or (depth, heads, N, N) mask_init per layer (impulse_mask for the paper's prior).
-    pool: "cls" reads the CLS token (timm's default, used for CIFAR); "avg" averages the patch
-      tokens ("Global pool avg" in Table "Experimental setup for ImageNet100").
-    drop_paths: None, or one module per block for its residual branches, e.g.
-      torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
-    qkv_bias=True as in timm's ViT; the biases start at zero, so no init below is affected.
-    """
-
-    def __init__(self, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
-                 masks=None, mode="none", pool="cls", drop_paths=None, channels=3):
-        super().__init__()
-        if image_size % patch_size:
-            raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
-        if pool not in ("cls", "avg"):
-            raise ValueError(f"pool must be 'cls' or 'avg', got {pool!r}")
-        self.grid = image_size // patch_size
-        self.pool = pool
-        seq_len = self.grid ** 2 + 1
-        # Patch embedding: a stride-p convolution = a linear map of each p x p x C patch.
-        self.patch_embed = nn.Conv2d(channels, dim, patch_size, stride=patch_size)
-        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos = nn.Parameter(torch.empty(1, seq_len, dim))
-        self.blocks = nn.ModuleList(
-            Block(dim, heads, seq_len, mlp_dim, mask_init=None if masks is None else masks[layer],
-                  mode=mode, qkv_bias=True,
-                  drop_path=None if drop_paths is None else drop_paths[layer])
-            for layer in range(depth))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, num_classes)
-        # timm's ViT init: Linear weights trunc-normal(0.02), biases 0, positions trunc-normal(0.02).
-        _init_weights(self, truncated=True)
-        nn.init.trunc_normal_(self.pos, std=0.02)
-
-    def forward(self, images, return_attn=False):
-        """images (B, C, H, W) -> class logits (B, num_classes) [, each layer's (B, H, N, N)]."""
-        x = self.patch_embed(images).flatten(2).transpose(1, 2)    # (B, grid^2, dim), row-major
-        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)     # (B, N, dim)
-        x = x + self.pos
-        x, attns = run_blocks(self.blocks, x, return_attn)
-        x = self.norm(x)
-        features = x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1)   # (B, dim)
-        out = self.head(features)
-        return (out, attns) if return_attn else out
-
-# ----------------------------------------------------------------------------------------------
-# 8. Measuring the prior (Section 6.1; Figure "Comparison of attention patterns before and after
+# 5. Measuring the prior (Section 6.1; Figure "Comparison of attention patterns before and after
 #    training"): where attention goes
 # ----------------------------------------------------------------------------------------------
 
@@ -1306,3 +1176,117 @@ def persistence_fields(before, after, pattern, true_pattern=None):
             fields.update(bias_by_distance_init=bias_by_distance(b0),
                           bias_by_distance_final=bias_by_distance(b1))
     return fields
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. Appendix: the same prior inside an existing model's nn.MultiheadAttention (Section 4.1)
+# ----------------------------------------------------------------------------------------------
+# add_mask_prior gives every nn.MultiheadAttention of a model a parameter `mask` M (heads, N, N)
+# and a forward pre-hook that adds log sigmoid(s * M) to the attention logits: nn.MultiheadAttention
+# adds a float attn_mask to Q K^T / sqrt(d) before its softmax, so the module then computes
+# softmax(Q K^T / sqrt(d) + log sigmoid(s M)) V, the attention of Section 4.1, and nothing else in
+# the model changes. The hook passes the bias as attn_mask (B * heads, N, N), added to any mask the
+# caller gave. Two PyTorch shortcuts would bypass it, and neither runs on a patched module:
+#   - nn.MultiheadAttention's own fused path (torch._native_multi_head_attention, eval mode) is
+#     never taken with a float attn_mask;
+#   - nn.TransformerEncoderLayer's fused path (torch._transformer_encoder_layer_fwd) is never taken
+#     while any of its sub-modules has a forward hook, and the hook is one.
+# nn.TransformerEncoder's nested-tensor path (eval with a padding mask) would feed the layers
+# nested tensors, which nn.MultiheadAttention refuses off its fused path; add_mask_prior turns it
+# off (use_nested_tensor = False) on every nn.TransformerEncoder of the model.
+
+# nn.MultiheadAttention.forward's arguments in order, to read positional arguments by name.
+_MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+                  "average_attn_weights", "is_causal")
+
+
+def _as_logits(mask, dtype):
+    """An attention mask as additive logits of dtype: Boolean (True = blocked) becomes 0 / -inf,
+    float is kept, None stays None."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
+    return mask.to(dtype)
+
+
+def _check_mask_fits(name, attn, mask):
+    """ValueError naming the module unless attn is unpatched and mask is (num_heads, N, N)."""
+    if hasattr(attn, "mask_prior_name"):
+        raise ValueError(f"{name or 'model'} already has a mask prior")
+    heads, rows, cols = mask.shape
+    if heads != attn.num_heads or rows != cols:
+        raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit an "
+                         f"nn.MultiheadAttention with num_heads={attn.num_heads}; expected "
+                         f"({attn.num_heads}, N, N)")
+
+
+def _add_mask_prior_to_call(attn, args, kwargs):
+    """Forward pre-hook: the call's arguments, attn_mask = log sigmoid(s M) + the caller's mask."""
+    call = dict(zip(_MHA_ARGUMENTS, args), **kwargs)
+    query, key = call["query"], call["key"]
+    batched = query.dim() == 3
+    position_dim = 1 if batched and attn.batch_first else 0
+    n, n_keys = query.shape[position_dim], key.shape[position_dim]
+    if attn.mask.shape[-1] != n or n_keys != n:
+        raise ValueError(f"{attn.mask_prior_name or 'model'}: mask of shape "
+                         f"{tuple(attn.mask.shape)} is for self-attention over sequences of length "
+                         f"{attn.mask.shape[-1]}, got length {n} (query {tuple(query.shape)}, key "
+                         f"{tuple(key.shape)})")
+    bias = MaskedSelfAttention.logit_bias(attn.mask, n, attn.mask_scale,
+                                          dtype=query.dtype)           # (H, N, N)
+    if batched:                                                             # row b * H + h
+        batch = query.shape[0 if attn.batch_first else 1]
+        bias = bias.expand(batch, -1, -1, -1).reshape(-1, n, n)             # (B * H, N, N)
+    caller_mask = call.get("attn_mask")                                     # (N, N), (B * H, N, N)
+    if caller_mask is None and call.get("is_causal"):                       # hint alone: build it
+        caller_mask = MaskedSelfAttention.logit_bias(None, n, causal=True, dtype=query.dtype,
+                                                     device=query.device)   # (N, N), 0 / -inf
+    caller_mask = _as_logits(caller_mask, query.dtype)
+    call["attn_mask"] = bias if caller_mask is None else bias + caller_mask # (B * H, N, N)
+    # With is_causal=True (and no padding mask, no weights asked for) F.multi_head_attention_forward
+    # drops attn_mask and lets SDPA apply the causal mask alone; the causal -inf is in attn_mask.
+    call["is_causal"] = False
+    # A Boolean key_padding_mask beside a float attn_mask draws a deprecation warning; same values.
+    call["key_padding_mask"] = _as_logits(call.get("key_padding_mask"), query.dtype)
+    return (), call
+
+
+def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
+    """Put the Section 4.1 mask prior log sigmoid(scale * M) into every nn.MultiheadAttention of
+    model; returns the patched modules in model.named_modules() order.
+
+    mask_init: (heads, N, N), the same M for every module, or (layers, heads, N, N), one per module
+      in that order. N must equal the sequence length the module sees (checked at forward time).
+    mode: "learnable" (M is trained) or "fixed" (M has requires_grad=False), as in
+      MaskedSelfAttention. M is registered as the parameter `mask`, so it is in the state_dict.
+    Every nn.MultiheadAttention is patched, so each must be used as self-attention: a call whose
+    query or key length is not N raises ValueError (a cross-attention with N keys and queries would
+    get the prior too; patch only the encoder of such a model). batch_first True and False and
+    unbatched inputs all work.
+    """
+    if mode not in ("learnable", "fixed"):
+        raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
+    named = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
+    if not named:
+        raise ValueError(f"{type(model).__name__} contains no nn.MultiheadAttention to patch")
+    if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
+        raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) "
+                         f"for the modules {[name for name, _ in named]}, "
+                         f"got {tuple(mask_init.shape)}")
+    masks = mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1)
+    for (name, attn), mask in zip(named, masks):
+        _check_mask_fits(name, attn, mask)
+    for (name, attn), mask in zip(named, masks):
+        weight = attn.out_proj.weight                # M takes the module's dtype and device
+        attn.mask = nn.Parameter(mask.detach().to(weight).clone(),
+                                 requires_grad=(mode == "learnable"))
+        attn.mask_scale = scale
+        attn.mask_prior_name = name                # for the forward-time error message
+        attn.register_forward_pre_hook(_add_mask_prior_to_call, with_kwargs=True)
+    for encoder in model.modules():
+        if isinstance(encoder, nn.TransformerEncoder):
+            encoder.use_nested_tensor = False
+    return [attn for _, attn in named]
+
+

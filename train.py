@@ -125,11 +125,12 @@ ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
 trains_mask = lambda init: INITS[init][0] in ("learnable", "hadamard")   # M trained (not mask-fixed)
 # The four families: tasks, inits, and the paper's mask magnitude A (open +A, closed -A).
 FAMILIES = {
-    "boolean": {"tasks": list(tasks.BOOLEAN_TASKS), "inits": ENCODER_INITS, "magnitude": 10.0},
-    "arithmetic": {"tasks": list(tasks.ARITHMETIC_TASKS), "inits": ENCODER_INITS, "magnitude": 5.0},
+    "boolean": {"tasks": list(tasks.BOOLEAN_TASKS), "inits": ENCODER_INITS, "magnitude": maskprior.OPEN},
+    "arithmetic": {"tasks": list(tasks.ARITHMETIC_TASKS), "inits": ENCODER_INITS,
+                   "magnitude": maskprior.ARITHMETIC_OPEN},
     "language": {"tasks": list(tasks.LM_TASKS), "inits": ("default", "mask", "mimetic"),
                  "magnitude": maskprior.GPT_MASK_SCALE},
-    "vision": {"tasks": list(tasks.VISION_TASKS), "magnitude": 10.0,
+    "vision": {"tasks": list(tasks.VISION_TASKS), "magnitude": maskprior.OPEN,
                "inits": ("default", "mimetic", "impulse", "mask-fixed", "mask")},
 }
 FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),
@@ -467,7 +468,7 @@ def scaled_pattern(pattern, config, family):
     """The pattern with open +A and closed -A, A = --mask-magnitude (the paper's A by default)."""
     return pattern * (config["mask_magnitude"] / FAMILIES[family]["magnitude"])
 
-def add_prior(model, init, pattern, seed, svd_scales=None, pos_scale=18.0):
+def add_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NORM_P):
     """Put the QK prior of a QK init into W_Q / W_K (mask inits carry it in M already); returns
     the seconds it took. Each init draws from its own generator, seeded by the run's seed.
     pos_scale multiplies the positions first (the reference's norm_p = 18, meant for positions
@@ -575,7 +576,8 @@ def build_encoder(init, pattern, config, seed, svd_scales=None, **shape):
         masks=mask_inits(init, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
         heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
         cls_std=config.get("cls_std", 0.0), **shape)
-    return model, add_prior(model, init, pattern, seed, svd_scales, 18.0 if pos_std == 0.02 else 1.0)
+    return model, add_prior(model, init, pattern, seed, svd_scales,
+                            maskprior.NORM_P if pos_std == 0.02 else 1.0)
 
 def epoch_batches(x, y, batch_size, generator):  # one epoch of seeded shuffled mini-batches
     return ((x[idx], y[idx]) for idx in torch.randperm(len(x), generator=generator).split(batch_size))
