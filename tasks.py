@@ -929,9 +929,11 @@ PAPER_VISION = {
 # ----------------------------------------------------------------------------------------------
 # 5. Result tables: ours beside the paper's numbers above (printed by train.py into table.md)
 # ----------------------------------------------------------------------------------------------
-# A cell is (task, init, train fraction, mask magnitude A, mask decay W, mask error, mask lr);
-# each table has one row per cell, mean ± std over its seeds, and a column per metric: (header,
-# function of the cell's finished runs' "final" dicts and the cell).
+# A cell is (task, init, train fraction, mask magnitude A, mask decay W, mask error, mask lr,
+# the rest of the config); each table has one row per cell, mean ± std over its seeds, and a
+# column per metric: (header, function of the cell's finished runs' "final" dicts and the cell).
+# Runs that differ in any other config key (epochs, lr, width, ...) are different experiments:
+# never averaged, each its own row, with a "config" column naming the keys they differ in.
 
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
@@ -997,13 +999,31 @@ def edit_order(error):
     kind, _, fraction = (error or "").partition(":")
     return kind, float(fraction or 0)
 
+CELL_KEYS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_variant")
+
 def cell_of(result):
     """A run's table cell: (task, init, train fraction, mask magnitude A, mask decay W, mask
-    error, mask lr); a mask variant is named beside the task, e.g. "cyclic3 (direct)"."""
+    error, mask lr, the rest of its config); a mask variant is named beside the task, e.g.
+    "cyclic3 (direct)". The rest is a sorted tuple of (key, value as JSON) of every other key."""
+    import json
     c = result["config"]
     task = result["task"] + (f" ({c['mask_variant']})" if c.get("mask_variant") else "")
+    rest = tuple(sorted((k, json.dumps(v)) for k, v in c.items() if k not in CELL_KEYS))
     return (task, result["init"], c.get("train_frac"), c.get("mask_magnitude"),
-            c.get("mask_decay") or 0.0, c.get("mask_error"), c.get("mask_lr"))
+            c.get("mask_decay") or 0.0, c.get("mask_error"), c.get("mask_lr"), rest)
+
+def config_differences(cells):
+    """{cell: "epochs 2 lr 0.001"}: the config keys in which the runs of one table cell (its
+    first seven entries) differ, and this cell's values of them; {} when no cell mixes configs."""
+    import json
+    by_cell = {}
+    for cell in cells:
+        by_cell.setdefault(cell[:7], []).append(dict(cell[7]))
+    keys = sorted({key for configs in by_cell.values() for key in set().union(*configs)
+                   if len({config.get(key) for config in configs}) > 1})
+    show = lambda v: "—" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    return {cell: " ".join(f"{key} {show(json.loads(dict(cell[7]).get(key, 'null')))}" for key in keys)
+            for cell in cells} if keys else {}
 
 def group_runs(results, init_order):
     """{cell: (finished runs' final dicts, number of runs)}, in task, sweep, init, seed order."""
@@ -1011,7 +1031,7 @@ def group_runs(results, init_order):
     order = lambda r: (every_task.index(r["task"]), r["config"].get("train_frac") or 0,
                        r["config"].get("mask_magnitude") or 0, r["config"].get("mask_decay") or 0,
                        edit_order(r["config"].get("mask_error")), init_order.index(r["init"]),
-                       r["config"].get("mask_lr") or 0, r["seed"])
+                       r["config"].get("mask_lr") or 0, cell_of(r)[7], r["seed"])
     cells = {}
     for r in sorted(results, key=order):
         cells.setdefault(cell_of(r), []).append(r)
@@ -1022,18 +1042,22 @@ def markdown_table(results, columns, init_order):
     """One row per cell, mean ± std over seeds; train fraction, A, W, mask error and mask lr
     columns appear when a grid varies them (a data-efficiency, mask-magnitude or imperfect-prior
     sweep) and train fraction, mask error and mask lr whenever one is set. A mask error's "none"
-    is the exact prior; a mask lr's "—" is the model's lr (or, for mask-fixed, no trained M)."""
+    is the exact prior; a mask lr's "—" is the model's lr (or, for mask-fixed, no trained M).
+    Runs of one cell with other configs (a folder holding 1- and 2-epoch runs) are rows of their
+    own, told apart by a "config" column (config_differences)."""
     cells = group_runs(results, init_order)
+    differences = config_differences(cells)
     names = {2: "train frac", 3: "A", 4: "mask decay", 5: "mask error", 6: "mask lr"}
     shown = [i for i in names if len({cell[i] for cell in cells}) > 1
              or (i in (2, 5, 6) and any(c[i] for c in cells))]
     text = lambda i, v: v if isinstance(v, str) else f"{v:g}" if v is not None else "none" if i == 5 else "—"
     header = ["task", *[names[i] for i in shown if i == 2], "init", *[names[i] for i in shown if i > 2],
-              "seeds"] + [h for h, _ in columns]
+              *(["config"] if differences else []), "seeds"] + [h for h, _ in columns]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for cell, (done, total) in cells.items():
         keys = [cell[0], *[text(i, cell[i]) for i in shown if i == 2], cell[1],
-                *[text(i, cell[i]) for i in shown if i > 2], f"{len(done)}/{total}"]
+                *[text(i, cell[i]) for i in shown if i > 2],
+                *([differences[cell]] if differences else []), f"{len(done)}/{total}"]
         lines.append("| " + " | ".join(keys + [fn(done, cell) for _, fn in columns]) + " |")
     return "\n".join(lines)
 
@@ -1248,13 +1272,13 @@ def main_metric(task):
 
 def curve_lines(results, init_order):
     """{task (with its mask variant): (task, {line label: (init, [each seed's history])})} of the
-    finished runs that have a history; a line per init and train fraction, A and mask decay,
-    labelled by the init and what the task's runs vary."""
+    finished runs that have a history; a line per init and train fraction, A and mask decay (and
+    other config, config_differences), labelled by the init and what the task's runs vary."""
     drawable = lambda h: isinstance(h, list) and h and all(isinstance(e, dict) for e in h)
     runs = sorted((r for r in results if r["status"] == "done" and drawable(r.get("history"))),
                   key=lambda r: (list(FAMILY_OF).index(r["task"]), init_order.index(r["init"]),
                                  [(isinstance(v, str), v if isinstance(v, str) else v or 0)
-                                  for v in cell_of(r)[2:]], r["seed"]))
+                                  for v in cell_of(r)[2:7]], cell_of(r)[7], r["seed"]))
     by_task = {}
     for r in runs:
         by_task.setdefault(cell_of(r)[0], []).append(r)
@@ -1262,11 +1286,12 @@ def curve_lines(results, init_order):
     for task, task_runs in by_task.items():
         varied = [(i, name) for i, name in ((2, "frac"), (3, "A"), (4, "decay"), (5, "error"),
                                             (6, "mask lr")) if len({cell_of(r)[i] for r in task_runs}) > 1]
-        lines = {}
+        lines, differences = {}, config_differences({cell_of(r) for r in task_runs})
         for r in task_runs:
             cell = cell_of(r)
             value = lambda v: v if isinstance(v, str) else f"{v or 0:g}"     # none / exact: 0
-            label = " ".join([r["init"], *(f"{name} {value(cell[i])}" for i, name in varied)])
+            label = " ".join([r["init"], *(f"{name} {value(cell[i])}" for i, name in varied),
+                              *([differences[cell]] if differences else [])])
             lines.setdefault(label, (r["init"], []))[1].append(r["history"])
         rows[task] = (task_runs[0]["task"], lines)
     return rows
