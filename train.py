@@ -16,6 +16,7 @@ tables); neither imports this file.
 
 import argparse
 import contextlib
+import fcntl
 import io
 import json
 import math
@@ -228,11 +229,30 @@ def check_args(args, task_names):
     if args.mask_lr and not any(map(trains_mask, args.init)):
         raise UsageError(f"--mask-lr: --init {' '.join(args.init)} has no trainable mask")
     out = args.out and pathlib.Path(args.out)
-    existing = out and next(p for p in (out, *out.parents) if p.exists())   # out or a parent
+    try:
+        existing = out and next(p for p in (out, *out.parents) if p.exists())   # out or a parent
+    except OSError as err:        # a name over 255 bytes (ENAMETOOLONG), a loop of links, ...
+        raise UsageError(f"--out {args.out}: {err.strerror}")
     if existing and not existing.is_dir():
         where = "" if existing == out else f": {existing}"
         raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
     return family
+
+# Flags whose values make a grid's axes: a value given twice would train the same run twice into
+# one folder and count it twice in the table ("seeds 2/2" with ± 0), so it runs once.
+GRID_FLAGS = ("task", "init", "seeds", "train_frac", "mask_magnitude", "mask_decay", "mask_error",
+              "mask_lr")
+
+def merge_repeats(args):
+    """Each grid flag's repeated values merged (first order kept), with a note on stderr per flag."""
+    show = lambda v: "none" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    for flag in GRID_FLAGS:
+        values = getattr(args, flag)
+        if values and len(set(values)) < len(values):
+            again = [v for i, v in enumerate(values) if v in values[:i]]
+            print(f"train.py: note: --{flag.replace('_', '-')} {show(again[0])} is given more than "
+                  f"once; each run is trained once", file=sys.stderr)
+            setattr(args, flag, list(dict.fromkeys(values)))
 
 def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None, mask_lr=None):
     """The preset, its per-task changes, then every flag the user gave, then derived keys."""
@@ -309,20 +329,70 @@ def resolve_device(name):
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. Utilities: atomic files, checkpoints, mixed precision, torchrun, the optimizer
+# 3. Utilities: atomic files, the folder lock, checkpoints, the data's fingerprint, mixed
+#    precision, torchrun, the optimizer
 # ----------------------------------------------------------------------------------------------
 class Diverged(Exception):  # the training loss became NaN or infinite
     pass
 
+class WriteError(Exception):
+    """A file the run could not write (disk full, no permission, read-only, name too long): the
+    path and the OS's reason, one line; main exits 1."""
+    def __init__(self, path, err):
+        super().__init__(f"cannot write {path}: {err.strerror or err}")
+
 def write_atomic(path, data):
     """Write bytes or text so that a reader never sees a half-written file: a temporary file in
-    the same folder, fsync, then one rename."""
+    the same folder, fsync, then one rename. On any failure (a full disk, a signal) the temporary
+    file is removed, and the file at path is the one from before; an OSError becomes WriteError."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if isinstance(err, OSError):
+            raise WriteError(path, err) from None
+        raise
+
+@contextlib.contextmanager
+def folder_lock(folder):
+    """One writer per run folder: an exclusive lock (flock) on folder/.lock, made with the folder,
+    held while the block runs. The OS drops it when the process ends, by kill -9 too; a second run
+    on the folder is refused (UsageError naming the holder's pid), as is a folder that cannot be
+    made or written (exit 2: a bad path). The .lock file holds the pid and is removed at the end."""
+    path, fd = os.path.join(folder, ".lock"), None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        while fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+                raise UsageError(f"{folder} is in use by another train.py run (pid {holder}): wait "
+                                 f"for it to end, or choose another --out") from None
+            if not os.path.exists(path) or not os.path.samestat(os.fstat(fd), os.stat(path)):
+                os.close(fd)    # the holder before us removed it between our open and our lock
+                fd = None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except BaseException as err:
+        if fd is not None:
+            os.close(fd)
+        if isinstance(err, OSError):
+            raise UsageError(f"cannot write {err.filename or folder}: {err.strerror}") from None
+        raise
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)     # removed while still locked, so that no one locks a stale file
+        os.close(fd)
 
 def write_json(path, obj):
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
@@ -333,13 +403,16 @@ def save_checkpoint(path, state):
     torch.save(state, buffer)
     write_atomic(path, buffer.getvalue())
 
+def no_checkpoint(path):
+    return UsageError(f"--resume: no checkpoint at {path}: run without --resume first")
+
 def load_checkpoint(path, meta):
     """The checkpoint at path, or UsageError saying why it cannot continue this run: unreadable,
-    not one of ours, or written by a run with another task, init, seed or configuration."""
+    not one of ours, or written by a run with another task, init, seed, configuration or data."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError:
-        raise UsageError(f"--resume: no checkpoint at {path}: run without --resume first")
+        raise no_checkpoint(path)
     except Exception as err:
         raise UsageError(f"--resume: {path} is damaged or not a checkpoint ({type(err).__name__}"
                          f"): delete it, or use another --out")
@@ -347,10 +420,50 @@ def load_checkpoint(path, meta):
         raise UsageError(f"--resume: {path} is not a checkpoint written by train.py")
     theirs = {**saved["meta"], **saved["meta"]["config"]}
     for key, value in {**meta, **meta["config"]}.items():
-        if key != "config" and theirs.get(key) != value:
+        if key not in ("config", "data_fingerprint") and theirs.get(key) != value:
             raise UsageError(f"--resume: {path} was written by a run with {key} {theirs.get(key)!r}, "
                              f"this run has {value!r}: use the same flags, or another --out")
+    check_fingerprint(path, saved["meta"].get("data_fingerprint"), meta.get("data_fingerprint"))
     return saved
+
+def check_fingerprint(path, theirs, ours):
+    """UsageError naming the first part of the data (a file, the ranks file, the generated train
+    set) that differs. A checkpoint that records no fingerprint at all gets a note, unchecked."""
+    if ours is None:
+        return
+    if theirs is None:
+        print(f"train.py: note: {path} records no fingerprint of its data; the data is not checked",
+              file=sys.stderr)
+        return
+    short = lambda v: "none" if v is None else v if len(v) <= 40 else v[:40] + "…"
+    for key in sorted(set(theirs) | set(ours)):
+        if theirs.get(key) != ours.get(key):
+            raise UsageError(f"--resume: {path} was written by a run on other data: {key} "
+                             f"{short(theirs.get(key))}, this run has {short(ours.get(key))}: use "
+                             f"the same data, or another --out")
+
+def data_fingerprint(family, task, config, seed, data):
+    """What the run trains and scores on, for --resume to check (tasks.py, "Fingerprints"): the
+    generated Boolean and arithmetic tensors (the split of the seed and train fraction), or the
+    fingerprint of the corpus or image files that tasks.py read."""
+    if family == "boolean":
+        d = tasks.boolean_dataset(task)
+        return {"train set": tasks.tensors_sha256(d["x_train"], d["y_train"])}
+    if family == "arithmetic":
+        d = tasks.arithmetic_dataset(task, config["train_frac"], seed, config["eval_size"])
+        return {"train set": tasks.tensors_sha256(d["x_train"], d["y_train"]),
+                "eval set": tasks.tensors_sha256(d["x_eval"], d["y_eval"])}
+    return data["fingerprint"]
+
+def finished_run(out_dir, task, init, seed, config, fingerprint):
+    """out_dir's result.json if it is this very run, finished (status done, the same task, init,
+    seed, config and data); else None. --resume leaves such a run as it is."""
+    path = os.path.join(out_dir, "result.json")
+    old = os.path.exists(path) and read_result(path)
+    same = old and old["status"] == "done" and (
+        old["task"], old["init"], old["seed"], old["config"], old.get("data_fingerprint")) == (
+        task, init, seed, config, fingerprint)
+    return old if same else None
 
 def distributed_setup(device):
     """torchrun: with WORLD_SIZE > 1, join the process group (NCCL on CUDA, gloo on the CPU) and
@@ -710,10 +823,11 @@ def train(exp, state, device, rank, world, checkpoint, save, desc, progress):
 # ----------------------------------------------------------------------------------------------
 # 6. One run: the prior before, training, the prior after, result.json
 # ----------------------------------------------------------------------------------------------
-def run(family, task, init, seed, config, device, out_dir, data, args):
+def run(family, task, init, seed, config, device, out_dir, data, args, fingerprint):
     """Build the family's experiment, measure where its attention goes (before), train, measure
     again (after), and write result.json and the pictures to out_dir. Under torchrun every rank
-    trains and rank 0 writes; the other ranks return None."""
+    trains and rank 0 writes; the other ranks return None. fingerprint: the data's
+    (data_fingerprint), checked on --resume."""
     rank, world, device = distributed_setup(device)
     torch.manual_seed(seed)                     # the same initial weights on every rank
     if family == "boolean":
@@ -726,7 +840,8 @@ def run(family, task, init, seed, config, device, out_dir, data, args):
         workers = args.workers if args.workers is not None else 8 if device.type == "cuda" else 0
         exp = vision_setup(task, init, seed, config, device, data, rank, world, workers)
     checkpoint = os.path.join(out_dir, "checkpoint.pt")
-    meta = {"task": task, "init": init, "seed": seed, "config": config, "world_size": world}
+    meta = {"task": task, "init": init, "seed": seed, "config": config, "world_size": world,
+            "data_fingerprint": fingerprint}
     state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0}
     if args.resume:
         saved = load_checkpoint(checkpoint, meta)
@@ -745,8 +860,8 @@ def run(family, task, init, seed, config, device, out_dir, data, args):
     resumed_at = (state["step"] if exp.unit == "iter" else state["round"]) if args.resume else None
     result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
               "world_size": world, "status": "running", "seconds": None,
-              "resumed_at": resumed_at,
-              **exp.info, "final": None, "history": state["history"]}
+              "resumed_at": resumed_at, **exp.info, "data_fingerprint": fingerprint,
+              "final": None, "history": state["history"]}
     start = time.time()
     try:
         train(exp, state, device, rank, world, checkpoint,
@@ -782,16 +897,29 @@ def snapshot(exp, device):
 # 7. main: one run, or a grid over tasks x inits x seeds x each setting a sweep gives
 # ----------------------------------------------------------------------------------------------
 def main(argv=None):
+    """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder
+    that cannot be made, written or locked. Each failure is one line on stderr."""
     try:
         args = build_parser().parse_args(argv)
         if args.summarize:
             return summarize(args.summarize)
         device = resolve_device(args.device)
-        task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else list(dict.fromkeys(args.task))
-        family = check_args(args, task_names)
+        family = check_args(args, list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task)
+        merge_repeats(args)
+        task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
     except UsageError as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
+    try:
+        with contextlib.ExitStack() as grid_lock:
+            return train_all(args, family, task_names, device, grid_lock)
+    except WriteError as err:
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 1
+
+def train_all(args, family, task_names, device, grid_lock):
+    """Every run of the command, one after the other, each in its locked folder; a grid's tables.
+    grid_lock: the ExitStack that holds the grid folder's lock until main returns."""
     if args.threads:
         torch.set_num_threads(args.threads)
     seeds = args.seeds if args.seeds is not None else [args.seed]
@@ -807,24 +935,35 @@ def main(argv=None):
     grid = len(runs) > 1
     root = args.out or "runs/grid"
     results, failed, cache = [], 0, {}
+    writer, root_locked = int(os.environ.get("RANK", "0")) == 0, False   # torchrun: rank 0 writes
     for task, init, seed, sweeps in runs:
         name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps)
         out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
+        checkpoint = os.path.join(out_dir, "checkpoint.pt")
+        # --resume: a grid continues its killed runs and starts the ones that never started
+        resume = args.resume and (not grid or os.path.exists(checkpoint))
         try:
             config = make_config(family, task, args, *sweeps)
-            run_args = args
-            if grid and args.resume:   # a killed grid: keep its finished runs, start the unstarted
-                old = os.path.exists(os.path.join(out_dir, "result.json")) and read_result(
-                    os.path.join(out_dir, "result.json"))
-                if old and old["status"] == "done" and old["config"] == config:
-                    results.append(old)
-                    continue
-                run_args = argparse.Namespace(**{**vars(args), "resume": os.path.exists(
-                    os.path.join(out_dir, "checkpoint.pt"))})
             data = load_data(family, task, config, args, device, cache)
+            fingerprint = data_fingerprint(family, task, config, seed, data)
             check_fits(family, config)
-            with subnormals_flushed(device):
-                result = run(family, task, init, seed, config, device, out_dir, data, run_args)
+            if args.resume and not grid and not os.path.isdir(out_dir):
+                raise no_checkpoint(checkpoint)        # said before a folder is made for it
+            if grid and writer and not root_locked:     # held until the grid's tables are written
+                grid_lock.enter_context(folder_lock(root))
+                root_locked = True
+            with folder_lock(out_dir) if writer else contextlib.nullcontext():
+                finished = args.resume and finished_run(out_dir, task, init, seed, config, fingerprint)
+                if finished:                   # left as it is, every file
+                    results.append(finished)
+                    if not grid:
+                        print(f"{task} / {init} / seed {seed}: already finished, nothing to resume; "
+                              f"{out_dir} is left as it was")
+                    continue
+                run_args = argparse.Namespace(**{**vars(args), "resume": resume})
+                with subnormals_flushed(device):
+                    result = run(family, task, init, seed, config, device, out_dir, data, run_args,
+                                 fingerprint)
         except (UsageError, tasks.DataError) as err:
             print(f"train.py: error: {err}", file=sys.stderr)
             return 2
@@ -885,14 +1024,31 @@ def read_result(path):
 
 def summarize(root):
     """--summarize DIR: the tables of every run saved below DIR (several grids into one); exit 1
-    when a damaged result.json was skipped, 2 when nothing could be read."""
+    when a damaged result.json was skipped, 2 when nothing could be read. Runs of other configs
+    are rows of their own (tasks.markdown_table); one run (task, init, seed and config) found
+    twice, e.g. a copied folder, is counted once, with a warning."""
+    if not os.path.isdir(root):
+        raise UsageError(f"--summarize {root}: "
+                         f"{'not a folder' if os.path.exists(root) else 'no such folder'}")
     paths = [os.path.join(folder, "result.json") for folder, _, files in sorted(os.walk(root))
              if "result.json" in files]
-    results = [r for r in map(read_result, paths) if r is not None]
-    if not results:
+    readable = [(path, r) for path in paths for r in [read_result(path)] if r is not None]
+    if not readable:
         raise UsageError(f"--summarize: no readable result.json below {root}")
-    write_tables(root, results)
-    return 0 if len(results) == len(paths) else 1
+    results, first = [], {}
+    for path, r in readable:
+        run_id = json.dumps([r["task"], r["init"], r["seed"], r["config"]], sort_keys=True)
+        if run_id in first:
+            print(f"train.py: warning: {path} is the run of {first[run_id]} again (same task, init, "
+                  f"seed and config): counted once", file=sys.stderr)
+            continue
+        first[run_id] = path
+        results.append(r)
+    try:
+        write_tables(root, results)
+    except WriteError as err:          # DIR itself cannot take the tables: a bad path
+        raise UsageError(str(err))
+    return 0 if len(readable) == len(paths) else 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -901,7 +1057,10 @@ def summarize(root):
 def write_tables(root, results):
     """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds."""
     text, figures = tasks.result_tables(results, list(INITS))
-    os.makedirs(root, exist_ok=True)
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as err:
+        raise WriteError(root, err) from None
     for name, content in {**figures, "table.md": text}.items():
         write_atomic(os.path.join(root, name), content)
     print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")
