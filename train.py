@@ -22,8 +22,10 @@ import json
 import math
 import os
 import pathlib
+import signal
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -329,8 +331,8 @@ def resolve_device(name):
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. Utilities: atomic files, the folder lock, checkpoints, the data's fingerprint, mixed
-#    precision, torchrun, the optimizer
+# 3. Utilities: atomic files, the folder lock, interruptions, checkpoints, the data's fingerprint,
+#    mixed precision, torchrun, the optimizer
 # ----------------------------------------------------------------------------------------------
 class Diverged(Exception):  # the training loss became NaN or infinite
     pass
@@ -393,6 +395,63 @@ def folder_lock(folder):
         with contextlib.suppress(OSError):
             os.remove(path)     # removed while still locked, so that no one locks a stale file
         os.close(fd)
+
+class Interrupted(BaseException):
+    """Ctrl-C (SIGINT) or SIGTERM: main prints the message, one line, and exits 128 + the signal's
+    number (130, 143). A BaseException, as KeyboardInterrupt is, so no `except Exception` eats it."""
+    def __init__(self, signum, message):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+class Stop:
+    """The SIGINT / SIGTERM handler, and where the current run is, for the one line that ends an
+    interrupted run or a failed write. While the loop trains, the first signal only sets `signal`:
+    the loop stops after the optimizer step under way and writes a checkpoint of that step. Any
+    other time, and at a second signal, Interrupted is raised at once (write_atomic leaves the
+    last good file in place)."""
+    def __init__(self):
+        self.pid, self.signal, self.training = os.getpid(), None, False
+        self.start(None, False, False)
+
+    def start(self, folder, grid, resuming):
+        """A new run in folder: nothing trained yet; its checkpoint kept when it resumes."""
+        self.folder, self.grid, self.at = folder, grid, None       # at: "epoch 2 (step 34)"
+        self.kept = "its checkpoint" if resuming else None        # what checkpoint.pt holds
+
+    def __call__(self, signum, frame):
+        if os.getpid() != self.pid:   # a DataLoader worker forked from us: as without this handler
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt     # on which torch's worker loop ends quietly
+            os._exit(128 + signum)
+        if self.training and self.signal is None:
+            self.signal = signum
+        else:
+            raise self.interrupted(signum)
+
+    def advice(self):
+        """What is on disk, and how to go on."""
+        if self.kept:
+            return f"{self.kept} is kept in {self.folder}: rerun with --resume"
+        if self.grid:
+            return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
+        return "no checkpoint was written, nothing to resume: rerun without --resume"
+
+    def interrupted(self, signum=None):
+        where = f"at {self.at}" if self.at else "before training started"
+        return Interrupted(signum or self.signal, f"interrupted {where}; {self.advice()}")
+
+@contextlib.contextmanager
+def signals_caught(stop):
+    """stop handles SIGINT and SIGTERM inside the block; the handlers from before are put back."""
+    if threading.current_thread() is not threading.main_thread():   # only it may set handlers
+        yield
+        return
+    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 def write_json(path, obj):
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
@@ -464,6 +523,19 @@ def finished_run(out_dir, task, init, seed, config, fingerprint):
         old["task"], old["init"], old["seed"], old["config"], old.get("data_fingerprint")) == (
         task, init, seed, config, fingerprint)
     return old if same else None
+
+def rng_states(exp, device):
+    """Every random stream a step draws from: torch's CPU one, the experiment's generators, and
+    on CUDA the device's (dropout, drop path)."""
+    states = [torch.get_rng_state(), *[g.get_state() for g in exp.generators]]
+    return states + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
+
+def set_rng_states(exp, device, states):
+    torch.set_rng_state(states[0])
+    for generator, state in zip(exp.generators, states[1:]):
+        generator.set_state(state)
+    if device.type == "cuda" and len(states) > 1 + len(exp.generators):
+        torch.cuda.set_rng_state(states[-1], device)
 
 def distributed_setup(device):
     """torchrun: with WORLD_SIZE > 1, join the process group (NCCL on CUDA, gloo on the CPU) and
@@ -768,26 +840,31 @@ def vision_schedule(optimizer, config, steps_per_epoch):
 # ----------------------------------------------------------------------------------------------
 # 5. The training loop: the same for every family
 # ----------------------------------------------------------------------------------------------
-def train(exp, state, device, rank, world, checkpoint, save, desc, progress):
+def train(exp, state, device, rank, world, checkpoint, save, desc, progress, stop):
     """Rounds of optimizer steps; after each round one history entry (mean training loss, lr,
     and every eval_every rounds exp.evaluate()'s metrics), then a checkpoint from which --resume
     continues exactly. Under torchrun the gradients are averaged by DistributedDataParallel and
-    rank 0 writes the checkpoint. Raises Diverged, on every rank, on a non-finite loss."""
+    rank 0 writes the checkpoint. Raises Diverged, on every rank, on a non-finite loss. A signal
+    (stop, set by SIGINT / SIGTERM) ends it after the optimizer step under way: a checkpoint of
+    that step, mid-round too, then Interrupted."""
     net = DDP(exp.model) if world > 1 else exp.model
     if save.get("compile"):
         net = torch.compile(net)
     bar = tqdm(total=exp.steps, initial=state["step"], desc=desc, leave=False, dynamic_ncols=True,
                disable=None if progress and rank == 0 else True)   # None: off unless a terminal
+
+    def keep(r, partial=None):       # checkpoint.pt of this step, and the Stop knows it is there
+        write_checkpoint(checkpoint, exp, state, save["meta"], device, rank, world, partial)
+        stop.kept = f"the checkpoint of {position(exp, r, state['step'])}"
+
     for r in range(state["round"] + 1, exp.rounds + 1):
-        losses = []
-        for batch in exp.batches(r):
+        batches, losses, round_start = round_batches(exp, r, state.pop("partial", None), device)
+        for batch in batches:
             start = time.time()
             loss = exp.loss_of(net, batch)
             state["step"] += 1
-            finite = torch.isfinite(loss.detach()).float()
-            if world > 1:                        # every rank stops if any rank diverged
-                dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-            if not finite.item():
+            diverged, signum = step_flags(loss, stop, world)
+            if diverged:
                 raise Diverged(f"loss became {loss.item()} at step {state['step']} "
                                f"({exp.unit} {r})")
             exp.optimizer.zero_grad(set_to_none=True)
@@ -799,6 +876,14 @@ def train(exp, state, device, rank, world, checkpoint, save, desc, progress):
             state["samples"] += len(batch[0])
             bar.update()
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            stop.at = position(exp, r, state["step"])
+            # Alone, the signal as it is now; under torchrun the one the ranks agreed on in
+            # this step, so that all of them stop here, at the same step.
+            signum = signum if world > 1 else stop.signal
+            if signum:
+                keep(r, {"round": r, "done": len(losses),
+                         "ranks": gather({"losses": losses, "rngs": round_start}, world)})
+                raise stop.interrupted(signum)
         train_loss = statistics.fmean(losses)
         if world > 1:
             train_loss = statistics.fmean(gather(train_loss, world))
@@ -806,28 +891,79 @@ def train(exp, state, device, rank, world, checkpoint, save, desc, progress):
                  "lr": exp.schedule.get_last_lr()[0]}
         state["history"].append(entry)
         state["round"] = r
-        if r % exp.eval_every and r != exp.rounds:
-            continue
-        entry.update(exp.evaluate())               # evaluate and checkpoint every eval_every
-        rngs = gather([torch.get_rng_state()] + [g.get_state() for g in exp.generators], world)
-        if rank == 0:
-            save_checkpoint(checkpoint, {"meta": save["meta"], "model": exp.model.state_dict(),
-                                         "optimizer": exp.optimizer.state_dict(),
-                                         "schedule": exp.schedule.state_dict(), "rng": rngs,
-                                         "state": state})
-        if world > 1:
-            dist.barrier()
+        evaluate = r % exp.eval_every == 0 or r == exp.rounds
+        if evaluate:
+            entry.update(exp.evaluate())         # evaluate and checkpoint every eval_every
+        signum = agreed_signal(stop, world, device)      # one that came since the last step
+        if evaluate or signum:
+            keep(r)
+        if signum:
+            raise stop.interrupted(signum)
+    if stop.signal:                 # came after the last checkpoint: it holds the whole run
+        raise stop.interrupted()
     bar.close()
+
+def round_batches(exp, r, partial, device):
+    """(round r's batches, the losses of those already trained, the random states at the round's
+    start). A round a checkpoint cut (partial, see train) is drawn again from the random states of
+    its start, its done batches skipped, and the states of the cut (run() set them) put back: the
+    rest of the round, and every round after it, is the uninterrupted run's."""
+    if partial is None:
+        round_start = rng_states(exp, device)
+        return iter(exp.batches(r)), [], round_start
+    at_cut = rng_states(exp, device)
+    set_rng_states(exp, device, partial["rngs"])
+    batches = iter(exp.batches(r))
+    for _ in range(partial["done"]):
+        next(batches)
+    set_rng_states(exp, device, at_cut)
+    return batches, list(partial["losses"]), partial["rngs"]
+
+def step_flags(loss, stop, world):
+    """(the loss is not finite, the signal that asks to stop or 0) as every rank sees them: under
+    torchrun one all-reduce (MAX) of both, so that all ranks raise Diverged, or stop, at the same
+    step, also those the signal did not reach."""
+    flags = torch.stack([(~torch.isfinite(loss.detach())).float(),
+                         torch.tensor(float(stop.signal or 0), device=loss.device)])
+    if world > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    not_finite, signum = flags.tolist()
+    return bool(not_finite), int(signum)
+
+def agreed_signal(stop, world, device):
+    """The signal that asks to stop on any rank (or 0), on every rank: one all-reduce (MAX)."""
+    if world == 1:
+        return stop.signal or 0
+    flags = torch.tensor([float(stop.signal or 0)], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return int(flags.item())
+
+def position(exp, r, step):
+    """Where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for language."""
+    return f"iteration {step}" if exp.unit == "iter" else f"epoch {r} (step {step})"
+
+def write_checkpoint(path, exp, state, meta, device, rank, world, partial=None):
+    """checkpoint.pt (rank 0): model, optimizer, schedule, every rank's random states and the
+    state; partial: a round cut after partial["done"] of its batches (its losses and the random
+    states at its start, per rank). Every rank takes part (the gather)."""
+    rngs = gather(rng_states(exp, device), world)
+    if rank == 0:
+        save_checkpoint(path, {"meta": meta, "model": exp.model.state_dict(),
+                               "optimizer": exp.optimizer.state_dict(),
+                               "schedule": exp.schedule.state_dict(), "rng": rngs,
+                               "state": state, "partial": partial})
+    if world > 1:
+        dist.barrier()
 
 
 # ----------------------------------------------------------------------------------------------
 # 6. One run: the prior before, training, the prior after, result.json
 # ----------------------------------------------------------------------------------------------
-def run(family, task, init, seed, config, device, out_dir, data, args, fingerprint):
+def run(family, task, init, seed, config, device, out_dir, data, args, fingerprint, stop):
     """Build the family's experiment, measure where its attention goes (before), train, measure
     again (after), and write result.json and the pictures to out_dir. Under torchrun every rank
     trains and rank 0 writes; the other ranks return None. fingerprint: the data's
-    (data_fingerprint), checked on --resume."""
+    (data_fingerprint), checked on --resume; stop: the Stop that SIGINT / SIGTERM set."""
     rank, world, device = distributed_setup(device)
     torch.manual_seed(seed)                     # the same initial weights on every rank
     if family == "boolean":
@@ -848,10 +984,13 @@ def run(family, task, init, seed, config, device, out_dir, data, args, fingerpri
         exp.model.load_state_dict(saved["model"])
         exp.optimizer.load_state_dict(saved["optimizer"])
         exp.schedule.load_state_dict(saved["schedule"])
-        torch.set_rng_state(saved["rng"][rank][0])
-        for generator, rng in zip(exp.generators, saved["rng"][rank][1:]):
-            generator.set_state(rng)
-        state = saved["state"]
+        set_rng_states(exp, device, saved["rng"][rank])
+        state, partial = saved["state"], saved.get("partial")
+        if partial:                 # a round cut mid-way: train() draws it again (round_batches)
+            state["partial"] = {"round": partial["round"], "done": partial["done"],
+                                **partial["ranks"][rank]}
+        stop.at = position(exp, partial["round"] if partial else state["round"], state["step"])
+        stop.kept = f"the checkpoint of {stop.at}"
     else:
         os.makedirs(out_dir, exist_ok=True)
         state["before"] = snapshot(exp, device)
@@ -864,14 +1003,17 @@ def run(family, task, init, seed, config, device, out_dir, data, args, fingerpri
               "final": None, "history": state["history"]}
     start = time.time()
     try:
+        stop.training = True            # a first signal now stops the loop after its step
         train(exp, state, device, rank, world, checkpoint,
               {"meta": meta, "compile": args.compile}, f"{task}/{init}/seed{seed}",
-              not args.no_progress)
+              not args.no_progress, stop)
     except Diverged as err:
         result.update(status="diverged", error=str(err), seconds=time.time() - start)
         if rank == 0:
             write_json(os.path.join(out_dir, "result.json"), result)
         raise
+    finally:
+        stop.training = False
     if rank != 0:
         return None
     after = snapshot(exp, device)
@@ -898,7 +1040,8 @@ def snapshot(exp, device):
 # ----------------------------------------------------------------------------------------------
 def main(argv=None):
     """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder
-    that cannot be made, written or locked. Each failure is one line on stderr."""
+    that cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM. Each failure is one
+    line on stderr that says what is kept and how to go on."""
     try:
         args = build_parser().parse_args(argv)
         if args.summarize:
@@ -910,14 +1053,19 @@ def main(argv=None):
     except UsageError as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
+    stop = Stop()
     try:
-        with contextlib.ExitStack() as grid_lock:
-            return train_all(args, family, task_names, device, grid_lock)
+        with signals_caught(stop), contextlib.ExitStack() as grid_lock:
+            return train_all(args, family, task_names, device, stop, grid_lock)
+    except Interrupted as err:
+        if int(os.environ.get("RANK", "0")) == 0:      # torchrun: every rank stops, rank 0 says so
+            print(f"train.py: {err}", file=sys.stderr)
+        return err.exit_code
     except WriteError as err:
-        print(f"train.py: error: {err}", file=sys.stderr)
+        print(f"train.py: error: {err}; {stop.advice()}", file=sys.stderr)
         return 1
 
-def train_all(args, family, task_names, device, grid_lock):
+def train_all(args, family, task_names, device, stop, grid_lock):
     """Every run of the command, one after the other, each in its locked folder; a grid's tables.
     grid_lock: the ExitStack that holds the grid folder's lock until main returns."""
     if args.threads:
@@ -942,6 +1090,7 @@ def train_all(args, family, task_names, device, grid_lock):
         checkpoint = os.path.join(out_dir, "checkpoint.pt")
         # --resume: a grid continues its killed runs and starts the ones that never started
         resume = args.resume and (not grid or os.path.exists(checkpoint))
+        stop.start(out_dir, grid, resume)
         try:
             config = make_config(family, task, args, *sweeps)
             data = load_data(family, task, config, args, device, cache)
@@ -963,7 +1112,7 @@ def train_all(args, family, task_names, device, grid_lock):
                 run_args = argparse.Namespace(**{**vars(args), "resume": resume})
                 with subnormals_flushed(device):
                     result = run(family, task, init, seed, config, device, out_dir, data, run_args,
-                                 fingerprint)
+                                 fingerprint, stop)
         except (UsageError, tasks.DataError) as err:
             print(f"train.py: error: {err}", file=sys.stderr)
             return 2

@@ -1,12 +1,14 @@
 """No run mixes, loses or misreports data: one writer per folder (a lock, tried with two real
 processes), --resume checks the config and the data it continues and leaves a finished run as it
 is, repeated grid values are merged, --summarize never averages different configs, a failed
-write (a fault injected at the write) ends in one line and keeps the last good checkpoint."""
+write (a fault injected at the write) and an interruption (SIGINT / SIGTERM) each end in one
+line, keep the last good checkpoint, and resume to the uninterrupted run's numbers."""
 import errno
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,13 +17,15 @@ import pytest
 import torch
 
 import train
-from conftest import BOOLEAN_TINY as TINY, ROOT
+from conftest import BOOLEAN_TINY as TINY, ROOT, interrupt_then_resume, same_weights
 from synthetic import write_text_files, write_tiny_ranks
 from test_damaged_input import files_of, one_line
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MAJORITY = ["--task", "majority", "--init", "mask", *TINY]
+# 6 optimizer steps an epoch (24576 seen points in batches of 4096), so a signal can come mid-epoch
+SIX_STEPS = ["--task", "majority", "--init", "mask", *TINY, "--batch-size", "4096"]
 
 
 def train_py(*args):
@@ -64,6 +68,25 @@ def test_a_second_run_on_a_busy_folder_is_refused_and_kill_9_frees_it(tmp_path, 
     assert train.main([*MAJORITY, "--init", "default", "--out", str(out)]) == 0
     assert json.loads((out / "result.json").read_text())["init"] == "default"
     assert not (out / ".lock").exists()
+
+
+def test_sigterm_to_a_real_run_is_one_line_exit_143_and_a_checkpoint_of_that_step(tmp_path):
+    out = tmp_path / "run"
+    a = train_py(*MAJORITY, "--epochs", "100000", "--eval-every", "1", "--out", str(out))
+    try:
+        wait_for(out / "checkpoint.pt", a)
+        a.send_signal(signal.SIGTERM)
+        stdout, stderr = a.communicate(timeout=300)
+    finally:
+        a.kill()
+    assert a.returncode == 143
+    line = one_line(stderr)
+    match = re.fullmatch(rf"train.py: interrupted at epoch (\d+) \(step (\d+)\); the checkpoint of "
+                         rf"epoch \1 \(step \2\) is kept in {out}: rerun with --resume", line)
+    assert match, line
+    saved = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert saved["state"]["step"] == int(match.group(2))
+    assert not (out / ".lock").exists() and not [p for p in os.listdir(out) if ".tmp" in p]
 
 
 def test_a_held_folder_refuses_runs_and_grids_other_folders_run_side_by_side(tmp_path, capsys):
@@ -286,7 +309,7 @@ def disk_full_at(monkeypatch, name, count=1):
 def test_a_full_disk_mid_run_is_one_line_exit_1_and_keeps_the_last_checkpoint(tmp_path, capsys,
                                                                             monkeypatch):
     """The checkpoint of epoch 2 cannot be written: exit 1, one line naming the file and the
-    cause; no temporary file; checkpoint.pt is epoch 1's, from which --resume
+    cause and what is kept; no temporary file; checkpoint.pt is epoch 1's, from which --resume
     ends where the uninterrupted run does. Then the same at the resumed run's result.json."""
     args = [*MAJORITY, "--epochs", "3", "--eval-every", "1"]       # 24 steps an epoch
     assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
@@ -295,13 +318,15 @@ def test_a_full_disk_mid_run_is_one_line_exit_1_and_keeps_the_last_checkpoint(tm
     capsys.readouterr()
     assert train.main([*args, "--out", str(out)]) == 1
     assert one_line(capsys.readouterr().err) == (
-        f"train.py: error: cannot write {out / 'checkpoint.pt'}: No space left on device")
+        f"train.py: error: cannot write {out / 'checkpoint.pt'}: No space left on device; the "
+        f"checkpoint of epoch 1 (step 24) is kept in {out}: rerun with --resume")
     assert not [p for p in os.listdir(out) if ".tmp" in p] and not (out / "result.json").exists()
     assert torch.load(out / "checkpoint.pt", weights_only=False)["state"]["round"] == 1
     disk_full_at(monkeypatch, "result.json")
     assert train.main([*args, "--out", str(out), "--resume"]) == 1
     assert one_line(capsys.readouterr().err) == (
-        f"train.py: error: cannot write {out / 'result.json'}: No space left on device")
+        f"train.py: error: cannot write {out / 'result.json'}: No space left on device; the "
+        f"checkpoint of epoch 3 (step 72) is kept in {out}: rerun with --resume")
     assert not [p for p in os.listdir(out) if ".tmp" in p] and not (out / "result.json").exists()
     monkeypatch.undo()
     assert train.main([*args, "--out", str(out), "--resume"]) == 0
@@ -364,3 +389,80 @@ def test_write_atomic_removes_its_temporary_file_on_any_failure(tmp_path, monkey
     with pytest.raises(KeyboardInterrupt):
         train.write_atomic(str(path), "y" * 1000)
     assert os.listdir(tmp_path) == ["result.json"] and path.read_text() == "the good one\n"
+
+
+# ------------------------------------------------------------------------------------------
+# 6. Ctrl-C and SIGTERM: one line, a checkpoint of that step, an exact resume
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_mid_epoch_before_the_first_checkpoint_resumes_exactly(tmp_path, monkeypatch, capsys,
+                                                                       signum):
+    """--epochs 2 with --eval-every 5: no checkpoint before the end. A signal during step 3 (of 6
+    in epoch 1) stops after that step with a checkpoint of it, and --resume ends with the
+    uninterrupted run's history, metrics and weights."""
+    args = [*SIX_STEPS, "--epochs", "2", "--eval-every", "5"]
+    whole, resumed, line, weights = interrupt_then_resume(args, tmp_path, monkeypatch, capsys, 3, signum)
+    assert line == (f"train.py: interrupted at epoch 1 (step 3); the checkpoint of epoch 1 (step 3) "
+                    f"is kept in {tmp_path / 'stopped'}: rerun with --resume")
+    assert resumed["history"] == whole["history"] and resumed["final"] == whole["final"]
+    assert same_weights(*weights)
+
+
+def test_a_signal_in_the_last_step_of_an_epoch_resumes_exactly(tmp_path, monkeypatch, capsys):
+    args = [*SIX_STEPS, "--epochs", "2", "--eval-every", "1"]
+    whole, resumed, line, weights = interrupt_then_resume(args, tmp_path, monkeypatch, capsys, 6)
+    assert "interrupted at epoch 1 (step 6); the checkpoint of epoch 1 (step 6) is kept" in line
+    assert resumed["history"] == whole["history"] and resumed["final"] == whole["final"]
+    assert same_weights(*weights)
+
+
+def test_a_second_signal_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
+    """Two signals in step 8 (epoch 2): the second stops inside the step, no checkpoint of it;
+    checkpoint.pt stays epoch 1's, from which --resume ends as the uninterrupted run."""
+    args = [*SIX_STEPS, "--epochs", "2", "--eval-every", "1"]
+    assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    real_train = train.train
+
+    def train_with_two_signals(exp, *rest):
+        real_loss, calls = exp.loss_of, []
+
+        def loss_of(net, batch):
+            calls.append(1)
+            if len(calls) == 8:
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGINT)
+            return real_loss(net, batch)
+        exp.loss_of = loss_of
+        return real_train(exp, *rest)
+    monkeypatch.setattr(train, "train", train_with_two_signals)
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert train.main([*args, "--out", str(out)]) == 130
+    assert one_line(capsys.readouterr().err) == (
+        f"train.py: interrupted at epoch 2 (step 7); the checkpoint of epoch 1 (step 6) is kept in "
+        f"{out}: rerun with --resume")
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["state"]["step"] == 6
+    monkeypatch.setattr(train, "train", real_train)
+    assert train.main([*args, "--out", str(out), "--resume"]) == 0
+    whole, resumed = (json.loads((tmp_path / run / "result.json").read_text()) for run in ("whole", "run"))
+    assert resumed["history"] == whole["history"] and resumed["final"] == whole["final"]
+
+
+@pytest.mark.parametrize("grid", [False, True])
+def test_a_signal_before_training_says_there_is_nothing_to_resume(tmp_path, monkeypatch, capsys, grid):
+    real_setup = train.boolean_setup
+
+    def setup_then_signal(*args):
+        signal.raise_signal(signal.SIGTERM)
+        return real_setup(*args)
+    monkeypatch.setattr(train, "boolean_setup", setup_then_signal)
+    out = tmp_path / "run"
+    inits = ["mask", "default"] if grid else ["mask"]
+    assert train.main([*MAJORITY, "--init", *inits, "--out", str(out)]) == 143
+    folder = out / "majority-mask-seed0" if grid else out
+    advice = (f"{folder} has no checkpoint yet and starts over: rerun with --resume" if grid else
+              "no checkpoint was written, nothing to resume: rerun without --resume")
+    assert one_line(capsys.readouterr().err) == f"train.py: interrupted before training started; {advice}"
+    assert not [p for p in out.rglob("*") if p.is_file()]        # not even the lock file
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL      # the handlers are put back
