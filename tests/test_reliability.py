@@ -357,16 +357,19 @@ def test_an_output_folder_that_cannot_be_written_is_exit_2_and_one_line(tmp_path
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 @pytest.mark.parametrize("read_only", ["out", "parent"])
 def test_read_only_folders_for_real(tmp_path, capsys, read_only):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out if read_only == "out" else tmp_path).chmod(0o500)
-    target = out / "sub" if read_only == "parent" else out
+    """As a user other than root: a read-only --out, or --out below a read-only folder."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    out = folder if read_only == "out" else folder / "run"
     try:
-        assert train.main([*MAJORITY, "--out", str(target)]) == 2
-        line = one_line(capsys.readouterr().err)
-        assert line.startswith("train.py: error: cannot write ") and "Permission denied" in line, line
+        assert train.main([*MAJORITY, "--out", str(out)]) == 2
+        assert one_line(capsys.readouterr().err) == (
+            f"train.py: error: cannot write {out / '.lock' if read_only == 'out' else out}: "
+            f"Permission denied")
+        assert os.listdir(folder) == []
     finally:
-        (out if read_only == "out" else tmp_path).chmod(0o700)
+        folder.chmod(0o700)
 
 
 def test_a_name_over_255_bytes_is_exit_2_and_one_line(tmp_path, capsys):
