@@ -48,18 +48,19 @@ def wait_for(path, proc, limit=300):
 # 1. One writer per folder
 # ------------------------------------------------------------------------------------------
 
-def test_a_second_run_on_a_busy_folder_is_refused_and_kill_9_frees_it(tmp_path, run_cli):
-    """Run A trains (a run that would take hours); B on A's folder exits 2 naming A's pid, and
-    leaves A running; A killed with SIGKILL leaves its .lock file, which the OS has unlocked:
-    the next run on the folder goes ahead."""
+def test_a_second_run_on_a_busy_folder_is_refused_and_kill_9_frees_it(tmp_path, capsys):
+    """Process A trains (a run that would take hours); B, this test's process, on A's folder
+    exits 2 naming A's pid, and leaves A running; A killed with SIGKILL leaves its .lock file,
+    which the OS has unlocked: the next run on the folder goes ahead."""
     out = tmp_path / "run"
     a = train_py(*MAJORITY, "--epochs", "100000", "--eval-every", "1", "--out", str(out))
     try:
         wait_for(out / "checkpoint.pt", a)
-        b = run_cli(*MAJORITY, "--init", "default", "--out", str(out))
-        assert b.returncode == 2 and b.stdout == ""
-        assert one_line(b.stderr) == (f"train.py: error: {out} is in use by another train.py run "
-                                      f"(pid {a.pid}): wait for it to end, or choose another --out")
+        assert train.main([*MAJORITY, "--init", "default", "--out", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and one_line(captured.err) == (
+            f"train.py: error: {out} is in use by another train.py run (pid {a.pid}): wait for it "
+            f"to end, or choose another --out")
         assert a.poll() is None
     finally:
         a.kill()
@@ -311,7 +312,7 @@ def test_a_full_disk_mid_run_is_one_line_exit_1_and_keeps_the_last_checkpoint(tm
     """The checkpoint of epoch 2 cannot be written: exit 1, one line naming the file and the
     cause and what is kept; no temporary file; checkpoint.pt is epoch 1's, from which --resume
     ends where the uninterrupted run does. Then the same at the resumed run's result.json."""
-    args = [*MAJORITY, "--epochs", "3", "--eval-every", "1"]       # 24 steps an epoch
+    args = [*SIX_STEPS, "--epochs", "3", "--eval-every", "1"]
     assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
     out = tmp_path / "run"
     disk_full_at(monkeypatch, "checkpoint.pt", count=2)
@@ -319,14 +320,14 @@ def test_a_full_disk_mid_run_is_one_line_exit_1_and_keeps_the_last_checkpoint(tm
     assert train.main([*args, "--out", str(out)]) == 1
     assert one_line(capsys.readouterr().err) == (
         f"train.py: error: cannot write {out / 'checkpoint.pt'}: No space left on device; the "
-        f"checkpoint of epoch 1 (step 24) is kept in {out}: rerun with --resume")
+        f"checkpoint of epoch 1 (step 6) is kept in {out}: rerun with --resume")
     assert not [p for p in os.listdir(out) if ".tmp" in p] and not (out / "result.json").exists()
     assert torch.load(out / "checkpoint.pt", weights_only=False)["state"]["round"] == 1
     disk_full_at(monkeypatch, "result.json")
     assert train.main([*args, "--out", str(out), "--resume"]) == 1
     assert one_line(capsys.readouterr().err) == (
         f"train.py: error: cannot write {out / 'result.json'}: No space left on device; the "
-        f"checkpoint of epoch 3 (step 72) is kept in {out}: rerun with --resume")
+        f"checkpoint of epoch 3 (step 18) is kept in {out}: rerun with --resume")
     assert not [p for p in os.listdir(out) if ".tmp" in p] and not (out / "result.json").exists()
     monkeypatch.undo()
     assert train.main([*args, "--out", str(out), "--resume"]) == 0
