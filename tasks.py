@@ -20,6 +20,8 @@ Imports torch and the standard library (torchvision, PIL, tiktoken only inside t
 need them); never imports train.py.
 """
 
+import ctypes
+import hashlib
 import itertools
 import math
 import statistics
@@ -36,6 +38,50 @@ def autocast(device):
 
 def model_device(model):
     return next(model.parameters()).device
+
+
+# Fingerprints of a run's data: train.py stores them in checkpoint.pt and result.json, and --resume
+# refuses to continue a run on other data. Generated data (Boolean, arithmetic) is hashed as the
+# tensors the run trains and scores on; a corpus by the content of each file read and of the
+# tokenizer's ranks file; an image tree, whose files can number 10^5, by each file's name, size
+# and modification time (a changed, added, removed or touched image changes it), unread.
+
+def tensors_sha256(*tensors):
+    """sha256 of the tensors' dtypes, shapes and bytes, as "sha256 <hex>"."""
+    digest = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()       # kept alive while its memory is read below
+        digest.update(f"{t.dtype} {tuple(t.shape)};".encode())
+        digest.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
+    return f"sha256 {digest.hexdigest()}"
+
+
+def file_sha256(path):
+    """sha256 of a file's content, read in 1 MiB pieces (a corpus can be gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            digest.update(piece)
+    return f"sha256 {digest.hexdigest()}"
+
+
+def files_listing(paths, root):
+    """The files as "<count> files, <bytes> bytes, sha256 <hex>", the hash of each file's path
+    below root, size and modification time (ns), in the order given."""
+    import os
+    digest, total = hashlib.sha256(), 0
+    for path in paths:
+        st = os.stat(path)
+        total += st.st_size
+        digest.update(f"{os.path.relpath(path, root)}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+    return f"{len(paths)} files, {total} bytes, sha256 {digest.hexdigest()}"
+
+
+def corpus_fingerprint(data_dir, paths, bpe_file):
+    """{file below data_dir: its sha256, "--bpe-file": the ranks file's sha256 or None}."""
+    import os
+    found = {os.path.relpath(path, data_dir): file_sha256(path) for path in dict.fromkeys(paths)}
+    return {**found, "--bpe-file": bpe_file and file_sha256(bpe_file)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,24 +374,31 @@ def _decoder(encoding):
 
 
 def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
-    """{"train", "val", "test"} token streams, "vocab_size", "decode" for one of LM_TASKS."""
-    if name == "lm":
-        return {**split_tokens(byte_tokens(embedded_corpus())), "vocab_size": 256,
-                "decode": decode_bytes, "test_is_val": False}
+    """{"train", "val", "test"} token streams, "vocab_size", "decode" and "fingerprint" (what
+    --resume checks: the corpus files' and the ranks file's sha256) for one of LM_TASKS."""
+    import os
+    if name == "lm":   # the corpus is Python's own: its fingerprint is the token stream's
+        tokens = byte_tokens(embedded_corpus())
+        return {**split_tokens(tokens), "vocab_size": 256, "decode": decode_bytes,
+                "test_is_val": False, "fingerprint": {"pydoc_data.topics": tensors_sha256(tokens)}}
     if name == "tinystories":
         train_text = _read(data_dir, TINYSTORIES_FILES[0], "TinyStories training stories")
         val_text = _read(data_dir, TINYSTORIES_FILES[1], "TinyStories validation stories")
         enc = gpt2_encoding(bpe_file)
         val = encode_documents(enc, _stories(val_text, val_stories))
         return {"train": encode_documents(enc, _stories(train_text, train_stories)), "val": val,
-                "test": val, "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": True}
+                "test": val, "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": True,
+                "fingerprint": corpus_fingerprint(
+                    data_dir, [os.path.join(data_dir, f) for f in TINYSTORIES_FILES], bpe_file)}
     if name == "wikitext2":
         texts = [_read(data_dir, rel, f"WikiText-2 raw {split}") for rel, split in
                  zip(WIKITEXT2_FILES, ("train", "validation", "test"))]
         enc = gpt2_encoding(bpe_file)
         streams = [torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for t in texts]
         return {"train": streams[0], "val": streams[1], "test": streams[2],
-                "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": False}
+                "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": False,
+                "fingerprint": corpus_fingerprint(
+                    data_dir, [os.path.join(data_dir, f) for f in WIKITEXT2_FILES], bpe_file)}
     if name == "text":
         return text_dataset(data_dir, bpe_file)
     raise ValueError(f"unknown language task {name!r}")
@@ -379,7 +432,8 @@ def text_dataset(data_dir, bpe_file=None):
     info = {"files": files, "tokenizer": tokenizer, "test_is_val": test_is_val,
             "tokens": {k: len(v) for k, v in streams.items()}}
     return {**streams, "vocab_size": vocab, "decode": decode, "test_is_val": test_is_val,
-            "files": files, "info": {"data": info}}
+            "files": files, "info": {"data": info},
+            "fingerprint": corpus_fingerprint(data_dir, files.values(), bpe_file)}
 
 
 def check_lm_splits(data, block_size):
@@ -753,9 +807,9 @@ def _image_header(path):
 
 
 def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_scale=0.08):
-    """--task images: {"train", "test", "classes", "channels", "info"} from the user's ImageFolder
-    tree (IMAGES_LAYOUT); "info" goes into result.json as "data": the layout, folders, classes,
-    image counts, channels, the images' own sizes and the split seed."""
+    """--task images: {"train", "test", "classes", "channels", "info", "fingerprint"} from the
+    user's ImageFolder tree (IMAGES_LAYOUT); "info" goes into result.json as "data": the layout,
+    folders, classes, image counts, channels, the images' own sizes and the split seed."""
     import os
     hint = f"--data-dir DIR: {IMAGES_LAYOUT}"
     train_dir = os.path.join(data_dir, "train")
@@ -791,14 +845,17 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
             "eval_images": len(datasets[1]), "channels": channels, "resized_to": image_size,
             "source_size_min": [min(w for w, _ in sizes), min(h for _, h in sizes)],
             "source_size_max": [max(w for w, _ in sizes), max(h for _, h in sizes)]}
+    listing = lambda dataset: files_listing([p for p, _ in dataset.samples], data_dir)
     return {"train": datasets[0], "test": datasets[1], "classes": len(classes),
-            "channels": channels, "info": {"data": info}}
+            "channels": channels, "info": {"data": info},
+            "fingerprint": {"train images": listing(datasets[0]), "eval images": listing(datasets[1])}}
 
 
 def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9,
                    crop_scale=0.08):
-    """{"train", "test", "classes"} (images: also "channels", "info"): torchvision datasets with
-    the train / test pipelines."""
+    """{"train", "test", "classes", "fingerprint"} (images: also "channels", "info"): torchvision
+    datasets with the train / test pipelines; "fingerprint" lists the image files (files_listing)
+    for --resume to check."""
     if name == "imagenet100" and download:
         raise DataError("ImageNet100 has no --download; build the ImageFolder tree "
                         f"{data_dir}/{IMAGENET100_FOLDER}/{{train,val}}/<class>/<image>")
@@ -808,12 +865,19 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
         return image_folder_dataset(data_dir, image_size, randaugment_magnitude, crop_scale)
     train_tf = vision_transform(name, image_size, True, randaugment_magnitude, crop_scale)
     test_tf = vision_transform(name, image_size, False)
+    import os
     if name == "imagenet100":
         train, test = _imagenet100(data_dir, "train", train_tf), _imagenet100(data_dir, "val", test_tf)
+        listing = lambda dataset: files_listing([p for p, _ in dataset.samples], data_dir)
+        fingerprint = {f"{IMAGENET100_FOLDER}/train": listing(train),
+                       f"{IMAGENET100_FOLDER}/val": listing(test)}
     else:
         train = _cifar(name, data_dir, train_tf, True, download)
         test = _cifar(name, data_dir, test_tf, False, False)
-    return {"train": train, "test": test, "classes": VISION_CLASSES[name]}
+        folder, files = CIFAR_LAYOUT[name]
+        fingerprint = {folder: files_listing([os.path.join(data_dir, folder, f) for f in files],
+                                             data_dir)}
+    return {"train": train, "test": test, "classes": VISION_CLASSES[name], "fingerprint": fingerprint}
 
 
 def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
@@ -866,9 +930,11 @@ PAPER_VISION = {
 # 5. Result tables: ours beside the paper's numbers above (printed by train.py into table.md)
 # ----------------------------------------------------------------------------------------------
 # A cell is (task, init, train fraction, mask magnitude A, mask decay W, mask error, mask lr,
-# learned prior: "<source run folder>, τ <TAU>" for --mask-from, else None);
-# each table has one row per cell, mean ± std over its seeds, and a column per metric: (header,
-# function of the cell's finished runs' "final" dicts and the cell).
+# learned prior: "<source run folder>, τ <TAU>" for --mask-from, else None, the rest of
+# the config); each table has one row per cell, mean ± std over its seeds, and a column per
+# metric: (header, function of the cell's finished runs' "final" dicts and the cell).
+# Runs that differ in any other config key (epochs, lr, width, ...) are different experiments:
+# never averaged, each its own row, with a "config" column naming the keys they differ in.
 
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
@@ -947,14 +1013,32 @@ def learned_prior(config):
     source = config.get("mask_from")
     return source and f"{os.path.basename(os.path.abspath(source))}, τ {config['mask_threshold']:g}"
 
+CELL_KEYS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_variant")
+
 def cell_of(result):
     """A run's table cell: (task, init, train fraction, mask magnitude A, mask decay W, mask
-    error, mask lr, learned prior); a mask variant is named beside the task, e.g. "cyclic3
-    (direct)"."""
+    error, mask lr, learned prior, the rest of its config); a mask variant is named beside the
+    task, e.g. "cyclic3 (direct)". The rest is a sorted tuple of (key, value as JSON) of every
+    other key."""
+    import json
     c = result["config"]
     task = result["task"] + (f" ({c['mask_variant']})" if c.get("mask_variant") else "")
+    rest = tuple(sorted((k, json.dumps(v)) for k, v in c.items() if k not in CELL_KEYS))
     return (task, result["init"], c.get("train_frac"), c.get("mask_magnitude"),
-            c.get("mask_decay") or 0.0, c.get("mask_error"), c.get("mask_lr"), learned_prior(c))
+            c.get("mask_decay") or 0.0, c.get("mask_error"), c.get("mask_lr"), learned_prior(c), rest)
+
+def config_differences(cells):
+    """{cell: "epochs 2 lr 0.001"}: the config keys in which the runs of one table cell (its
+    first eight entries) differ, and this cell's values of them; {} when no cell mixes configs."""
+    import json
+    by_cell = {}
+    for cell in cells:
+        by_cell.setdefault(cell[:8], []).append(dict(cell[8]))
+    keys = sorted({key for configs in by_cell.values() for key in set().union(*configs)
+                   if len({config.get(key) for config in configs}) > 1})
+    show = lambda v: "—" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    return {cell: " ".join(f"{key} {show(json.loads(dict(cell[8]).get(key, 'null')))}" for key in keys)
+            for cell in cells} if keys else {}
 
 def group_runs(results, init_order):
     """{cell: (finished runs' final dicts, number of runs)}, in task, sweep, init, seed order."""
@@ -962,7 +1046,8 @@ def group_runs(results, init_order):
     order = lambda r: (every_task.index(r["task"]), r["config"].get("train_frac") or 0,
                        r["config"].get("mask_magnitude") or 0, r["config"].get("mask_decay") or 0,
                        edit_order(r["config"].get("mask_error")), init_order.index(r["init"]),
-                       learned_prior(r["config"]) or "", r["config"].get("mask_lr") or 0, r["seed"])
+                       learned_prior(r["config"]) or "", r["config"].get("mask_lr") or 0, cell_of(r)[8],
+                       r["seed"])
     cells = {}
     for r in sorted(results, key=order):
         cells.setdefault(cell_of(r), []).append(r)
@@ -974,20 +1059,23 @@ def markdown_table(results, columns, init_order):
     columns appear when a grid varies them (a data-efficiency, mask-magnitude or imperfect-prior
     sweep) and train fraction, mask error, mask lr and prior whenever one is set. A mask error's
     "none" is the exact prior; a mask lr's "—" is the model's lr (or, for mask-fixed, no trained
-    M); the prior is the --mask-from source and τ, "hand-made" for the task's own pattern."""
+    M); the prior is the --mask-from source and τ, "hand-made" for the task's own pattern.
+    Runs of one cell with other configs (a folder holding 1- and 2-epoch runs) are rows of their
+    own, told apart by a "config" column (config_differences)."""
     cells = group_runs(results, init_order)
+    differences = config_differences(cells)
     names = {2: "train frac", 3: "A", 4: "mask decay", 5: "mask error", 6: "mask lr", 7: "prior"}
     shown = [i for i in names if len({cell[i] for cell in cells}) > 1
              or (i in (2, 5, 6, 7) and any(c[i] for c in cells))]
     text = lambda i, v: v if isinstance(v, str) else f"{v:g}" if v is not None else "none" if i == 5 else "—"
     prior = lambda cell: cell[7] or ("hand-made" if cell[1] in MASK_PRIOR_INITS else "—")
     header = ["task", *[names[i] for i in shown if i == 2], "init", *[names[i] for i in shown if i > 2],
-              "seeds"] + [h for h, _ in columns]
+              *(["config"] if differences else []), "seeds"] + [h for h, _ in columns]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for cell, (done, total) in cells.items():
         keys = [cell[0], *[text(i, cell[i]) for i in shown if i == 2], cell[1],
                 *[prior(cell) if i == 7 else text(i, cell[i]) for i in shown if i > 2],
-                f"{len(done)}/{total}"]
+                *([differences[cell]] if differences else []), f"{len(done)}/{total}"]
         lines.append("| " + " | ".join(keys + [fn(done, cell) for _, fn in columns]) + " |")
     return "\n".join(lines)
 
@@ -1207,27 +1295,28 @@ def main_metric(task):
 
 def curve_lines(results, init_order):
     """{task (with its mask variant): (task, {line label: (init, [each seed's history])})} of the
-    finished runs that have a history; a line per init and train fraction, A and mask decay,
-    labelled by the init and what the task's runs vary."""
+    finished runs that have a history; a line per init and train fraction, A and mask decay (and
+    other config, config_differences), labelled by the init and what the task's runs vary."""
     drawable = lambda h: isinstance(h, list) and h and all(isinstance(e, dict) for e in h)
     runs = sorted((r for r in results if r["status"] == "done" and drawable(r.get("history"))),
                   key=lambda r: (list(FAMILY_OF).index(r["task"]), init_order.index(r["init"]),
                                  [(isinstance(v, str), v if isinstance(v, str) else v or 0)
-                                  for v in cell_of(r)[2:]], r["seed"]))
+                                  for v in cell_of(r)[2:7]], cell_of(r)[7] or "", r["seed"]))
     by_task = {}
     for r in runs:
         by_task.setdefault(cell_of(r)[0], []).append(r)
     rows = {}
     for task, task_runs in by_task.items():
         varied = [(i, name) for i, name in ((2, "frac"), (3, "A"), (4, "decay"), (5, "error"),
-                                            (6, "mask lr"), (7, "prior"))
+                                           (6, "mask lr"), (7, "prior"))
                   if len({cell_of(r)[i] for r in task_runs}) > 1]
-        lines = {}
+        lines, differences = {}, config_differences({cell_of(r) for r in task_runs})
         for r in task_runs:
             cell = cell_of(r)
             value = lambda v: v if isinstance(v, str) else f"{v or 0:g}"     # none / exact: 0
             label = " ".join([r["init"], *(f"{name} {value(cell[i])}" if i != 7 else
-                                           f"prior {cell[i] or 'hand-made'}" for i, name in varied)])
+                                           f"prior {cell[i] or 'hand-made'}" for i, name in varied),
+                              *([differences[cell]] if differences else [])])
             lines.setdefault(label, (r["init"], []))[1].append(r["history"])
         rows[task] = (task_runs[0]["task"], lines)
     return rows

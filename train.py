@@ -17,13 +17,16 @@ tables); neither imports this file.
 import argparse
 import contextlib
 import hashlib
+import fcntl
 import io
 import json
 import math
 import os
 import pathlib
+import signal
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -240,7 +243,10 @@ def check_args(args, task_names):
     elif args.mask_threshold:
         raise UsageError("--mask-threshold applies with --mask-from only")
     out = args.out and pathlib.Path(args.out)
-    existing = out and next(p for p in (out, *out.parents) if p.exists())   # out or a parent
+    try:
+        existing = out and next(p for p in (out, *out.parents) if p.exists())   # out or a parent
+    except OSError as err:        # a name over 255 bytes (ENAMETOOLONG), a loop of links, ...
+        raise UsageError(f"--out {args.out}: {err.strerror}")
     if existing and not existing.is_dir():
         where = "" if existing == out else f": {existing}"
         raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
@@ -261,6 +267,22 @@ def check_mask_from(args):
         raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite "
                          f"its source")
     args.mask_threshold = args.mask_threshold or [1.0]
+
+# Flags whose values make a grid's axes: a value given twice would train the same run twice into
+# one folder and count it twice in the table ("seeds 2/2" with ± 0), so it runs once.
+GRID_FLAGS = ("task", "init", "seeds", "train_frac", "mask_magnitude", "mask_decay", "mask_error",
+              "mask_lr", "mask_threshold")
+
+def merge_repeats(args):
+    """Each grid flag's repeated values merged (first order kept), with a note on stderr per flag."""
+    show = lambda v: "none" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    for flag in GRID_FLAGS:
+        values = getattr(args, flag)
+        if values and len(set(values)) < len(values):
+            again = [v for i, v in enumerate(values) if v in values[:i]]
+            print(f"train.py: note: --{flag.replace('_', '-')} {show(again[0])} is given more than "
+                  f"once; each run is trained once", file=sys.stderr)
+            setattr(args, flag, list(dict.fromkeys(values)))
 
 def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None,
                 mask_lr=None, threshold=None):
@@ -341,20 +363,127 @@ def resolve_device(name):
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. Utilities: atomic files, checkpoints, mixed precision, torchrun, the optimizer
+# 3. Utilities: atomic files, the folder lock, interruptions, checkpoints, the data's fingerprint,
+#    mixed precision, torchrun, the optimizer
 # ----------------------------------------------------------------------------------------------
 class Diverged(Exception):  # the training loss became NaN or infinite
     pass
 
+class WriteError(Exception):
+    """A file the run could not write (disk full, no permission, read-only, name too long): the
+    path and the OS's reason, one line; main exits 1."""
+    def __init__(self, path, err):
+        super().__init__(f"cannot write {path}: {err.strerror or err}")
+
 def write_atomic(path, data):
     """Write bytes or text so that a reader never sees a half-written file: a temporary file in
-    the same folder, fsync, then one rename."""
+    the same folder, fsync, then one rename. On any failure (a full disk, a signal) the temporary
+    file is removed, and the file at path is the one from before; an OSError becomes WriteError."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if isinstance(err, OSError):
+            raise WriteError(path, err) from None
+        raise
+
+@contextlib.contextmanager
+def folder_lock(folder):
+    """One writer per run folder: an exclusive lock (flock) on folder/.lock, made with the folder,
+    held while the block runs. The OS drops it when the process ends, by kill -9 too; a second run
+    on the folder is refused (UsageError naming the holder's pid), as is a folder that cannot be
+    made or written (exit 2: a bad path). The .lock file holds the pid and is removed at the end."""
+    path, fd = os.path.join(folder, ".lock"), None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        while fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+                raise UsageError(f"{folder} is in use by another train.py run (pid {holder}): wait "
+                                 f"for it to end, or choose another --out") from None
+            if not os.path.exists(path) or not os.path.samestat(os.fstat(fd), os.stat(path)):
+                os.close(fd)    # the holder before us removed it between our open and our lock
+                fd = None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except BaseException as err:
+        if fd is not None:
+            os.close(fd)
+        if isinstance(err, OSError):
+            raise UsageError(f"cannot write {err.filename or folder}: {err.strerror}") from None
+        raise
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)     # removed while still locked, so that no one locks a stale file
+        os.close(fd)
+
+class Interrupted(BaseException):
+    """Ctrl-C (SIGINT) or SIGTERM: main prints the message, one line, and exits 128 + the signal's
+    number (130, 143). A BaseException, as KeyboardInterrupt is, so no `except Exception` eats it."""
+    def __init__(self, signum, message):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+class Stop:
+    """The SIGINT / SIGTERM handler, and where the current run is, for the one line that ends an
+    interrupted run or a failed write. While the loop trains, the first signal only sets `signal`:
+    the loop stops after the optimizer step under way and writes a checkpoint of that step. Any
+    other time, and at a second signal, Interrupted is raised at once (write_atomic leaves the
+    last good file in place)."""
+    def __init__(self):
+        self.pid, self.signal, self.training = os.getpid(), None, False
+        self.start(None, False, False)
+
+    def start(self, folder, grid, resuming):
+        """A new run in folder: nothing trained yet; its checkpoint kept when it resumes."""
+        self.folder, self.grid, self.at = folder, grid, None       # at: "epoch 2 (step 34)"
+        self.kept = "its checkpoint" if resuming else None        # what checkpoint.pt holds
+
+    def __call__(self, signum, frame):
+        if os.getpid() != self.pid:   # a DataLoader worker forked from us: as without this handler
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt     # on which torch's worker loop ends quietly
+            os._exit(128 + signum)
+        if self.training and self.signal is None:
+            self.signal = signum
+        else:
+            raise self.interrupted(signum)
+
+    def advice(self):
+        """What is on disk, and how to go on."""
+        if self.kept:
+            return f"{self.kept} is kept in {self.folder}: rerun with --resume"
+        if self.grid:
+            return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
+        return "no checkpoint was written, nothing to resume: rerun without --resume"
+
+    def interrupted(self, signum=None):
+        where = f"at {self.at}" if self.at else "before training started"
+        return Interrupted(signum or self.signal, f"interrupted {where}; {self.advice()}")
+
+@contextlib.contextmanager
+def signals_caught(stop):
+    """stop handles SIGINT and SIGTERM inside the block; the handlers from before are put back."""
+    if threading.current_thread() is not threading.main_thread():   # only it may set handlers
+        yield
+        return
+    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 def write_json(path, obj):
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
@@ -365,13 +494,16 @@ def save_checkpoint(path, state):
     torch.save(state, buffer)
     write_atomic(path, buffer.getvalue())
 
+def no_checkpoint(path):
+    return UsageError(f"--resume: no checkpoint at {path}: run without --resume first")
+
 def load_checkpoint(path, meta):
     """The checkpoint at path, or UsageError saying why it cannot continue this run: unreadable,
-    not one of ours, or written by a run with another task, init, seed or configuration."""
+    not one of ours, or written by a run with another task, init, seed, configuration or data."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError:
-        raise UsageError(f"--resume: no checkpoint at {path}: run without --resume first")
+        raise no_checkpoint(path)
     except Exception as err:
         raise UsageError(f"--resume: {path} is damaged or not a checkpoint ({type(err).__name__}"
                          f"): delete it, or use another --out")
@@ -379,10 +511,63 @@ def load_checkpoint(path, meta):
         raise UsageError(f"--resume: {path} is not a checkpoint written by train.py")
     theirs = {**saved["meta"], **saved["meta"]["config"]}
     for key, value in {**meta, **meta["config"]}.items():
-        if key != "config" and theirs.get(key) != value:
+        if key not in ("config", "data_fingerprint") and theirs.get(key) != value:
             raise UsageError(f"--resume: {path} was written by a run with {key} {theirs.get(key)!r}, "
                              f"this run has {value!r}: use the same flags, or another --out")
+    check_fingerprint(path, saved["meta"].get("data_fingerprint"), meta.get("data_fingerprint"))
     return saved
+
+def check_fingerprint(path, theirs, ours):
+    """UsageError naming the first part of the data (a file, the ranks file, the generated train
+    set) that differs. A checkpoint that records no fingerprint at all gets a note, unchecked."""
+    if ours is None:
+        return
+    if theirs is None:
+        print(f"train.py: note: {path} records no fingerprint of its data; the data is not checked",
+              file=sys.stderr)
+        return
+    short = lambda v: "none" if v is None else v if len(v) <= 40 else v[:40] + "…"
+    for key in sorted(set(theirs) | set(ours)):
+        if theirs.get(key) != ours.get(key):
+            raise UsageError(f"--resume: {path} was written by a run on other data: {key} "
+                             f"{short(theirs.get(key))}, this run has {short(ours.get(key))}: use "
+                             f"the same data, or another --out")
+
+def data_fingerprint(family, task, config, seed, data):
+    """What the run trains and scores on, for --resume to check (tasks.py, "Fingerprints"): the
+    generated Boolean and arithmetic tensors (the split of the seed and train fraction), or the
+    fingerprint of the corpus or image files that tasks.py read."""
+    if family == "boolean":
+        d = tasks.boolean_dataset(task)
+        return {"train set": tasks.tensors_sha256(d["x_train"], d["y_train"])}
+    if family == "arithmetic":
+        d = tasks.arithmetic_dataset(task, config["train_frac"], seed, config["eval_size"])
+        return {"train set": tasks.tensors_sha256(d["x_train"], d["y_train"]),
+                "eval set": tasks.tensors_sha256(d["x_eval"], d["y_eval"])}
+    return data["fingerprint"]
+
+def finished_run(out_dir, task, init, seed, config, fingerprint):
+    """out_dir's result.json if it is this very run, finished (status done, the same task, init,
+    seed, config and data); else None. --resume leaves such a run as it is."""
+    path = os.path.join(out_dir, "result.json")
+    old = os.path.exists(path) and read_result(path)
+    same = old and old["status"] == "done" and (
+        old["task"], old["init"], old["seed"], old["config"], old.get("data_fingerprint")) == (
+        task, init, seed, config, fingerprint)
+    return old if same else None
+
+def rng_states(exp, device):
+    """Every random stream a step draws from: torch's CPU one, the experiment's generators, and
+    on CUDA the device's (dropout, drop path)."""
+    states = [torch.get_rng_state(), *[g.get_state() for g in exp.generators]]
+    return states + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
+
+def set_rng_states(exp, device, states):
+    torch.set_rng_state(states[0])
+    for generator, state in zip(exp.generators, states[1:]):
+        generator.set_state(state)
+    if device.type == "cuda" and len(states) > 1 + len(exp.generators):
+        torch.cuda.set_rng_state(states[-1], device)
 
 def distributed_setup(device):
     """torchrun: with WORLD_SIZE > 1, join the process group (NCCL on CUDA, gloo on the CPU) and
@@ -772,26 +957,31 @@ def vision_schedule(optimizer, config, steps_per_epoch):
 # ----------------------------------------------------------------------------------------------
 # 5. The training loop: the same for every family
 # ----------------------------------------------------------------------------------------------
-def train(exp, state, device, rank, world, checkpoint, save, desc, progress):
+def train(exp, state, device, rank, world, checkpoint, save, desc, progress, stop):
     """Rounds of optimizer steps; after each round one history entry (mean training loss, lr,
     and every eval_every rounds exp.evaluate()'s metrics), then a checkpoint from which --resume
     continues exactly. Under torchrun the gradients are averaged by DistributedDataParallel and
-    rank 0 writes the checkpoint. Raises Diverged, on every rank, on a non-finite loss."""
+    rank 0 writes the checkpoint. Raises Diverged, on every rank, on a non-finite loss. A signal
+    (stop, set by SIGINT / SIGTERM) ends it after the optimizer step under way: a checkpoint of
+    that step, mid-round too, then Interrupted."""
     net = DDP(exp.model) if world > 1 else exp.model
     if save.get("compile"):
         net = torch.compile(net)
     bar = tqdm(total=exp.steps, initial=state["step"], desc=desc, leave=False, dynamic_ncols=True,
                disable=None if progress and rank == 0 else True)   # None: off unless a terminal
+
+    def keep(r, partial=None):       # checkpoint.pt of this step, and the Stop knows it is there
+        write_checkpoint(checkpoint, exp, state, save["meta"], device, rank, world, partial)
+        stop.kept = f"the checkpoint of {position(exp, r, state['step'])}"
+
     for r in range(state["round"] + 1, exp.rounds + 1):
-        losses = []
-        for batch in exp.batches(r):
+        batches, losses, round_start = round_batches(exp, r, state.pop("partial", None), device)
+        for batch in batches:
             start = time.time()
             loss = exp.loss_of(net, batch)
             state["step"] += 1
-            finite = torch.isfinite(loss.detach()).float()
-            if world > 1:                        # every rank stops if any rank diverged
-                dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-            if not finite.item():
+            diverged, signum = step_flags(loss, stop, world)
+            if diverged:
                 raise Diverged(f"loss became {loss.item()} at step {state['step']} "
                                f"({exp.unit} {r})")
             exp.optimizer.zero_grad(set_to_none=True)
@@ -803,6 +993,14 @@ def train(exp, state, device, rank, world, checkpoint, save, desc, progress):
             state["samples"] += len(batch[0])
             bar.update()
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            stop.at = position(exp, r, state["step"])
+            # Alone, the signal as it is now; under torchrun the one the ranks agreed on in
+            # this step, so that all of them stop here, at the same step.
+            signum = signum if world > 1 else stop.signal
+            if signum:
+                keep(r, {"round": r, "done": len(losses),
+                         "ranks": gather({"losses": losses, "rngs": round_start}, world)})
+                raise stop.interrupted(signum)
         train_loss = statistics.fmean(losses)
         if world > 1:
             train_loss = statistics.fmean(gather(train_loss, world))
@@ -810,27 +1008,79 @@ def train(exp, state, device, rank, world, checkpoint, save, desc, progress):
                  "lr": exp.schedule.get_last_lr()[0]}
         state["history"].append(entry)
         state["round"] = r
-        if r % exp.eval_every and r != exp.rounds:
-            continue
-        entry.update(exp.evaluate())               # evaluate and checkpoint every eval_every
-        rngs = gather([torch.get_rng_state()] + [g.get_state() for g in exp.generators], world)
-        if rank == 0:
-            save_checkpoint(checkpoint, {"meta": save["meta"], "model": exp.model.state_dict(),
-                                         "optimizer": exp.optimizer.state_dict(),
-                                         "schedule": exp.schedule.state_dict(), "rng": rngs,
-                                         "state": state})
-        if world > 1:
-            dist.barrier()
+        evaluate = r % exp.eval_every == 0 or r == exp.rounds
+        if evaluate:
+            entry.update(exp.evaluate())         # evaluate and checkpoint every eval_every
+        signum = agreed_signal(stop, world, device)      # one that came since the last step
+        if evaluate or signum:
+            keep(r)
+        if signum:
+            raise stop.interrupted(signum)
+    if stop.signal:                 # came after the last checkpoint: it holds the whole run
+        raise stop.interrupted()
     bar.close()
+
+def round_batches(exp, r, partial, device):
+    """(round r's batches, the losses of those already trained, the random states at the round's
+    start). A round a checkpoint cut (partial, see train) is drawn again from the random states of
+    its start, its done batches skipped, and the states of the cut (run() set them) put back: the
+    rest of the round, and every round after it, is the uninterrupted run's."""
+    if partial is None:
+        round_start = rng_states(exp, device)
+        return iter(exp.batches(r)), [], round_start
+    at_cut = rng_states(exp, device)
+    set_rng_states(exp, device, partial["rngs"])
+    batches = iter(exp.batches(r))
+    for _ in range(partial["done"]):
+        next(batches)
+    set_rng_states(exp, device, at_cut)
+    return batches, list(partial["losses"]), partial["rngs"]
+
+def step_flags(loss, stop, world):
+    """(the loss is not finite, the signal that asks to stop or 0) as every rank sees them: under
+    torchrun one all-reduce (MAX) of both, so that all ranks raise Diverged, or stop, at the same
+    step, also those the signal did not reach."""
+    flags = torch.stack([(~torch.isfinite(loss.detach())).float(),
+                         torch.tensor(float(stop.signal or 0), device=loss.device)])
+    if world > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    not_finite, signum = flags.tolist()
+    return bool(not_finite), int(signum)
+
+def agreed_signal(stop, world, device):
+    """The signal that asks to stop on any rank (or 0), on every rank: one all-reduce (MAX)."""
+    if world == 1:
+        return stop.signal or 0
+    flags = torch.tensor([float(stop.signal or 0)], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return int(flags.item())
+
+def position(exp, r, step):
+    """Where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for language."""
+    return f"iteration {step}" if exp.unit == "iter" else f"epoch {r} (step {step})"
+
+def write_checkpoint(path, exp, state, meta, device, rank, world, partial=None):
+    """checkpoint.pt (rank 0): model, optimizer, schedule, every rank's random states and the
+    state; partial: a round cut after partial["done"] of its batches (its losses and the random
+    states at its start, per rank). Every rank takes part (the gather)."""
+    rngs = gather(rng_states(exp, device), world)
+    if rank == 0:
+        save_checkpoint(path, {"meta": meta, "model": exp.model.state_dict(),
+                               "optimizer": exp.optimizer.state_dict(),
+                               "schedule": exp.schedule.state_dict(), "rng": rngs,
+                               "state": state, "partial": partial})
+    if world > 1:
+        dist.barrier()
 
 
 # ----------------------------------------------------------------------------------------------
 # 6. One run: the prior before, training, the prior after, result.json
 # ----------------------------------------------------------------------------------------------
-def run(family, task, init, seed, config, device, out_dir, data, args):
+def run(family, task, init, seed, config, device, out_dir, data, args, fingerprint, stop):
     """Build the family's experiment, measure where its attention goes (before), train, measure
     again (after), and write result.json and the pictures to out_dir. Under torchrun every rank
-    trains and rank 0 writes; the other ranks return None."""
+    trains and rank 0 writes; the other ranks return None. fingerprint: the data's
+    (data_fingerprint), checked on --resume; stop: the Stop that SIGINT / SIGTERM set."""
     rank, world, device = distributed_setup(device)
     torch.manual_seed(seed)                     # the same initial weights on every rank
     if family == "boolean":
@@ -845,17 +1095,21 @@ def run(family, task, init, seed, config, device, out_dir, data, args):
     if config.get("mask_from"):                 # M from a trained run's attention, not by hand
         use_learned_prior(exp, config)
     checkpoint = os.path.join(out_dir, "checkpoint.pt")
-    meta = {"task": task, "init": init, "seed": seed, "config": config, "world_size": world}
+    meta = {"task": task, "init": init, "seed": seed, "config": config, "world_size": world,
+            "data_fingerprint": fingerprint}
     state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0}
     if args.resume:
         saved = load_checkpoint(checkpoint, meta)
         exp.model.load_state_dict(saved["model"])
         exp.optimizer.load_state_dict(saved["optimizer"])
         exp.schedule.load_state_dict(saved["schedule"])
-        torch.set_rng_state(saved["rng"][rank][0])
-        for generator, rng in zip(exp.generators, saved["rng"][rank][1:]):
-            generator.set_state(rng)
-        state = saved["state"]
+        set_rng_states(exp, device, saved["rng"][rank])
+        state, partial = saved["state"], saved.get("partial")
+        if partial:                 # a round cut mid-way: train() draws it again (round_batches)
+            state["partial"] = {"round": partial["round"], "done": partial["done"],
+                                **partial["ranks"][rank]}
+        stop.at = position(exp, partial["round"] if partial else state["round"], state["step"])
+        stop.kept = f"the checkpoint of {stop.at}"
     else:
         os.makedirs(out_dir, exist_ok=True)
         state["before"] = snapshot(exp, device)
@@ -864,18 +1118,21 @@ def run(family, task, init, seed, config, device, out_dir, data, args):
     resumed_at = (state["step"] if exp.unit == "iter" else state["round"]) if args.resume else None
     result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
               "world_size": world, "status": "running", "seconds": None,
-              "resumed_at": resumed_at,
-              **exp.info, "final": None, "history": state["history"]}
+              "resumed_at": resumed_at, **exp.info, "data_fingerprint": fingerprint,
+              "final": None, "history": state["history"]}
     start = time.time()
     try:
+        stop.training = True            # a first signal now stops the loop after its step
         train(exp, state, device, rank, world, checkpoint,
               {"meta": meta, "compile": args.compile}, f"{task}/{init}/seed{seed}",
-              not args.no_progress)
+              not args.no_progress, stop)
     except Diverged as err:
         result.update(status="diverged", error=str(err), seconds=time.time() - start)
         if rank == 0:
             write_json(os.path.join(out_dir, "result.json"), result)
         raise
+    finally:
+        stop.training = False
     if rank != 0:
         return None
     after = snapshot(exp, device)
@@ -901,16 +1158,35 @@ def snapshot(exp, device):
 # 7. main: one run, or a grid over tasks x inits x seeds x each setting a sweep gives
 # ----------------------------------------------------------------------------------------------
 def main(argv=None):
+    """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder
+    that cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM. Each failure is one
+    line on stderr that says what is kept and how to go on."""
     try:
         args = build_parser().parse_args(argv)
         if args.summarize:
             return summarize(args.summarize)
         device = resolve_device(args.device)
-        task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else list(dict.fromkeys(args.task))
-        family = check_args(args, task_names)
+        family = check_args(args, list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task)
+        merge_repeats(args)
+        task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
     except UsageError as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
+    stop = Stop()
+    try:
+        with signals_caught(stop), contextlib.ExitStack() as grid_lock:
+            return train_all(args, family, task_names, device, stop, grid_lock)
+    except Interrupted as err:
+        if int(os.environ.get("RANK", "0")) == 0:      # torchrun: every rank stops, rank 0 says so
+            print(f"train.py: {err}", file=sys.stderr)
+        return err.exit_code
+    except WriteError as err:
+        print(f"train.py: error: {err}; {stop.advice()}", file=sys.stderr)
+        return 1
+
+def train_all(args, family, task_names, device, stop, grid_lock):
+    """Every run of the command, one after the other, each in its locked folder; a grid's tables.
+    grid_lock: the ExitStack that holds the grid folder's lock until main returns."""
     if args.threads:
         torch.set_num_threads(args.threads)
     seeds = args.seeds if args.seeds is not None else [args.seed]
@@ -927,25 +1203,37 @@ def main(argv=None):
     grid = len(runs) > 1
     root = args.out or "runs/grid"
     results, failed, cache = [], 0, {}
+    writer, root_locked = int(os.environ.get("RANK", "0")) == 0, False   # torchrun: rank 0 writes
     for task, init, seed, sweeps in runs:
         source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
         name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps, source=source)
         out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
+        checkpoint = os.path.join(out_dir, "checkpoint.pt")
+        # --resume: a grid continues its killed runs and starts the ones that never started
+        resume = args.resume and (not grid or os.path.exists(checkpoint))
+        stop.start(out_dir, grid, resume)
         try:
             config = make_config(family, task, args, *sweeps)
-            run_args = args
-            if grid and args.resume:   # a killed grid: keep its finished runs, start the unstarted
-                old = os.path.exists(os.path.join(out_dir, "result.json")) and read_result(
-                    os.path.join(out_dir, "result.json"))
-                if old and old["status"] == "done" and old["config"] == config:
-                    results.append(old)
-                    continue
-                run_args = argparse.Namespace(**{**vars(args), "resume": os.path.exists(
-                    os.path.join(out_dir, "checkpoint.pt"))})
             data = load_data(family, task, config, args, device, cache)
+            fingerprint = data_fingerprint(family, task, config, seed, data)
             check_fits(family, config)
-            with subnormals_flushed(device):
-                result = run(family, task, init, seed, config, device, out_dir, data, run_args)
+            if args.resume and not grid and not os.path.isdir(out_dir):
+                raise no_checkpoint(checkpoint)        # said before a folder is made for it
+            if grid and writer and not root_locked:     # held until the grid's tables are written
+                grid_lock.enter_context(folder_lock(root))
+                root_locked = True
+            with folder_lock(out_dir) if writer else contextlib.nullcontext():
+                finished = args.resume and finished_run(out_dir, task, init, seed, config, fingerprint)
+                if finished:                   # left as it is, every file
+                    results.append(finished)
+                    if not grid:
+                        print(f"{task} / {init} / seed {seed}: already finished, nothing to resume; "
+                              f"{out_dir} is left as it was")
+                    continue
+                run_args = argparse.Namespace(**{**vars(args), "resume": resume})
+                with subnormals_flushed(device):
+                    result = run(family, task, init, seed, config, device, out_dir, data, run_args,
+                                 fingerprint, stop)
         except (UsageError, tasks.DataError) as err:
             print(f"train.py: error: {err}", file=sys.stderr)
             return 2
@@ -1007,14 +1295,31 @@ def read_result(path, warn=True):
 
 def summarize(root):
     """--summarize DIR: the tables of every run saved below DIR (several grids into one); exit 1
-    when a damaged result.json was skipped, 2 when nothing could be read."""
+    when a damaged result.json was skipped, 2 when nothing could be read. Runs of other configs
+    are rows of their own (tasks.markdown_table); one run (task, init, seed and config) found
+    twice, e.g. a copied folder, is counted once, with a warning."""
+    if not os.path.isdir(root):
+        raise UsageError(f"--summarize {root}: "
+                         f"{'not a folder' if os.path.exists(root) else 'no such folder'}")
     paths = [os.path.join(folder, "result.json") for folder, _, files in sorted(os.walk(root))
              if "result.json" in files]
-    results = [r for r in map(read_result, paths) if r is not None]
-    if not results:
+    readable = [(path, r) for path in paths for r in [read_result(path)] if r is not None]
+    if not readable:
         raise UsageError(f"--summarize: no readable result.json below {root}")
-    write_tables(root, results)
-    return 0 if len(results) == len(paths) else 1
+    results, first = [], {}
+    for path, r in readable:
+        run_id = json.dumps([r["task"], r["init"], r["seed"], r["config"]], sort_keys=True)
+        if run_id in first:
+            print(f"train.py: warning: {path} is the run of {first[run_id]} again (same task, init, "
+                  f"seed and config): counted once", file=sys.stderr)
+            continue
+        first[run_id] = path
+        results.append(r)
+    try:
+        write_tables(root, results)
+    except WriteError as err:          # DIR itself cannot take the tables: a bad path
+        raise UsageError(str(err))
+    return 0 if len(readable) == len(paths) else 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1023,7 +1328,10 @@ def summarize(root):
 def write_tables(root, results):
     """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds."""
     text, figures = tasks.result_tables(results, list(INITS))
-    os.makedirs(root, exist_ok=True)
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as err:
+        raise WriteError(root, err) from None
     for name, content in {**figures, "table.md": text}.items():
         write_atomic(os.path.join(root, name), content)
     print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")

@@ -4,6 +4,7 @@ import base64
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -50,6 +51,45 @@ def kill_then_resume(args, tmp_path, monkeypatch):
     assert train.main([*args, "--out", str(tmp_path / "killed"), "--resume"]) == 0
     return (json.loads((tmp_path / "whole" / "result.json").read_text()),
             json.loads((tmp_path / "killed" / "result.json").read_text()))
+
+
+def interrupt_then_resume(args, tmp_path, monkeypatch, capsys, step, signum=signal.SIGINT):
+    """Run train.main(args) to the end in tmp_path/whole; run it again in tmp_path/stopped with
+    signum raised in-process inside the loss function of optimizer step `step` (deterministic:
+    the handler runs before raise_signal returns), which must end the run with exit 128 + signum
+    and one line on stderr; then --resume it. Returns (whole result.json, resumed result.json,
+    that line, (whole, resumed) final weights from checkpoint.pt) for the caller to compare."""
+    import train
+    assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    real_train = train.train
+
+    def train_with_a_signal(exp, *rest):
+        real_loss, calls = exp.loss_of, []
+
+        def loss_of(net, batch):
+            calls.append(1)
+            if len(calls) == step:
+                signal.raise_signal(signum)
+            return real_loss(net, batch)
+        exp.loss_of = loss_of
+        return real_train(exp, *rest)
+
+    monkeypatch.setattr(train, "train", train_with_a_signal)
+    capsys.readouterr()
+    assert train.main([*args, "--out", str(tmp_path / "stopped")]) == 128 + signum
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "stopped" / "result.json").exists()
+    monkeypatch.setattr(train, "train", real_train)
+    assert train.main([*args, "--out", str(tmp_path / "stopped"), "--resume"]) == 0
+    weights = [torch.load(tmp_path / run / "checkpoint.pt", weights_only=False)["model"]
+               for run in ("whole", "stopped")]
+    return (json.loads((tmp_path / "whole" / "result.json").read_text()),
+            json.loads((tmp_path / "stopped" / "result.json").read_text()), err.strip(), weights)
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # The Boolean family's tiny run: 1 epoch, width 8, 1 layer of 2 heads, one batch per epoch.

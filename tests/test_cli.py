@@ -102,7 +102,7 @@ def test_every_init_runs_and_reports_persistence_and_summarize_merges_grids(tmp_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--summarize", "/nonexistent/folder"], "no readable result.json below /nonexistent/folder"),
+    (["--summarize", "/nonexistent/folder"], "--summarize /nonexistent/folder: no such folder"),
     (["--task", "parity5"], "invalid choice: 'parity5'"),
     (["--init", "kaiming"], "invalid choice: 'kaiming'"),
     (["--epochs", "-3"], "--epochs: must be a number > 0, got '-3'"),

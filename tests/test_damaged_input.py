@@ -115,9 +115,11 @@ def finished_run(tmp_path_factory):
 
 
 def damaged_copy(finished_run, tmp_path, damage):
-    """A copy of the finished run whose checkpoint.pt is replaced by damage(its bytes)."""
+    """A copy of the finished run as if killed after its last checkpoint (no result.json: a
+    finished run is not resumed at all), whose checkpoint.pt is replaced by damage(its bytes)."""
     folder = tmp_path / "run"
     shutil.copytree(finished_run, folder)
+    os.remove(folder / "result.json")
     checkpoint = folder / "checkpoint.pt"
     checkpoint.write_bytes(damage(checkpoint.read_bytes()))
     return folder

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import maskprior
 import tasks
 import train
-from conftest import ROOT, kill_then_resume
+from conftest import ROOT, interrupt_then_resume, kill_then_resume, same_weights
 from synthetic import write_tiny_ranks
 
 TINY_LM = ["--iters", "8", "--eval-every", "4", "--layers", "1", "--heads", "2", "--dim", "16",
@@ -185,14 +185,49 @@ def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(tmp_path, m
     assert resumed["resumed_at"] == 4 == resumed["history"][0]["iter"]
 
 
+def test_a_signal_mid_round_resumes_exactly(tmp_path, monkeypatch, capsys):
+    """SIGINT during iteration 6 (of the round 5-8): a checkpoint of iteration 6; resumed, the
+    rest of the round draws the windows and the dropout of the uninterrupted run."""
+    args = ["--task", "lm", "--init", "mask", *TINY_LM]
+    whole, resumed, line, weights = interrupt_then_resume(args, tmp_path, monkeypatch, capsys, 6)
+    assert line == (f"train.py: interrupted at iteration 6; the checkpoint of iteration 6 is kept in "
+                    f"{tmp_path / 'stopped'}: rerun with --resume")
+    assert resumed["history"] == whole["history"]
+    assert resumed["final"]["val_loss"] == whole["final"]["val_loss"]
+    assert resumed["final"]["sample"] == whole["final"]["sample"]
+    assert same_weights(*weights)
+
+
 def test_torchrun_two_cpu_processes_with_gloo(tmp_path):
-    """The DistributedDataParallel path on the CPU: 2 processes, gloo, one result from rank 0."""
+    """The DistributedDataParallel path on the CPU: 2 processes, gloo, one result from rank 0.
+    Then a SIGINT that reaches rank 1 alone, in step 6: both ranks stop after that step (exit
+    130, one line, from rank 0) with a checkpoint of it, and --resume ends as the run above."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("TIKTOKEN_CACHE_DIR", None)
-    proc = subprocess.run(
+    launcher = tmp_path / "train_with_a_signal.py"   # train.py, rank 1's step 6 raising SIGINT
+    launcher.write_text(
+        "import os, runpy, signal, sys\n"
+        f"sys.path.insert(0, {ROOT!r})\n"
+        "import train\n"
+        "real_train, steps = train.train, []\n"
+        "def train_with_a_signal(exp, *rest):\n"
+        "    real_loss = exp.loss_of\n"
+        "    def loss_of(net, batch):\n"
+        "        steps.append(1)\n"
+        "        if len(steps) == 6 and os.environ['RANK'] == '1' and '--resume' not in sys.argv:\n"
+        "            signal.raise_signal(signal.SIGINT)\n"
+        "        return real_loss(net, batch)\n"
+        "    exp.loss_of = loss_of\n"
+        "    return real_train(exp, *rest)\n"
+        "train.train = train_with_a_signal\n"
+        "code = train.main()\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'exit' + os.environ['RANK']), 'w').write(str(code))\n"
+        "sys.exit(code)\n")
+    torchrun = lambda script, out, *flags: subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         os.path.join(ROOT, "train.py"), "--task", "lm", "--init", "mask", "--out", str(tmp_path),
-         *TINY_LM], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+         script, "--task", "lm", "--init", "mask", "--out", str(out), *TINY_LM, *flags],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    proc = torchrun(os.path.join(ROOT, "train.py"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("lm / mask / seed 0: val ppl") == 1      # rank 0 reports, once
     result = json.loads((tmp_path / "result.json").read_text())
@@ -201,3 +236,17 @@ def test_torchrun_two_cpu_processes_with_gloo(tmp_path):
     assert len(saved["rng"]) == 2                    # every rank's RNGs: torch's, the windows'
     assert not torch.equal(saved["rng"][0][1], saved["rng"][1][1])
     assert saved["state"]["step"] == 8 and saved["meta"]["world_size"] == 2
+    stopped = tmp_path / "stopped"
+    proc = torchrun(str(launcher), stopped)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("train.py")]
+    assert lines == [f"train.py: interrupted at iteration 6; the checkpoint of iteration 6 is kept "
+                     f"in {stopped}: rerun with --resume"], proc.stderr[-2000:]
+    assert [(tmp_path / f"exit{rank}").read_text() for rank in (0, 1)] == ["130", "130"]
+    partial = torch.load(stopped / "checkpoint.pt", weights_only=False)["partial"]
+    assert (partial["round"], partial["done"], [len(r["losses"]) for r in partial["ranks"]]) == (2, 2, [2, 2])
+    proc = torchrun(str(launcher), stopped, "--resume")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    resumed = json.loads((stopped / "result.json").read_text())
+    assert resumed["history"] == result["history"] and resumed["final"]["val_loss"] == result["final"]["val_loss"]
+    weights = [torch.load(out / "checkpoint.pt", weights_only=False)["model"] for out in (tmp_path, stopped)]
+    assert same_weights(*weights)

@@ -4,6 +4,7 @@ command line, bad input, torchrun with 2 gloo processes, and kill + --resume."""
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 import maskprior
 import tasks
 import train
-from conftest import ROOT, kill_then_resume
+from conftest import ROOT, interrupt_then_resume, kill_then_resume, same_weights
 from synthetic import write_synthetic_cifar10
 
 # A tiny ViT on 32 x 32 images: patch 8 -> 4 x 4 patches + CLS = 17 positions, width 16.
@@ -272,6 +273,20 @@ def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(cifar_dir, 
     assert resumed["history"] == whole["history"]       # losses, lr, top-1 of every epoch
     for key in ("top1", "test_loss", "prior_mass_init", "prior_mass_final", "mask_drift"):
         assert resumed["final"][key] == whole["final"][key], key
+
+
+def test_a_signal_mid_epoch_resumes_exactly(cifar_dir, skip_md5, tmp_path, monkeypatch, capsys):
+    """SIGTERM during step 2 of epoch 1 (3 steps an epoch): resumed, the epoch's last batch gets
+    the augmentation, MixUp / CutMix and drop path of the uninterrupted run."""
+    args = ["--task", "cifar10", "--init", "mask", "--epochs", "2", "--data-dir", cifar_dir, *TINY]
+    whole, resumed, line, weights = interrupt_then_resume(args, tmp_path, monkeypatch, capsys, 2,
+                                                          signal.SIGTERM)
+    assert line.startswith("train.py: interrupted at epoch 1 (step 2); the checkpoint of epoch 1 "
+                           "(step 2) is kept in "), line
+    assert resumed["history"] == whole["history"]
+    for key in ("top1", "test_loss", "prior_mass_init", "prior_mass_final", "mask_drift"):
+        assert resumed["final"][key] == whole["final"][key], key
+    assert same_weights(*weights)
 
 
 def test_torchrun_two_cpu_processes_with_gloo(cifar_dir, tmp_path):
