@@ -398,8 +398,9 @@ def folder_lock(folder):
     """One writer per run folder: an exclusive lock (flock) on folder/.lock, made with the folder,
     held while the block runs. The OS drops it when the process ends, by kill -9 too; a second run
     on the folder is refused (UsageError naming the holder's pid), as is a folder that cannot be
-    made or written (exit 2: a bad path). The .lock file holds the pid and is removed at the end."""
-    path, fd = os.path.join(folder, ".lock"), None
+    made or written (exit 2: a bad path). The .lock file holds the pid and is removed at the end,
+    and so is the folder if the lock made it and nothing was written into it."""
+    path, fd, made = os.path.join(folder, ".lock"), None, not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
         while fd is None:
@@ -426,6 +427,8 @@ def folder_lock(folder):
     finally:
         with contextlib.suppress(OSError):
             os.remove(path)     # removed while still locked, so that no one locks a stale file
+            if made:            # a run refused before it wrote anything leaves no folder behind
+                os.rmdir(folder)
         os.close(fd)
 
 class Interrupted(BaseException):
