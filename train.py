@@ -28,6 +28,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -39,6 +40,7 @@ from tqdm import tqdm
 
 import maskprior
 import tasks
+
 
 # ----------------------------------------------------------------------------------------------
 # 1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu")
@@ -58,6 +60,7 @@ BOOLEAN_PRESETS = {
     "cpu": {"epochs": 10, "lr": 1e-3, "batch_size": 256, "layers": 4, "heads": 3, "dim": 64,
             "head_dim": None, "mlp_dim": 64, "optimizer": "adam", "weight_decay": 0.0},
 }
+
 # Three-digit arithmetic, Table "Arithmetic task setup": 6 layers, 4 heads of 64, width 256, MLP
 # 256, AdamW lr 1e-3, weight decay 1e-3, batch 256, 50 epochs, cosine. "cpu" drops to 4 layers
 # and width 128 (heads of 32), and gives multiplication 20 epochs.
@@ -67,6 +70,7 @@ ARITHMETIC_PRESETS = {
     "cpu": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256, "layers": 4,
             "heads": 4, "dim": 128, "head_dim": None, "mlp_dim": 128, "optimizer": "adamw"},
 }
+
 # Language, Table "NLP task setup": 12 layers, 12 heads, width 512, block 64, batch 128, AdamW
 # 3e-4, cosine, dropout 0.2, seed 1337, 5000 (TinyStories) / 3000 (WikiText-2) iterations. "cpu":
 # 4 layers, 4 heads, width 128, batch 32, 1000 iterations at lr 1e-3.
@@ -76,6 +80,7 @@ LM_PRESETS = {
     "cpu": {"iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4, "heads": 4, "dim": 128,
             "block_size": 64, "dropout": 0.1, "weight_decay": 0.01, "optimizer": "adamw"},
 }
+
 # Vision, Tables "Experimental setup for CIFAR10 / CIFAR100": vit_tiny_patch16_224 (224 x 224 input,
 # patch 16, width 192, depth 12, 3 heads, MLP 768), batch 512, 400 epochs, AdamW lr 2e-3, cosine
 # with 50 warmup epochs, weight decay 0.05, drop path 0.1, label smoothing 0.1, MixUp 0.8 / CutMix
@@ -92,9 +97,11 @@ VISION_PRESETS = {"paper": {
     "label_smoothing": 0.1, "mixup": 0.8, "cutmix": 1.0, "randaugment": 9, "image_size": 224,
     "patch_size": 16, "layers": 12, "heads": 3, "dim": 192, "mlp_dim": 768, "pool": "cls",
     "optimizer": "adamw", "crop_scale": 0.08}}   # crop_scale: RandomResizedCrop's least area
+
 VISION_PRESETS["cpu"] = {**VISION_PRESETS["paper"], "epochs": 10, "lr": 1e-3, "batch_size": 128,
                          "warmup_epochs": 1, "warmup_lr": 1e-5, "min_lr": 1e-5, "image_size": 32,
                          "patch_size": 4, "layers": 6, "dim": 96, "mlp_dim": 384}
+
 # Per-task changes to a preset: (family, preset) -> {task: {key: value}}; cpu: small-data images.
 TASK_PRESETS = {
     ("vision", "cpu"): {t: {"epochs": 40, "mixup": 0.0, "cutmix": 0.0, "crop_scale": 0.35}
@@ -106,6 +113,7 @@ TASK_PRESETS = {
                                           "warmup_epochs": 5, "cooldown_epochs": 10,
                                           "min_lr": 1e-5, "pool": "avg"}},
 }
+
 # Table "NLP task setup" fixes seed 1337 and Table "Experimental setup for ImageNet100" seed 42.
 PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 
@@ -124,8 +132,11 @@ INITS = {
     "mimetic": ("none", "mimetic"),             # identity-like W_Q W_K^T (Trockman, Kolter 2023)
     "impulse": ("none", "svd"),                 # vision: the impulse pattern in W_Q/W_K by SVD
 }
+
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
+
 trains_mask = lambda init: INITS[init][0] in ("learnable", "hadamard")   # M trained (not mask-fixed)
+
 # The four families: tasks, inits, and the paper's mask magnitude A (open +A, closed -A).
 FAMILIES = {
     "boolean": {"tasks": list(tasks.BOOLEAN_TASKS), "inits": ENCODER_INITS, "magnitude": maskprior.OPEN},
@@ -136,6 +147,7 @@ FAMILIES = {
     "vision": {"tasks": list(tasks.VISION_TASKS), "magnitude": maskprior.OPEN,
                "inits": ("default", "mimetic", "impulse", "mask-fixed", "mask")},
 }
+
 FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),
                 "mask_variant": ("boolean",), "mask_error": ("boolean", "arithmetic"),
                 "eval_size": ("arithmetic",), **{f: ("language",) for f in ("iters", "block_size",
@@ -144,228 +156,12 @@ FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("a
 
 
 # ----------------------------------------------------------------------------------------------
-# 2. Command line
+# 2. Utilities: errors, atomic files, the folder lock, interruptions, checkpoints and what
+#    --resume checks, torchrun, the optimizer
 # ----------------------------------------------------------------------------------------------
 class UsageError(Exception):
     """Bad input from the user: one line on stderr, exit code 2."""
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse prints the whole usage block; one line is enough
-        raise UsageError(message)
-
-def number(kind, strict=True):
-    """argparse type: a finite kind(text) > 0 (>= 0 when not strict)."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
-        if not math.isfinite(value) or value < 0 or (strict and value == 0):
-            raise argparse.ArgumentTypeError(f"must be a number {'>' if strict else '>='} 0, got {text!r}")
-        return value
-    return parse
-
-def build_parser():
-    p = Parser(prog="train.py", description=__doc__.split("\n")[0], epilog=tasks.OWN_DATA_HELP,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
-    every_task = [t for f in FAMILIES.values() for t in f["tasks"]]
-    p.add_argument("--task", nargs="+", default=["majority"], choices=every_task + ["all"],
-                   help="task(s); 'all' = every Boolean task")
-    p.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS))
-    p.add_argument("--seed", type=number(int, strict=False), default=0)
-    p.add_argument("--seeds", type=number(int, strict=False), nargs="+", help="several seeds")
-    p.add_argument("--preset", choices=["cpu", "paper"], default="cpu")
-    for name, kind in (("epochs", int), ("iters", int), ("lr", float), ("batch-size", int),
-                       ("layers", int), ("heads", int), ("dim", int), ("block-size", int),
-                       ("image-size", int), ("patch-size", int), ("eval-every", int)):
-        p.add_argument(f"--{name}", type=number(kind))
-    p.add_argument("--warmup-epochs", type=number(int, strict=False))
-    p.add_argument("--weight-decay", type=number(float, strict=False),
-                   help="weight decay on all but M (default: the preset's)")
-    p.add_argument("--mask-magnitude", type=number(float), nargs="+", metavar="A",
-                   help="mask inits: open +A, closed -A (GPT: the scale s); several: a sweep")
-    p.add_argument("--mask-decay", type=number(float, strict=False), nargs="+", metavar="W",
-                   help="weight decay on M alone (default 0); several: a sweep")
-    p.add_argument("--mask-error", nargs="+", metavar="KIND:P", help="mask inits: open extra, close "
-                   "or move (KIND) a seeded fraction P of the prior ('none': exact); several: a sweep")
-    p.add_argument("--mask-lr", type=number(float), nargs="+", metavar="LR",
-                   help="learning rate of M alone (default: --lr); several: a sweep")
-    p.add_argument("--mask-from", metavar="DIR", help="mask inits: M from the attention maps of "
-                   "the finished run in DIR (same layers, heads, N), not the hand-made pattern")
-    p.add_argument("--mask-threshold", type=number(float), nargs="+", metavar="TAU",
-                   help="--mask-from: open where attention >= TAU / keys a row sees (default 1, "
-                   "a uniform row); several: a sweep")
-    p.add_argument("--mask-variant", choices=["composed", "direct"],
-                   help="cyclic3: build the triple over two layers (composed) or in each (direct)")
-    p.add_argument("--train-frac", type=number(float), nargs="+",
-                   help="arithmetic: fraction(s) of the 10^6 pairs to train on; several: a sweep")
-    p.add_argument("--eval-size", type=lambda t: t if t == "all" else number(int)(t),
-                   help="arithmetic: held-out pairs to score, a number or 'all' (default 100000)")
-    p.add_argument("--data-dir", default="data", help="where corpus and image files live")
-    p.add_argument("--bpe-file", help="GPT-2 ranks file for tiktoken (offline tokenizer)")
-    p.add_argument("--resume", action="store_true", help="continue from checkpoint.pt (a grid: all)")
-    p.add_argument("--workers", type=number(int, strict=False), help="vision: loader processes")
-    p.add_argument("--download", action="store_true", help="vision: fetch CIFAR if missing")
-    p.add_argument("--compile", action="store_true", help="vision: torch.compile the model")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1")
-    p.add_argument("--threads", type=number(int), help="torch CPU threads (default: torch's)")
-    p.add_argument("--out", help="output folder (default runs/<task>-<init>-seed<seed>, runs/grid)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    p.add_argument("--summarize", metavar="DIR", help="train nothing: tables of DIR's results")
-    return p
-
-def check_args(args, task_names):
-    """One family per command; family-only flags and inits belong to it. Returns the family."""
-    families = {name for t in task_names for name, f in FAMILIES.items() if t in f["tasks"]}
-    if len(families) > 1:
-        raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
-    family = families.pop()
-    for flag, takers in FAMILY_FLAGS.items():
-        value = getattr(args, flag)                 # None / False when not given (0 is given)
-        if value is not None and value is not False and family not in takers:
-            raise UsageError(f"--{flag.replace('_', '-')} applies to {' and '.join(takers)} "
-                             f"tasks only")
-    wrong = [i for i in args.init if i not in FAMILIES[family]["inits"]]
-    if wrong:
-        raise UsageError(f"--init {wrong[0]} is not available for {family} tasks "
-                         f"(choose from {', '.join(FAMILIES[family]['inits'])})")
-    try:   # --mask-error: 'none' -> None, KIND:FRACTION -> "kind:fraction" (config's mask_error)
-        edits = [maskprior.parse_edit(text) for text in args.mask_error or ()]
-        args.mask_error = args.mask_error and [e and "%s:%s" % e for e in edits]
-    except ValueError as err:
-        raise UsageError(f"argument --mask-error: {err}")
-    if any(args.mask_error or ()) and any(INITS[i][1] != "mask" for i in args.init):
-        raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
-    if args.mask_lr and not any(map(trains_mask, args.init)):
-        raise UsageError(f"--mask-lr: --init {' '.join(args.init)} has no trainable mask")
-    if args.mask_from is not None:
-        check_mask_from(args)
-    elif args.mask_threshold:
-        raise UsageError("--mask-threshold applies with --mask-from only")
-    out = args.out and pathlib.Path(args.out)
-    try:
-        existing = out and next(p for p in (out, *out.parents) if p.exists())   # out or a parent
-    except OSError as err:        # a name over 255 bytes (ENAMETOOLONG), a loop of links, ...
-        raise UsageError(f"--out {args.out}: {err.strerror}")
-    if existing and not existing.is_dir():
-        where = "" if existing == out else f": {existing}"
-        raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
-    return family
-
-def check_mask_from(args):
-    """--mask-from replaces the hand-made pattern of a mask init: refused with an init that has
-    none (default, the QK inits, vision's impulse), with --mask-error (a learned prior is not
-    edited) and as its own --out. TAU (--mask-threshold) defaults to 1."""
-    wrong = [i for i in args.init if INITS[i][1] != "mask"]
-    if wrong:
-        raise UsageError(f"--mask-from: --init {wrong[0]} has no mask prior to replace (mask, "
-                         f"mask-fixed or mask-hadamard only)")
-    if any(args.mask_error or ()):
-        raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give one "
-                         "of the two")
-    if args.out and os.path.realpath(args.out) == os.path.realpath(args.mask_from):
-        raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite "
-                         f"its source")
-    args.mask_threshold = args.mask_threshold or [1.0]
-
-# Flags whose values make a grid's axes: a value given twice would train the same run twice into
-# one folder and count it twice in the table ("seeds 2/2" with ± 0), so it runs once.
-GRID_FLAGS = ("task", "init", "seeds", "train_frac", "mask_magnitude", "mask_decay", "mask_error",
-              "mask_lr", "mask_threshold")
-
-def merge_repeats(args):
-    """Each grid flag's repeated values merged (first order kept), with a note on stderr per flag."""
-    show = lambda v: "none" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
-    for flag in GRID_FLAGS:
-        values = getattr(args, flag)
-        if values and len(set(values)) < len(values):
-            again = [v for i, v in enumerate(values) if v in values[:i]]
-            print(f"train.py: note: --{flag.replace('_', '-')} {show(again[0])} is given more than "
-                  f"once; each run is trained once", file=sys.stderr)
-            setattr(args, flag, list(dict.fromkeys(values)))
-
-def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None,
-                mask_lr=None, threshold=None):
-    """The preset, its per-task changes, then every flag the user gave, then derived keys; with
-    --mask-from the source run and its learned pattern (learned_prior_config)."""
-    presets = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS,
-               "language": LM_PRESETS, "vision": VISION_PRESETS}[family]
-    config = {**presets[args.preset], **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
-    for key in ("epochs", "iters", "lr", "batch_size", "layers", "heads", "dim", "block_size",
-                "image_size", "patch_size", "warmup_epochs", "weight_decay"):
-        if getattr(args, key) is not None and key in config:
-            config[key] = getattr(args, key)
-    if args.dim is not None and "mlp_dim" in config:   # ViT MLPs are 4 x wide, encoders 1 x
-        config.update(mlp_dim=4 * args.dim if family == "vision" else args.dim,
-                      **({"head_dim": None} if "head_dim" in config else {}))
-    if not config.get("head_dim") and config["dim"] < config["heads"]:
-        raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
-    config.update(preset=args.preset, mask_decay=mask_decay or 0.0, mask_error=error, mask_lr=mask_lr,
-                  mask_magnitude=magnitude or FAMILIES[family]["magnitude"])
-    if family == "language":
-        config["eval_every"] = args.eval_every or max(1, config["iters"] // 5)
-    else:
-        config["eval_every"] = args.eval_every or (1 if family == "vision" else 5)
-    if args.mask_variant:
-        if task not in maskprior.BOOLEAN_MASK_VARIANTS:
-            raise UsageError(f"--mask-variant: {task} has one mask pattern only")
-        config["mask_variant"] = args.mask_variant
-    if family == "arithmetic":
-        if train_frac and train_frac >= 1:
-            raise UsageError(f"--train-frac must lie strictly between 0 and 1, got {train_frac:g}")
-        config.update(train_frac=train_frac or tasks.ARITHMETIC_TRAIN_FRAC[task],
-                      eval_size=None if args.eval_size == "all" else args.eval_size or 100_000)
-    if family == "vision":
-        check_vision_config(config)
-    if args.mask_from is not None:
-        config.update(learned_prior_config(args.mask_from, threshold or 1.0, family == "language"))
-    return config
-
-
-def check_fits(family, config):
-    """Refuse, before anything is allocated, a model whose float32 weights (with gradients and
-    Adam's two moments) and attention maps (scores, probabilities and their gradient, (batch,
-    heads, N, N) per layer) need more memory than this machine has."""
-    L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
-    N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": 12, "language": config.get("block_size"),
-         "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
-    need = 4 * (4 * 12 * L * D * D + 3 * L * H * N * N * max(B, 64))
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have:
-        flag = {"language": f"--block-size {N}", "vision": f"--image-size {config.get('image_size')}"}
-        raise UsageError(f"{flag.get(family, f'--dim {D}')}: {L} layers x {H} heads x {N} x {N} "
-                         f"attention maps at width {D} need about {need / 2**30:.0f} GiB, this "
-                         f"machine has {have / 2**30:.0f} GiB: choose a smaller model, batch or input")
-
-def check_vision_config(config):
-    """Patches tile the image; a too long warmup is shortened; ImageNet100's lr x batch / 512."""
-    if config["image_size"] % config["patch_size"]:
-        raise UsageError(f"--image-size {config['image_size']} is not a multiple of the patch "
-                         f"size {config['patch_size']}")
-    if config["warmup_epochs"] >= config["epochs"]:
-        config["warmup_shortened_from"] = config["warmup_epochs"]
-        config["warmup_epochs"] = config["epochs"] - 1
-    if config["lr_base_size"]:
-        config["lr"] = config["lr"] * config["batch_size"] / config["lr_base_size"]
-
-def resolve_device(name):
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"--device: unknown device {name!r}")
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device {name}: only cpu and cuda are supported")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return device
-
-
-# ----------------------------------------------------------------------------------------------
-# 3. Utilities: atomic files, the folder lock, interruptions, checkpoints, the data's fingerprint,
-#    mixed precision, torchrun, the optimizer
-# ----------------------------------------------------------------------------------------------
 class Diverged(Exception):  # the training loss became NaN or infinite
     pass
 
@@ -374,6 +170,13 @@ class WriteError(Exception):
     path and the OS's reason, one line; main exits 1."""
     def __init__(self, path, err):
         super().__init__(f"cannot write {path}: {err.strerror or err}")
+
+class Interrupted(BaseException):
+    """Ctrl-C (SIGINT) or SIGTERM: main prints the message, one line, and exits 128 + the signal's
+    number (130, 143). A BaseException, as KeyboardInterrupt is, so no `except Exception` eats it."""
+    def __init__(self, signum, message):
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 def write_atomic(path, data):
     """Write bytes or text so that a reader never sees a half-written file: a temporary file in
@@ -392,6 +195,31 @@ def write_atomic(path, data):
         if isinstance(err, OSError):
             raise WriteError(path, err) from None
         raise
+
+def write_json(path, obj):
+    write_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+def save_checkpoint(path, state):
+    """torch.save through write_atomic: a kill never leaves half a checkpoint."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomic(path, buffer.getvalue())
+
+def read_result(path, warn=True):
+    """A result.json as a dict, or None (with a warning naming it, if warn) if it is damaged."""
+    try:
+        with open(path) as f:
+            result = json.load(f)
+        if not {"task", "init", "seed", "status", "config", "final"} <= set(result):
+            raise ValueError("fields are missing")
+        if result["status"] == "done":
+            tasks.summary_line(result)           # the fields a table reads are all there
+        return result
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        if warn:
+            print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})",
+                  file=sys.stderr)
+        return None
 
 @contextlib.contextmanager
 def folder_lock(folder):
@@ -430,13 +258,6 @@ def folder_lock(folder):
             if made:            # a run refused before it wrote anything leaves no folder behind
                 os.rmdir(folder)
         os.close(fd)
-
-class Interrupted(BaseException):
-    """Ctrl-C (SIGINT) or SIGTERM: main prints the message, one line, and exits 128 + the signal's
-    number (130, 143). A BaseException, as KeyboardInterrupt is, so no `except Exception` eats it."""
-    def __init__(self, signum, message):
-        super().__init__(message)
-        self.exit_code = 128 + signum
 
 class Stop:
     """The SIGINT / SIGTERM handler, and where the current run is, for the one line that ends an
@@ -488,17 +309,24 @@ def signals_caught(stop):
         for s, handler in before.items():
             signal.signal(s, handler)
 
-def write_json(path, obj):
-    write_atomic(path, json.dumps(obj, indent=2) + "\n")
-
-def save_checkpoint(path, state):
-    """torch.save through write_atomic: a kill never leaves half a checkpoint."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    write_atomic(path, buffer.getvalue())
-
 def no_checkpoint(path):
     return UsageError(f"--resume: no checkpoint at {path}: run without --resume first")
+
+def check_fingerprint(path, theirs, ours):
+    """UsageError naming the first part of the data (a file, the ranks file, the generated train
+    set) that differs. A checkpoint that records no fingerprint at all gets a note, unchecked."""
+    if ours is None:
+        return
+    if theirs is None:
+        print(f"train.py: note: {path} records no fingerprint of its data; the data is not checked",
+              file=sys.stderr)
+        return
+    short = lambda v: "none" if v is None else v if len(v) <= 40 else v[:40] + "…"
+    for key in sorted(set(theirs) | set(ours)):
+        if theirs.get(key) != ours.get(key):
+            raise UsageError(f"--resume: {path} was written by a run on other data: {key} "
+                             f"{short(theirs.get(key))}, this run has {short(ours.get(key))}: use "
+                             f"the same data, or another --out")
 
 def load_checkpoint(path, meta):
     """The checkpoint at path, or UsageError saying why it cannot continue this run: unreadable,
@@ -519,22 +347,6 @@ def load_checkpoint(path, meta):
                              f"this run has {value!r}: use the same flags, or another --out")
     check_fingerprint(path, saved["meta"].get("data_fingerprint"), meta.get("data_fingerprint"))
     return saved
-
-def check_fingerprint(path, theirs, ours):
-    """UsageError naming the first part of the data (a file, the ranks file, the generated train
-    set) that differs. A checkpoint that records no fingerprint at all gets a note, unchecked."""
-    if ours is None:
-        return
-    if theirs is None:
-        print(f"train.py: note: {path} records no fingerprint of its data; the data is not checked",
-              file=sys.stderr)
-        return
-    short = lambda v: "none" if v is None else v if len(v) <= 40 else v[:40] + "…"
-    for key in sorted(set(theirs) | set(ours)):
-        if theirs.get(key) != ours.get(key):
-            raise UsageError(f"--resume: {path} was written by a run on other data: {key} "
-                             f"{short(theirs.get(key))}, this run has {short(ours.get(key))}: use "
-                             f"the same data, or another --out")
 
 def data_fingerprint(family, task, config, seed, data):
     """What the run trains and scores on, for --resume to check (tasks.py, "Fingerprints"): the
@@ -572,18 +384,20 @@ def set_rng_states(exp, device, states):
     if device.type == "cuda" and len(states) > 1 + len(exp.generators):
         torch.cuda.set_rng_state(states[-1], device)
 
+Place = namedtuple("Place", "device rank world")    # where a process trains (torchrun: its rank)
+
 def distributed_setup(device):
     """torchrun: with WORLD_SIZE > 1, join the process group (NCCL on CUDA, gloo on the CPU) and
-    return (rank, world size, this process's device); (0, 1, device) otherwise."""
+    return this process's Place (device, rank, world size); Place(device, 0, 1) otherwise."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
-        return 0, 1, device
+        return Place(device, 0, 1)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return dist.get_rank(), world, device
+    return Place(device, dist.get_rank(), world)
 
 @contextlib.contextmanager
 def subnormals_flushed(device):
@@ -627,10 +441,311 @@ def make_optimizer(model, config):
 
 
 # ----------------------------------------------------------------------------------------------
-# 4. The experiment families. Each setup returns an Experiment: model with its prior, optimizer,
-#    schedule, each round's batches (a round: an epoch, or eval_every language iterations), the
-#    loss of a batch, the evaluation and the final metrics.
+# 3. Command line: the flags, their checks, and each run's config
 # ----------------------------------------------------------------------------------------------
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints the whole usage block; one line is enough
+        raise UsageError(message)
+
+def number(kind, strict=True):
+    """argparse type: a finite kind(text) > 0 (>= 0 when not strict)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
+        if not math.isfinite(value) or value < 0 or (strict and value == 0):
+            raise argparse.ArgumentTypeError(f"must be a number {'>' if strict else '>='} 0, got {text!r}")
+        return value
+    return parse
+
+def build_parser():
+    """The command line in five groups; each list of choices is printed once, in its help."""
+    every_task = [t for f in FAMILIES.values() for t in f["tasks"]]
+    p = Parser(prog="train.py", usage="python train.py [--task TASK ...] [--init INIT ...] [options]",
+               description=__doc__.split("\n")[0], epilog=tasks.OWN_DATA_HELP,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    count, natural, rate, share = number(int, strict=False), number(int), number(float), \
+        number(float, strict=False)
+    g = p.add_argument_group("what to run")
+    g.add_argument("--task", nargs="+", default=["majority"], choices=every_task + ["all"],
+                   metavar="TASK", help=f"{', '.join(every_task)}; all: the Boolean four")
+    g.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS), metavar="INIT",
+                   help=f"{', '.join(INITS)} (default mask)")
+    g.add_argument("--seed", type=count, default=0, help="random seed (default 0; paper: its own)")
+    g.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid")
+    g.add_argument("--preset", choices=["cpu", "paper"], default="cpu",
+                   help="cpu (quick, default) or paper (the paper's tables)")
+    g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs")
+    g = p.add_argument_group("the mask prior (inits mask, mask-fixed, mask-hadamard)")
+    g.add_argument("--mask-magnitude", type=rate, nargs="+", metavar="A",
+                   help="open +A, closed -A (GPT: scale s); several: a sweep")
+    g.add_argument("--mask-decay", type=share, nargs="+", metavar="W",
+                   help="weight decay on M alone (default 0); several: a sweep")
+    g.add_argument("--mask-lr", type=rate, nargs="+", metavar="LR",
+                   help="lr of M alone (default --lr); several: a sweep")
+    g.add_argument("--mask-error", nargs="+", metavar="KIND:P",
+                   help="extra|missing|moved:P edits the prior; none: exact")
+    g.add_argument("--mask-from", metavar="DIR",
+                   help="M from the attention maps of the finished run DIR")
+    g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU",
+                   help="open where attention >= TAU / row's keys (default 1)")
+    g.add_argument("--mask-variant", choices=["composed", "direct"],
+                   help="cyclic3: triples over two layers (composed) or one")
+    g = p.add_argument_group("overrides of the preset")
+    for name, kind, text in (
+            ("epochs", natural, "epochs (Boolean, arithmetic, vision)"),
+            ("iters", natural, "optimizer steps (language)"), ("lr", rate, "learning rate"),
+            ("batch-size", natural, "examples per step"), ("layers", natural, "Transformer layers"),
+            ("heads", natural, "attention heads"), ("dim", natural, "model width"),
+            ("weight-decay", share, "weight decay on all but M"),
+            ("block-size", natural, "language: tokens per window"),
+            ("image-size", natural, "vision: image side, pixels"),
+            ("patch-size", natural, "vision: patch side, pixels"),
+            ("warmup-epochs", count, "vision: epochs of lr warmup"),
+            ("eval-every", natural, "rounds between evaluations and checkpoints")):
+        g.add_argument(f"--{name}", type=kind, metavar="N" if kind is not rate and kind is not share
+                       else "X", help=text)
+    g = p.add_argument_group("data")
+    g.add_argument("--train-frac", type=rate, nargs="+", metavar="F",
+                   help="arithmetic: fraction of pairs to train on (a sweep)")
+    g.add_argument("--eval-size", type=lambda t: t if t == "all" else number(int)(t), metavar="N",
+                   help="arithmetic: held-out pairs scored, or all (100000)")
+    g.add_argument("--data-dir", default="data", metavar="DIR",
+                   help="where corpus and image files live (default data)")
+    g.add_argument("--bpe-file", metavar="FILE", help="GPT-2's ranks file for tiktoken, offline")
+    g.add_argument("--download", action="store_true", help="vision: fetch CIFAR if missing")
+    g.add_argument("--workers", type=count, metavar="N", help="vision: loader processes")
+    g = p.add_argument_group("output and resume")
+    g.add_argument("--out", metavar="DIR", help="output folder (default runs/<run name> or runs/grid)")
+    g.add_argument("--resume", action="store_true", help="continue from checkpoint.pt (a grid: all)")
+    g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1")
+    g.add_argument("--threads", type=natural, metavar="N", help="torch CPU threads")
+    g.add_argument("--compile", action="store_true", help="vision: torch.compile the model")
+    g.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    return p
+
+def check_mask_from(args):
+    """--mask-from replaces the hand-made pattern of a mask init: refused with an init that has
+    none (default, the QK inits, vision's impulse), with --mask-error (a learned prior is not
+    edited) and as its own --out. TAU (--mask-threshold) defaults to 1."""
+    wrong = [i for i in args.init if INITS[i][1] != "mask"]
+    if wrong:
+        raise UsageError(f"--mask-from: --init {wrong[0]} has no mask prior to replace (mask, "
+                         f"mask-fixed or mask-hadamard only)")
+    if any(args.mask_error or ()):
+        raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give one "
+                         "of the two")
+    if args.out and os.path.realpath(args.out) == os.path.realpath(args.mask_from):
+        raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite "
+                         f"its source")
+    args.mask_threshold = args.mask_threshold or [1.0]
+
+def check_args(args, task_names):
+    """One family per command; family-only flags and inits belong to it. Returns the family."""
+    families = {name for t in task_names for name, f in FAMILIES.items() if t in f["tasks"]}
+    if len(families) > 1:
+        raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
+    family = families.pop()
+    for flag, takers in FAMILY_FLAGS.items():
+        value = getattr(args, flag)                 # None / False when not given (0 is given)
+        if value is not None and value is not False and family not in takers:
+            raise UsageError(f"--{flag.replace('_', '-')} applies to {' and '.join(takers)} "
+                             f"tasks only")
+    wrong = [i for i in args.init if i not in FAMILIES[family]["inits"]]
+    if wrong:
+        raise UsageError(f"--init {wrong[0]} is not available for {family} tasks "
+                         f"(choose from {', '.join(FAMILIES[family]['inits'])})")
+    try:   # --mask-error: 'none' -> None, KIND:FRACTION -> "kind:fraction" (config's mask_error)
+        edits = [maskprior.parse_edit(text) for text in args.mask_error or ()]
+        args.mask_error = args.mask_error and [e and "%s:%s" % e for e in edits]
+    except ValueError as err:
+        raise UsageError(f"argument --mask-error: {err}")
+    if any(args.mask_error or ()) and any(INITS[i][1] != "mask" for i in args.init):
+        raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
+    if args.mask_lr and not any(map(trains_mask, args.init)):
+        raise UsageError(f"--mask-lr: --init {' '.join(args.init)} has no trainable mask")
+    if args.mask_from is not None:
+        check_mask_from(args)
+    elif args.mask_threshold:
+        raise UsageError("--mask-threshold applies with --mask-from only")
+    out = args.out and pathlib.Path(args.out)
+    try:
+        existing = out and next(p for p in (out, *out.parents) if p.exists())   # out or a parent
+    except OSError as err:        # a name over 255 bytes (ENAMETOOLONG), a loop of links, ...
+        raise UsageError(f"--out {args.out}: {err.strerror}")
+    if existing and not existing.is_dir():
+        where = "" if existing == out else f": {existing}"
+        raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
+    return family
+
+# Flags whose values make a grid's axes: a value given twice would train the same run twice into
+# one folder and count it twice in the table ("seeds 2/2" with ± 0), so it runs once.
+GRID_FLAGS = ("task", "init", "seeds", "train_frac", "mask_magnitude", "mask_decay", "mask_error",
+              "mask_lr", "mask_threshold")
+
+def merge_repeats(args):
+    """Each grid flag's repeated values merged (first order kept), with a note on stderr per flag."""
+    show = lambda v: "none" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    for flag in GRID_FLAGS:
+        values = getattr(args, flag)
+        if values and len(set(values)) < len(values):
+            again = [v for i, v in enumerate(values) if v in values[:i]]
+            print(f"train.py: note: --{flag.replace('_', '-')} {show(again[0])} is given more than "
+                  f"once; each run is trained once", file=sys.stderr)
+            setattr(args, flag, list(dict.fromkeys(values)))
+
+# --mask-from names a finished run whose attention maps become M (use_learned_prior below).
+def read_source(folder):
+    """The finished run that --mask-from names: (its result.json, its mean attention after
+    training (L, H, N, N), the sha256 of attention_after.pt); UsageError, one line naming the
+    folder and what is wrong, when it is missing, not finished or damaged."""
+    where = f"--mask-from {folder}"
+    if not os.path.isdir(folder):
+        raise UsageError(f"{where}: no such folder")
+    path = os.path.join(folder, "result.json")
+    if not os.path.isfile(path):
+        raise UsageError(f"{where}: no result.json there: not a run folder of train.py")
+    result = read_result(path, warn=False)
+    if result is None:
+        raise UsageError(f"{where}: result.json is damaged or not a result of train.py")
+    if result["status"] != "done":
+        raise UsageError(f"{where}: not a finished run (status {result['status']!r}): name a "
+                         f"run whose result.json says done")
+    try:
+        with open(os.path.join(folder, "attention_after.pt"), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise UsageError(f"{where}: no attention_after.pt there: it holds the attention maps")
+    try:   # a dict of tensors: nothing but tensors needs unpickling (weights_only)
+        saved = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise UsageError(f"{where}: attention_after.pt is damaged or not one of train.py's "
+                         f"({type(err).__name__})")
+    attn = saved.get("attn") if isinstance(saved, dict) else None
+    if not isinstance(attn, torch.Tensor) or attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
+        raise UsageError(f"{where}: attention_after.pt holds no mean attention maps (a layers x "
+                         f"heads x N x N tensor under 'attn')")
+    if not torch.isfinite(attn).all():
+        raise UsageError(f"{where}: attention_after.pt's mean attention is not finite (NaN or inf)")
+    return result, attn.float(), hashlib.sha256(raw).hexdigest()
+
+def learned_prior_config(folder, tau, causal):
+    """result.json config's record of the source: the folder, the hash of its attention maps (a
+    re-trained source is refused by --resume), its task, init, train fraction and seed, TAU and
+    the learned pattern's density (maskprior.open_fraction)."""
+    result, attn, digest = read_source(folder)
+    return {"mask_from": os.path.normpath(folder), "mask_from_sha256": digest,
+            "mask_from_task": result["task"], "mask_from_init": result["init"],
+            "mask_from_train_frac": result["config"].get("train_frac"),
+            "mask_from_seed": result["seed"], "mask_threshold": tau,
+            "mask_density": maskprior.open_fraction(maskprior.learned_mask(attn, 1.0, tau, causal),
+                                                    causal)}
+
+def check_vision_config(config):
+    """Patches tile the image; a too long warmup is shortened; ImageNet100's lr x batch / 512."""
+    if config["image_size"] % config["patch_size"]:
+        raise UsageError(f"--image-size {config['image_size']} is not a multiple of the patch "
+                         f"size {config['patch_size']}")
+    if config["warmup_epochs"] >= config["epochs"]:
+        config["warmup_shortened_from"] = config["warmup_epochs"]
+        config["warmup_epochs"] = config["epochs"] - 1
+    if config["lr_base_size"]:
+        config["lr"] = config["lr"] * config["batch_size"] / config["lr_base_size"]
+
+def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None,
+                mask_lr=None, threshold=None):
+    """The preset, its per-task changes, then every flag the user gave, then derived keys; with
+    --mask-from the source run and its learned pattern (learned_prior_config)."""
+    presets = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS,
+               "language": LM_PRESETS, "vision": VISION_PRESETS}[family]
+    config = {**presets[args.preset], **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
+    for key in ("epochs", "iters", "lr", "batch_size", "layers", "heads", "dim", "block_size",
+                "image_size", "patch_size", "warmup_epochs", "weight_decay"):
+        if getattr(args, key) is not None and key in config:
+            config[key] = getattr(args, key)
+    if args.dim is not None and "mlp_dim" in config:   # ViT MLPs are 4 x wide, encoders 1 x
+        config.update(mlp_dim=4 * args.dim if family == "vision" else args.dim,
+                      **({"head_dim": None} if "head_dim" in config else {}))
+    if not config.get("head_dim") and config["dim"] < config["heads"]:
+        raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
+    config.update(preset=args.preset, mask_decay=mask_decay or 0.0, mask_error=error, mask_lr=mask_lr,
+                  mask_magnitude=magnitude or FAMILIES[family]["magnitude"])
+    if family == "language":
+        config["eval_every"] = args.eval_every or max(1, config["iters"] // 5)
+    else:
+        config["eval_every"] = args.eval_every or (1 if family == "vision" else 5)
+    if args.mask_variant:
+        if task not in maskprior.BOOLEAN_MASK_VARIANTS:
+            raise UsageError(f"--mask-variant: {task} has one mask pattern only")
+        config["mask_variant"] = args.mask_variant
+    if family == "arithmetic":
+        if train_frac and train_frac >= 1:
+            raise UsageError(f"--train-frac must lie strictly between 0 and 1, got {train_frac:g}")
+        config.update(train_frac=train_frac or tasks.ARITHMETIC_TRAIN_FRAC[task],
+                      eval_size=None if args.eval_size == "all" else args.eval_size or 100_000)
+    if family == "vision":
+        check_vision_config(config)
+    if args.mask_from is not None:
+        config.update(learned_prior_config(args.mask_from, threshold or 1.0, family == "language"))
+    return config
+
+def check_fits(family, config):
+    """Refuse, before anything is allocated, a model whose float32 weights (with gradients and
+    Adam's two moments) and attention maps (scores, probabilities and their gradient, (batch,
+    heads, N, N) per layer) need more memory than this machine has."""
+    L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
+    N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": 12, "language": config.get("block_size"),
+         "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
+    need = 4 * (4 * 12 * L * D * D + 3 * L * H * N * N * max(B, 64))
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        flag = {"language": f"--block-size {N}", "vision": f"--image-size {config.get('image_size')}"}
+        raise UsageError(f"{flag.get(family, f'--dim {D}')}: {L} layers x {H} heads x {N} x {N} "
+                         f"attention maps at width {D} need about {need / 2**30:.0f} GiB, this "
+                         f"machine has {have / 2**30:.0f} GiB: choose a smaller model, batch or input")
+
+def resolve_device(name):
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device: unknown device {name!r}")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {name}: only cpu and cuda are supported")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. The experiment families. A Job is one run of a command; each family's setup returns an
+#    Experiment: model with its prior, optimizer, schedule, each round's batches (a round: an
+#    epoch, or eval_every language iterations), the loss of a batch, the evaluation and the
+#    final metrics.
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Job:
+    """One run of a command (main builds one per cell of its grid): what to train and where."""
+    family: str
+    task: str
+    init: str
+    seed: int
+    config: dict                       # make_config: the preset, the flags, derived keys
+    out_dir: str
+    data: object = None                # language, vision: the corpus / images (load_data)
+    fingerprint: Optional[dict] = None # what --resume checks the data against (data_fingerprint)
+    resume: bool = False
+    workers: Optional[int] = None      # vision: loader processes (default 8 on CUDA, 0 on the CPU)
+    compile: bool = False              # vision: torch.compile
+    progress: bool = True              # tqdm bars (on a terminal)
+
+    def meta(self, world):
+        """What checkpoint.pt records of the run, for --resume to compare (load_checkpoint)."""
+        return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
+                "world_size": world, "data_fingerprint": self.fingerprint}
+
 @dataclass
 class Experiment:
     model: torch.nn.Module
@@ -682,52 +797,6 @@ def mask_inits(init, pattern):
 # run); run() then swaps M for maskprior.learned_mask of the source run's mean attention after
 # training (attention_after.pt, "attn", (L, H, N, N)) before anything trains. The hand-made
 # pattern stays true_pattern, so true_prior_mass_* measures the learned prior against it.
-def read_source(folder):
-    """The finished run that --mask-from names: (its result.json, its mean attention after
-    training (L, H, N, N), the sha256 of attention_after.pt); UsageError, one line naming the
-    folder and what is wrong, when it is missing, not finished or damaged."""
-    where = f"--mask-from {folder}"
-    if not os.path.isdir(folder):
-        raise UsageError(f"{where}: no such folder")
-    path = os.path.join(folder, "result.json")
-    if not os.path.isfile(path):
-        raise UsageError(f"{where}: no result.json there: not a run folder of train.py")
-    result = read_result(path, warn=False)
-    if result is None:
-        raise UsageError(f"{where}: result.json is damaged or not a result of train.py")
-    if result["status"] != "done":
-        raise UsageError(f"{where}: not a finished run (status {result['status']!r}): name a "
-                         f"run whose result.json says done")
-    try:
-        with open(os.path.join(folder, "attention_after.pt"), "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise UsageError(f"{where}: no attention_after.pt there: it holds the attention maps")
-    try:   # a dict of tensors: nothing but tensors needs unpickling (weights_only)
-        saved = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise UsageError(f"{where}: attention_after.pt is damaged or not one of train.py's "
-                         f"({type(err).__name__})")
-    attn = saved.get("attn") if isinstance(saved, dict) else None
-    if not isinstance(attn, torch.Tensor) or attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
-        raise UsageError(f"{where}: attention_after.pt holds no mean attention maps (a layers x "
-                         f"heads x N x N tensor under 'attn')")
-    if not torch.isfinite(attn).all():
-        raise UsageError(f"{where}: attention_after.pt's mean attention is not finite (NaN or inf)")
-    return result, attn.float(), hashlib.sha256(raw).hexdigest()
-
-def learned_prior_config(folder, tau, causal):
-    """result.json config's record of the source: the folder, the hash of its attention maps (a
-    re-trained source is refused by --resume), its task, init, train fraction and seed, TAU and
-    the learned pattern's density (maskprior.open_fraction)."""
-    result, attn, digest = read_source(folder)
-    return {"mask_from": os.path.normpath(folder), "mask_from_sha256": digest,
-            "mask_from_task": result["task"], "mask_from_init": result["init"],
-            "mask_from_train_frac": result["config"].get("train_frac"),
-            "mask_from_seed": result["seed"], "mask_threshold": tau,
-            "mask_density": maskprior.open_fraction(maskprior.learned_mask(attn, 1.0, tau, causal),
-                                                    causal)}
-
 def use_learned_prior(exp, config):
     """Replace the hand-made M of exp.model by maskprior.learned_mask of the source's attention:
     open +A, closed -A with A = --mask-magnitude over the model's scale s (the encoders' s = 1:
@@ -773,7 +842,6 @@ def epoch_batches(x, y, batch_size, generator):  # one epoch of seeded shuffled 
 def cosine(optimizer, steps, floor=0.0):
     return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps, eta_min=floor)
 
-
 # --- Boolean GOTU (Section 5.1, Table 1): train on the seen points, test on the whole cube -----
 def boolean_setup(task, init, seed, config, device):
     data = tasks.boolean_dataset(task)
@@ -787,21 +855,22 @@ def boolean_setup(task, init, seed, config, device):
     steps = math.ceil(len(x_train) / config["batch_size"]) * config["epochs"]
     optimizer = make_optimizer(model, config)
     shuffle = torch.Generator().manual_seed(seed)
-    cube = lambda: tasks.boolean_metrics(task, tasks.boolean_predictions(model, data["x_test"]), data["x_test"])
-    def final(state, world):
+    def batches(epoch):                          # every seen point once, seeded order
+        return epoch_batches(x_train, y_train, config["batch_size"], shuffle)
+    def loss_of(net, batch):                     # the aryol/GOTU loss: MSE of the CLS readout
+        return F.mse_loss(net(batch[0].to(device)).squeeze(-1), batch[1].to(device))
+    def evaluate():                              # the whole cube, seen and unseen
+        return tasks.boolean_metrics(task, tasks.boolean_predictions(model, data["x_test"]),
+                                     data["x_test"])
+    def final(state, world):                     # and the learned function's Fourier weights
         pred = tasks.boolean_predictions(model, data["x_test"])
         return {**tasks.boolean_metrics(task, pred, data["x_test"]),
                 "train_loss": state["history"][-1]["train_loss"],
                 "fourier": tasks.fourier_coefficients(pred, data["x_test"])}
     return Experiment(
-        model, optimizer, cosine(optimizer, steps), config["epochs"], steps,
-        batches=lambda epoch: epoch_batches(x_train, y_train, config["batch_size"], shuffle),
-        # The aryol/GOTU loss: mean squared error of the scalar CLS readout.
-        loss_of=lambda net, b: F.mse_loss(net(b[0].to(device)).squeeze(-1), b[1].to(device)),
-        evaluate=cube, final=final, eval_every=config["eval_every"],
-        probe=tasks.boolean_tokens(data["x_test"]), pattern=pattern, true_pattern=exact, generators=(shuffle,),
-        info={"init_seconds": seconds})
-
+        model, optimizer, cosine(optimizer, steps), config["epochs"], steps, batches, loss_of,
+        evaluate, final, eval_every=config["eval_every"], probe=tasks.boolean_tokens(data["x_test"]),
+        pattern=pattern, true_pattern=exact, generators=(shuffle,), info={"init_seconds": seconds})
 
 # --- Three-digit arithmetic (Section 5.2): train on a seeded fraction, score held-out pairs ---
 def arithmetic_setup(task, init, seed, config, device):
@@ -838,7 +907,6 @@ def arithmetic_setup(task, init, seed, config, device):
         probe=data["x_eval"][:4096], pattern=pattern, true_pattern=exact, generators=(shuffle,),
         info={"init_seconds": seconds, "train_pairs": len(x), "eval_pairs": data["eval_pairs"],
               "held_out_pairs": data["held_out_pairs"]})
-
 
 # --- Language (Appendix "Wiki-text and Tiny-stories", Table "Perplexity (PPL) comparison") ---
 def lm_setup(task, init, seed, config, device, data, rank):
@@ -881,8 +949,26 @@ def lm_setup(task, init, seed, config, device, data, rank):
                       validation, final, unit="iter", probe=probe, generators=(windows,),
                       info=data.get("info", {}))
 
-
 # --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup: Tables "Experimental setup for ..."
+def vision_schedule(optimizer, config, steps_per_epoch):
+    """Per-step lr (Tables "Experimental setup for CIFAR10 / CIFAR100 / ImageNet100"): linear
+    warmup from warmup_lr, cosine to min_lr, cooldown."""
+    lr = optimizer.param_groups[0]["lr"]
+    warmup = config["warmup_epochs"] * steps_per_epoch
+    decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
+    floor = min(config["min_lr"], lr)
+    parts, milestones = [], []
+    if warmup:
+        parts.append(torch.optim.lr_scheduler.LinearLR(
+            optimizer, start_factor=min(1.0, config["warmup_lr"] / lr), total_iters=warmup))
+        milestones.append(warmup)
+    parts.append(cosine(optimizer, decay, floor))
+    if config["cooldown_epochs"]:
+        parts.append(torch.optim.lr_scheduler.ConstantLR(
+            optimizer, factor=floor / lr, total_iters=config["cooldown_epochs"] * steps_per_epoch))
+        milestones.append(warmup + decay)
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, parts, milestones)
+
 def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     """A ViT with the 3 x 3 impulse pattern as prior, in M (mask, mask-fixed) or in W_Q / W_K by
     structured_svd_init_ (impulse); RandAugment, MixUp / CutMix, label smoothing, AdamW with
@@ -937,44 +1023,81 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
                       eval_every=config["eval_every"], probe=probe, probe_batch=16, pattern=pattern,
                       info={"init_seconds": seconds, **data.get("info", {})})
 
-def vision_schedule(optimizer, config, steps_per_epoch):
-    """Per-step lr (Tables "Experimental setup for CIFAR10 / CIFAR100 / ImageNet100"): linear
-    warmup from warmup_lr, cosine to min_lr, cooldown."""
-    lr = optimizer.param_groups[0]["lr"]
-    warmup = config["warmup_epochs"] * steps_per_epoch
-    decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
-    floor = min(config["min_lr"], lr)
-    parts, milestones = [], []
-    if warmup:
-        parts.append(torch.optim.lr_scheduler.LinearLR(
-            optimizer, start_factor=min(1.0, config["warmup_lr"] / lr), total_iters=warmup))
-        milestones.append(warmup)
-    parts.append(cosine(optimizer, decay, floor))
-    if config["cooldown_epochs"]:
-        parts.append(torch.optim.lr_scheduler.ConstantLR(
-            optimizer, factor=floor / lr, total_iters=config["cooldown_epochs"] * steps_per_epoch))
-        milestones.append(warmup + decay)
-    return torch.optim.lr_scheduler.SequentialLR(optimizer, parts, milestones)
-
 
 # ----------------------------------------------------------------------------------------------
 # 5. The training loop: the same for every family
 # ----------------------------------------------------------------------------------------------
-def train(exp, state, device, rank, world, checkpoint, save, desc, progress, stop):
+def round_batches(exp, r, partial, device):
+    """(round r's batches, the losses of those already trained, the random states at the round's
+    start). A round a checkpoint cut (partial, see train) is drawn again from the random states of
+    its start, its done batches skipped, and the states of the cut (run() set them) put back: the
+    rest of the round, and every round after it, is the uninterrupted run's."""
+    if partial is None:
+        round_start = rng_states(exp, device)
+        return iter(exp.batches(r)), [], round_start
+    at_cut = rng_states(exp, device)
+    set_rng_states(exp, device, partial["rngs"])
+    batches = iter(exp.batches(r))
+    for _ in range(partial["done"]):
+        next(batches)
+    set_rng_states(exp, device, at_cut)
+    return batches, list(partial["losses"]), partial["rngs"]
+
+def step_flags(loss, stop, world):
+    """(the loss is not finite, the signal that asks to stop or 0) as every rank sees them: under
+    torchrun one all-reduce (MAX) of both, so that all ranks raise Diverged, or stop, at the same
+    step, also those the signal did not reach."""
+    flags = torch.stack([(~torch.isfinite(loss.detach())).float(),
+                         torch.tensor(float(stop.signal or 0), device=loss.device)])
+    if world > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    not_finite, signum = flags.tolist()
+    return bool(not_finite), int(signum)
+
+def agreed_signal(stop, world, device):
+    """The signal that asks to stop on any rank (or 0), on every rank: one all-reduce (MAX)."""
+    if world == 1:
+        return stop.signal or 0
+    flags = torch.tensor([float(stop.signal or 0)], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return int(flags.item())
+
+def position(exp, r, step):
+    """Where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for language."""
+    return f"iteration {step}" if exp.unit == "iter" else f"epoch {r} (step {step})"
+
+def write_checkpoint(path, exp, state, meta, place, partial=None):
+    """checkpoint.pt (rank 0): model, optimizer, schedule, every rank's random states and the
+    state; partial: a round cut after partial["done"] of its batches (its losses and the random
+    states at its start, per rank). Every rank takes part (the gather)."""
+    device, rank, world = place
+    rngs = gather(rng_states(exp, device), world)
+    if rank == 0:
+        save_checkpoint(path, {"meta": meta, "model": exp.model.state_dict(),
+                               "optimizer": exp.optimizer.state_dict(),
+                               "schedule": exp.schedule.state_dict(), "rng": rngs,
+                               "state": state, "partial": partial})
+    if world > 1:
+        dist.barrier()
+
+def train(exp, state, job, place, stop):
     """Rounds of optimizer steps; after each round one history entry (mean training loss, lr,
     and every eval_every rounds exp.evaluate()'s metrics), then a checkpoint from which --resume
     continues exactly. Under torchrun the gradients are averaged by DistributedDataParallel and
     rank 0 writes the checkpoint. Raises Diverged, on every rank, on a non-finite loss. A signal
     (stop, set by SIGINT / SIGTERM) ends it after the optimizer step under way: a checkpoint of
     that step, mid-round too, then Interrupted."""
+    device, rank, world = place
     net = DDP(exp.model) if world > 1 else exp.model
-    if save.get("compile"):
+    if job.compile:
         net = torch.compile(net)
-    bar = tqdm(total=exp.steps, initial=state["step"], desc=desc, leave=False, dynamic_ncols=True,
-               disable=None if progress and rank == 0 else True)   # None: off unless a terminal
+    bar = tqdm(total=exp.steps, initial=state["step"], desc=f"{job.task}/{job.init}/seed{job.seed}",
+               leave=False, dynamic_ncols=True,
+               disable=None if job.progress and rank == 0 else True)   # None: off unless a terminal
 
     def keep(r, partial=None):       # checkpoint.pt of this step, and the Stop knows it is there
-        write_checkpoint(checkpoint, exp, state, save["meta"], device, rank, world, partial)
+        write_checkpoint(os.path.join(job.out_dir, "checkpoint.pt"), exp, state, job.meta(world),
+                         place, partial)
         stop.kept = f"the checkpoint of {position(exp, r, state['step'])}"
 
     for r in range(state["round"] + 1, exp.rounds + 1):
@@ -1023,129 +1146,10 @@ def train(exp, state, device, rank, world, checkpoint, save, desc, progress, sto
         raise stop.interrupted()
     bar.close()
 
-def round_batches(exp, r, partial, device):
-    """(round r's batches, the losses of those already trained, the random states at the round's
-    start). A round a checkpoint cut (partial, see train) is drawn again from the random states of
-    its start, its done batches skipped, and the states of the cut (run() set them) put back: the
-    rest of the round, and every round after it, is the uninterrupted run's."""
-    if partial is None:
-        round_start = rng_states(exp, device)
-        return iter(exp.batches(r)), [], round_start
-    at_cut = rng_states(exp, device)
-    set_rng_states(exp, device, partial["rngs"])
-    batches = iter(exp.batches(r))
-    for _ in range(partial["done"]):
-        next(batches)
-    set_rng_states(exp, device, at_cut)
-    return batches, list(partial["losses"]), partial["rngs"]
-
-def step_flags(loss, stop, world):
-    """(the loss is not finite, the signal that asks to stop or 0) as every rank sees them: under
-    torchrun one all-reduce (MAX) of both, so that all ranks raise Diverged, or stop, at the same
-    step, also those the signal did not reach."""
-    flags = torch.stack([(~torch.isfinite(loss.detach())).float(),
-                         torch.tensor(float(stop.signal or 0), device=loss.device)])
-    if world > 1:
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    not_finite, signum = flags.tolist()
-    return bool(not_finite), int(signum)
-
-def agreed_signal(stop, world, device):
-    """The signal that asks to stop on any rank (or 0), on every rank: one all-reduce (MAX)."""
-    if world == 1:
-        return stop.signal or 0
-    flags = torch.tensor([float(stop.signal or 0)], device=device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return int(flags.item())
-
-def position(exp, r, step):
-    """Where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for language."""
-    return f"iteration {step}" if exp.unit == "iter" else f"epoch {r} (step {step})"
-
-def write_checkpoint(path, exp, state, meta, device, rank, world, partial=None):
-    """checkpoint.pt (rank 0): model, optimizer, schedule, every rank's random states and the
-    state; partial: a round cut after partial["done"] of its batches (its losses and the random
-    states at its start, per rank). Every rank takes part (the gather)."""
-    rngs = gather(rng_states(exp, device), world)
-    if rank == 0:
-        save_checkpoint(path, {"meta": meta, "model": exp.model.state_dict(),
-                               "optimizer": exp.optimizer.state_dict(),
-                               "schedule": exp.schedule.state_dict(), "rng": rngs,
-                               "state": state, "partial": partial})
-    if world > 1:
-        dist.barrier()
-
 
 # ----------------------------------------------------------------------------------------------
-# 6. One run: the prior before, training, the prior after, result.json
+# 6. One run: the prior before, training, the prior after, result.json and the pictures
 # ----------------------------------------------------------------------------------------------
-def run(family, task, init, seed, config, device, out_dir, data, args, fingerprint, stop):
-    """Build the family's experiment, measure where its attention goes (before), train, measure
-    again (after), and write result.json and the pictures to out_dir. Under torchrun every rank
-    trains and rank 0 writes; the other ranks return None. fingerprint: the data's
-    (data_fingerprint), checked on --resume; stop: the Stop that SIGINT / SIGTERM set."""
-    rank, world, device = distributed_setup(device)
-    torch.manual_seed(seed)                     # the same initial weights on every rank
-    if family == "boolean":
-        exp = boolean_setup(task, init, seed, config, device)
-    elif family == "arithmetic":
-        exp = arithmetic_setup(task, init, seed, config, device)
-    elif family == "language":
-        exp = lm_setup(task, init, seed, config, device, data, rank)
-    else:
-        workers = args.workers if args.workers is not None else 8 if device.type == "cuda" else 0
-        exp = vision_setup(task, init, seed, config, device, data, rank, world, workers)
-    if config.get("mask_from"):                 # M from a trained run's attention, not by hand
-        use_learned_prior(exp, config)
-    checkpoint = os.path.join(out_dir, "checkpoint.pt")
-    meta = {"task": task, "init": init, "seed": seed, "config": config, "world_size": world,
-            "data_fingerprint": fingerprint}
-    state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0}
-    if args.resume:
-        saved = load_checkpoint(checkpoint, meta)
-        exp.model.load_state_dict(saved["model"])
-        exp.optimizer.load_state_dict(saved["optimizer"])
-        exp.schedule.load_state_dict(saved["schedule"])
-        set_rng_states(exp, device, saved["rng"][rank])
-        state, partial = saved["state"], saved.get("partial")
-        if partial:                 # a round cut mid-way: train() draws it again (round_batches)
-            state["partial"] = {"round": partial["round"], "done": partial["done"],
-                                **partial["ranks"][rank]}
-        stop.at = position(exp, partial["round"] if partial else state["round"], state["step"])
-        stop.kept = f"the checkpoint of {stop.at}"
-    else:
-        os.makedirs(out_dir, exist_ok=True)
-        state["before"] = snapshot(exp, device)
-        if rank == 0:
-            save_pictures(out_dir, {"before": state["before"]}, exp.model)
-    resumed_at = (state["step"] if exp.unit == "iter" else state["round"]) if args.resume else None
-    result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
-              "world_size": world, "status": "running", "seconds": None,
-              "resumed_at": resumed_at, **exp.info, "data_fingerprint": fingerprint,
-              "final": None, "history": state["history"]}
-    start = time.time()
-    try:
-        stop.training = True            # a first signal now stops the loop after its step
-        train(exp, state, device, rank, world, checkpoint,
-              {"meta": meta, "compile": args.compile}, f"{task}/{init}/seed{seed}",
-              not args.no_progress, stop)
-    except Diverged as err:
-        result.update(status="diverged", error=str(err), seconds=time.time() - start)
-        if rank == 0:
-            write_json(os.path.join(out_dir, "result.json"), result)
-        raise
-    finally:
-        stop.training = False
-    if rank != 0:
-        return None
-    after = snapshot(exp, device)
-    save_pictures(out_dir, {"before": state["before"], "after": after}, exp.model)
-    result["final"] = {**exp.final(state, world),
-                       **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
-    result.update(status="done", seconds=time.time() - start)
-    write_json(os.path.join(out_dir, "result.json"), result)
-    return result
-
 def snapshot(exp, device):
     """The prior as the model holds it now: mean attention maps on the probe inputs and the mask
     bias log sigmoid(s M), both (L, H, N, N) or None; a ViT's centre patch on the first probe."""
@@ -1156,36 +1160,151 @@ def snapshot(exp, device):
         snap["centre"] = maskprior.centre_patch_maps(model, probe[:1], device)
     return snap
 
+def save_pictures(out_dir, snapshots, model):
+    """attention_<when>.pt of the newest snapshot, and attention.svg of all so far ("before",
+    then "before" | "after"): tasks.attention_figure, layers down, heads across."""
+    when = list(snapshots)[-1]
+    save_checkpoint(os.path.join(out_dir, f"attention_{when}.pt"), snapshots[when])
+    svg = tasks.attention_figure(snapshots, cls_token=getattr(model, "cls", None) is not None,
+                                 causal=isinstance(model, maskprior.GPT))
+    if svg:
+        write_atomic(os.path.join(out_dir, "attention.svg"), svg)
+
+def resume_from(checkpoint, meta, exp, place):
+    """Load checkpoint.pt into exp (model, optimizer, schedule, this rank's random states) and
+    return the state it holds; a round cut mid-way comes back as state["partial"], which train()
+    draws again (round_batches)."""
+    saved = load_checkpoint(checkpoint, meta)
+    exp.model.load_state_dict(saved["model"])
+    exp.optimizer.load_state_dict(saved["optimizer"])
+    exp.schedule.load_state_dict(saved["schedule"])
+    set_rng_states(exp, place.device, saved["rng"][place.rank])
+    state, partial = saved["state"], saved.get("partial")
+    if partial:
+        state["partial"] = {"round": partial["round"], "done": partial["done"],
+                            **partial["ranks"][place.rank]}
+    return state
+
+def run(job, device, stop):
+    """Build the job's experiment, measure where its attention goes (before), train, measure
+    again (after), and write result.json and the pictures to job.out_dir. Under torchrun every
+    rank trains and rank 0 writes; the other ranks return None. stop: the Stop that SIGINT /
+    SIGTERM set."""
+    place = distributed_setup(device)
+    device, rank, world = place
+    torch.manual_seed(job.seed)                 # the same initial weights on every rank
+    task, init, seed, config = job.task, job.init, job.seed, job.config
+    if job.family == "boolean":
+        exp = boolean_setup(task, init, seed, config, device)
+    elif job.family == "arithmetic":
+        exp = arithmetic_setup(task, init, seed, config, device)
+    elif job.family == "language":
+        exp = lm_setup(task, init, seed, config, device, job.data, rank)
+    else:
+        workers = job.workers if job.workers is not None else 8 if device.type == "cuda" else 0
+        exp = vision_setup(task, init, seed, config, device, job.data, rank, world, workers)
+    if config.get("mask_from"):                 # M from a trained run's attention, not by hand
+        use_learned_prior(exp, config)
+    state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0}
+    if job.resume:
+        state = resume_from(os.path.join(job.out_dir, "checkpoint.pt"), job.meta(world), exp, place)
+        stop.at = position(exp, state["partial"]["round"] if "partial" in state else state["round"],
+                           state["step"])
+        stop.kept = f"the checkpoint of {stop.at}"
+    else:
+        os.makedirs(job.out_dir, exist_ok=True)
+        state["before"] = snapshot(exp, device)
+        if rank == 0:
+            save_pictures(job.out_dir, {"before": state["before"]}, exp.model)
+    resumed_at = (state["step"] if exp.unit == "iter" else state["round"]) if job.resume else None
+    result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
+              "world_size": world, "status": "running", "seconds": None,
+              "resumed_at": resumed_at, **exp.info, "data_fingerprint": job.fingerprint,
+              "final": None, "history": state["history"]}
+    start = time.time()
+    try:
+        stop.training = True            # a first signal now stops the loop after its step
+        train(exp, state, job, place, stop)
+    except Diverged as err:
+        result.update(status="diverged", error=str(err), seconds=time.time() - start)
+        if rank == 0:
+            write_json(os.path.join(job.out_dir, "result.json"), result)
+        raise
+    finally:
+        stop.training = False
+    if rank != 0:
+        return None
+    after = snapshot(exp, device)
+    save_pictures(job.out_dir, {"before": state["before"], "after": after}, exp.model)
+    result["final"] = {**exp.final(state, world),
+                       **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
+    result.update(status="done", seconds=time.time() - start)
+    write_json(os.path.join(job.out_dir, "result.json"), result)
+    return result
+
 
 # ----------------------------------------------------------------------------------------------
-# 7. main: one run, or a grid over tasks x inits x seeds x each setting a sweep gives
+# 7. Tables, and main: one run, or a grid over tasks x inits x seeds x each setting a sweep gives
 # ----------------------------------------------------------------------------------------------
-def main(argv=None):
-    """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder
-    that cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM. Each failure is one
-    line on stderr that says what is kept and how to go on."""
+def write_tables(root, results):
+    """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds."""
+    text, figures = tasks.result_tables(results, list(INITS))
     try:
-        args = build_parser().parse_args(argv)
-        if args.summarize:
-            return summarize(args.summarize)
-        device = resolve_device(args.device)
-        family = check_args(args, list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task)
-        merge_repeats(args)
-        task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
-    except UsageError as err:
-        print(f"train.py: error: {err}", file=sys.stderr)
-        return 2
-    stop = Stop()
+        os.makedirs(root, exist_ok=True)
+    except OSError as err:
+        raise WriteError(root, err) from None
+    for name, content in {**figures, "table.md": text}.items():
+        write_atomic(os.path.join(root, name), content)
+    print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")
+
+def summarize(root):
+    """--summarize DIR: the tables of every run saved below DIR (several grids into one); exit 1
+    when a damaged result.json was skipped, 2 when nothing could be read. Runs of other configs
+    are rows of their own (tasks.markdown_table); one run (task, init, seed and config) found
+    twice, e.g. a copied folder, is counted once, with a warning."""
+    if not os.path.isdir(root):
+        raise UsageError(f"--summarize {root}: "
+                         f"{'not a folder' if os.path.exists(root) else 'no such folder'}")
+    paths = [os.path.join(folder, "result.json") for folder, _, files in sorted(os.walk(root))
+             if "result.json" in files]
+    readable = [(path, r) for path in paths for r in [read_result(path)] if r is not None]
+    if not readable:
+        raise UsageError(f"--summarize: no readable result.json below {root}")
+    results, first = [], {}
+    for path, r in readable:
+        run_id = json.dumps([r["task"], r["init"], r["seed"], r["config"]], sort_keys=True)
+        if run_id in first:
+            print(f"train.py: warning: {path} is the run of {first[run_id]} again (same task, init, "
+                  f"seed and config): counted once", file=sys.stderr)
+            continue
+        first[run_id] = path
+        results.append(r)
     try:
-        with signals_caught(stop), contextlib.ExitStack() as grid_lock:
-            return train_all(args, family, task_names, device, stop, grid_lock)
-    except Interrupted as err:
-        if int(os.environ.get("RANK", "0")) == 0:      # torchrun: every rank stops, rank 0 says so
-            print(f"train.py: {err}", file=sys.stderr)
-        return err.exit_code
-    except WriteError as err:
-        print(f"train.py: error: {err}; {stop.advice()}", file=sys.stderr)
-        return 1
+        write_tables(root, results)
+    except WriteError as err:          # DIR itself cannot take the tables: a bad path
+        raise UsageError(str(err))
+    return 0 if len(readable) == len(paths) else 1
+
+def load_data(family, task, config, args, device, cache):
+    """The language corpus or vision data set, read once per grid (None for the Boolean and
+    arithmetic families, whose setups build their data from the seed). Under torchrun only rank
+    0 downloads."""
+    if family == "language":
+        if task not in cache:
+            cache[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
+        tasks.check_lm_splits(cache[task], config["block_size"])
+        return cache[task]
+    if family != "vision":
+        return None
+    key = (task, config["image_size"], config["randaugment"], config["crop_scale"])
+    if key not in cache:
+        _, rank, world = distributed_setup(device)
+        if args.download and rank == 0:
+            tasks.vision_dataset(task, args.data_dir, key[1], True, *key[2:])
+        if world > 1 and args.download:
+            dist.barrier()
+        cache[key] = tasks.vision_dataset(task, args.data_dir, key[1], False, *key[2:])
+    return cache[key]
 
 def train_all(args, family, task_names, device, stop, grid_lock):
     """Every run of the command, one after the other, each in its locked folder; a grid's tables.
@@ -1233,10 +1352,10 @@ def train_all(args, family, task_names, device, stop, grid_lock):
                         print(f"{task} / {init} / seed {seed}: already finished, nothing to resume; "
                               f"{out_dir} is left as it was")
                     continue
-                run_args = argparse.Namespace(**{**vars(args), "resume": resume})
+                job = Job(family, task, init, seed, config, out_dir, data, fingerprint, resume,
+                          args.workers, args.compile, not args.no_progress)
                 with subnormals_flushed(device):
-                    result = run(family, task, init, seed, config, device, out_dir, data, run_args,
-                                 fingerprint, stop)
+                    result = run(job, device, stop)
         except (UsageError, tasks.DataError) as err:
             print(f"train.py: error: {err}", file=sys.stderr)
             return 2
@@ -1259,95 +1378,32 @@ def train_all(args, family, task_names, device, stop, grid_lock):
         write_tables(root, results)
     return 1 if failed else 0
 
-def load_data(family, task, config, args, device, cache):
-    """The language corpus or vision data set, read once per grid (None for the Boolean and
-    arithmetic families, whose setups build their data from the seed). Under torchrun only rank
-    0 downloads."""
-    if family == "language":
-        if task not in cache:
-            cache[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
-        tasks.check_lm_splits(cache[task], config["block_size"])
-        return cache[task]
-    if family != "vision":
-        return None
-    key = (task, config["image_size"], config["randaugment"], config["crop_scale"])
-    if key not in cache:
-        rank, world, _ = distributed_setup(device)
-        if args.download and rank == 0:
-            tasks.vision_dataset(task, args.data_dir, key[1], True, *key[2:])
-        if world > 1 and args.download:
-            dist.barrier()
-        cache[key] = tasks.vision_dataset(task, args.data_dir, key[1], False, *key[2:])
-    return cache[key]
-
-def read_result(path, warn=True):
-    """A result.json as a dict, or None (with a warning naming it, if warn) if it is damaged."""
+def main(argv=None):
+    """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder
+    that cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM. Each failure is one
+    line on stderr that says what is kept and how to go on."""
     try:
-        with open(path) as f:
-            result = json.load(f)
-        if not {"task", "init", "seed", "status", "config", "final"} <= set(result):
-            raise ValueError("fields are missing")
-        if result["status"] == "done":
-            tasks.summary_line(result)           # the fields a table reads are all there
-        return result
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
-        if warn:
-            print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})",
-                  file=sys.stderr)
-        return None
-
-def summarize(root):
-    """--summarize DIR: the tables of every run saved below DIR (several grids into one); exit 1
-    when a damaged result.json was skipped, 2 when nothing could be read. Runs of other configs
-    are rows of their own (tasks.markdown_table); one run (task, init, seed and config) found
-    twice, e.g. a copied folder, is counted once, with a warning."""
-    if not os.path.isdir(root):
-        raise UsageError(f"--summarize {root}: "
-                         f"{'not a folder' if os.path.exists(root) else 'no such folder'}")
-    paths = [os.path.join(folder, "result.json") for folder, _, files in sorted(os.walk(root))
-             if "result.json" in files]
-    readable = [(path, r) for path in paths for r in [read_result(path)] if r is not None]
-    if not readable:
-        raise UsageError(f"--summarize: no readable result.json below {root}")
-    results, first = [], {}
-    for path, r in readable:
-        run_id = json.dumps([r["task"], r["init"], r["seed"], r["config"]], sort_keys=True)
-        if run_id in first:
-            print(f"train.py: warning: {path} is the run of {first[run_id]} again (same task, init, "
-                  f"seed and config): counted once", file=sys.stderr)
-            continue
-        first[run_id] = path
-        results.append(r)
+        args = build_parser().parse_args(argv)
+        if args.summarize:
+            return summarize(args.summarize)
+        device = resolve_device(args.device)
+        family = check_args(args, list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task)
+        merge_repeats(args)
+        task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
+    except UsageError as err:
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
+    stop = Stop()
     try:
-        write_tables(root, results)
-    except WriteError as err:          # DIR itself cannot take the tables: a bad path
-        raise UsageError(str(err))
-    return 0 if len(readable) == len(paths) else 1
-
-
-# ----------------------------------------------------------------------------------------------
-# 8. Reporting: tables (tasks.result_tables) and pictures
-# ----------------------------------------------------------------------------------------------
-def write_tables(root, results):
-    """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds."""
-    text, figures = tasks.result_tables(results, list(INITS))
-    try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as err:
-        raise WriteError(root, err) from None
-    for name, content in {**figures, "table.md": text}.items():
-        write_atomic(os.path.join(root, name), content)
-    print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")
-
-def save_pictures(out_dir, snapshots, model):
-    """attention_<when>.pt of the newest snapshot, and attention.svg of all so far ("before",
-    then "before" | "after"): tasks.attention_figure, layers down, heads across."""
-    when = list(snapshots)[-1]
-    save_checkpoint(os.path.join(out_dir, f"attention_{when}.pt"), snapshots[when])
-    svg = tasks.attention_figure(snapshots, cls_token=getattr(model, "cls", None) is not None,
-                                 causal=isinstance(model, maskprior.GPT))
-    if svg:
-        write_atomic(os.path.join(out_dir, "attention.svg"), svg)
+        with signals_caught(stop), contextlib.ExitStack() as grid_lock:
+            return train_all(args, family, task_names, device, stop, grid_lock)
+    except Interrupted as err:
+        if int(os.environ.get("RANK", "0")) == 0:      # torchrun: every rank stops, rank 0 says so
+            print(f"train.py: {err}", file=sys.stderr)
+        return err.exit_code
+    except WriteError as err:
+        print(f"train.py: error: {err}; {stop.advice()}", file=sys.stderr)
+        return 1
 
 if __name__ == "__main__":
     sys.exit(main())
