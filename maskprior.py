@@ -160,7 +160,6 @@ class MaskedSelfAttention(nn.Module):
         y = self.proj(y.transpose(1, 2).reshape(B, N, self.heads * self.head_dim))  # (B, N, dim)
         return (y, attn) if return_attn else y
 
-
 # The same attention as one function, to read beside Section 4.1; the bias is the class's own
 # logit_bias, so this is the class's written-out path without dropout and in-place steps:
 #
@@ -175,7 +174,6 @@ def masked_attention(q, k, v, mask, scale=1.0, causal=False):
     bias = MaskedSelfAttention.logit_bias(mask, n, scale, causal, q.dtype, q.device)  # (H, n, n)
     logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])      # (B, H, N, N)
     return (logits + bias).softmax(dim=-1) @ v
-
 
 def attention_modules(model):
     """Every MaskedSelfAttention inside model, in model.modules() order (first layer to last)."""
@@ -198,7 +196,6 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.dropout(self.out(F.gelu(self.fc(x))))
-
 
 class Block(nn.Module):
     """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)).
@@ -228,7 +225,6 @@ class Block(nn.Module):
         x = x + self.drop_path(self.mlp(self.ln2(x)))
         return (x, attn) if return_attn else x
 
-
 def run_blocks(blocks, x, return_attn=False):
     """x through every block; with return_attn also each layer's attention, [(B, H, N, N)]."""
     attns = []
@@ -239,7 +235,6 @@ def run_blocks(blocks, x, return_attn=False):
         else:
             x = block(x)
     return x, attns
-
 
 class Transformer(nn.Module):
     """Encoder over discrete tokens: embedding, optional CLS, learned positions, pre-LN blocks.
@@ -292,7 +287,6 @@ class Transformer(nn.Module):
         out = self.head(x[:, 0] if self.readout == "cls" else x)
         return (out, attns) if return_attn else out
 
-
 def _init_weights(model, truncated):
     """The GPT-2 / timm initialisation shared by GPT and ViT: every nn.Linear and nn.Embedding
     weight drawn with std 0.02, every nn.Linear bias zero. truncated=False draws N(0, 0.02^2)
@@ -308,7 +302,6 @@ def _init_weights(model, truncated):
             nn.init.zeros_(module.bias)
 
     model.apply(init)
-
 
 class GPT(nn.Module):
     """A GPT on MaskedSelfAttention(causal=True): token and learned position embeddings, pre-LN
@@ -351,7 +344,6 @@ class GPT(nn.Module):
             (logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
         return (out, attns) if return_attn else out
 
-
     @torch.no_grad()
     def generate(self, idx, new_tokens, temperature=1.0, top_k=None, generator=None):
         """Sample new_tokens continuations of idx (B, T), feeding back the last block_size tokens."""
@@ -363,7 +355,6 @@ class GPT(nn.Module):
             nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
             idx = torch.cat([idx, nxt], 1)
         return idx
-
 
 class ViT(nn.Module):
     """A ViT on our Block: patch embedding, CLS token, learned positions, pre-LN blocks with drop
@@ -429,7 +420,6 @@ def _bit(i):
     """Sequence position of bit x_i (position 0 is CLS)."""
     return 1 + i
 
-
 def _pattern(open_pairs, n_tokens, open_value=OPEN, close_value=CLOSE):
     """(N, N) logits that are open_value at the (query, key) pairs given and close_value elsewhere."""
     m = torch.full((n_tokens, n_tokens), close_value)
@@ -437,11 +427,9 @@ def _pattern(open_pairs, n_tokens, open_value=OPEN, close_value=CLOSE):
         m[query, key] = open_value
     return m
 
-
 def _diagonal(n_tokens):
     """Every token sees itself: keeps each token's own value in its residual stream."""
     return [(i, i) for i in range(n_tokens)]
-
 
 def mask_2parity(depth, heads, d=15):
     """2parity, f = x0 x1. Principles (1) task-aligned interaction and (2) shortcut suppression.
@@ -456,7 +444,6 @@ def mask_2parity(depth, heads, d=15):
     pairs = _diagonal(n) + [(_bit(0), _bit(1)), (_bit(1), _bit(0))]
     return _pattern(pairs, n).expand(depth, heads, n, n).clone()
 
-
 def mask_majority(depth, heads, d=15):
     """3-bit majority, f = sign(x0 + x1 + x2). Principle (2) shortcut suppression.
 
@@ -469,10 +456,8 @@ def mask_majority(depth, heads, d=15):
     pairs = _diagonal(n) + [(0, _bit(i)) for i in range(3)]
     return _pattern(pairs, n).expand(depth, heads, n, n).clone()
 
-
 # cyclic3 layers: the first CYCLIC3_BUILD layers build the triples, the rest read them out.
 CYCLIC3_BUILD = 2
-
 
 def mask_cyclic3(depth, heads, d=15):
     """cyclic3, f = sum_i x_i x_{i+1} x_{i+2} (indices mod d). Principle (4) layer-wise composition
@@ -501,7 +486,6 @@ def mask_cyclic3(depth, heads, d=15):
     return torch.stack([build if layer < CYCLIC3_BUILD else readout for layer in range(depth)]
                        )[:, None].expand(depth, heads, n, n).clone()
 
-
 def mask_cyclic3_direct(depth, heads, d=15):
     """cyclic3, the direct variant: every layer lets bit token i see itself and its two cyclic
     successors i+1, i+2, so a single layer already spans the whole triple (x_i, x_{i+1}, x_{i+2});
@@ -511,7 +495,6 @@ def mask_cyclic3_direct(depth, heads, d=15):
     n = d + 1
     pairs = _diagonal(n) + [(_bit(i), _bit((i + s) % d)) for i in range(d) for s in (1, 2)]
     return _pattern(pairs, n).expand(depth, heads, n, n).clone()
-
 
 def mask_threesym(depth, heads, d=15):
     """threesym, f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0. Principles (2) and (3) multi-head specialisation.
@@ -528,7 +511,6 @@ def mask_threesym(depth, heads, d=15):
         masks[:, h] = _pattern(_diagonal(n) + [(_bit(a), _bit(b)), (_bit(b), _bit(a))], n)
     return masks
 
-
 BOOLEAN_MASKS = {
     "2parity": mask_2parity,
     "majority": mask_majority,
@@ -542,7 +524,6 @@ BOOLEAN_MASK_VARIANTS = {
     "cyclic3": {"composed": mask_cyclic3, "direct": mask_cyclic3_direct},
 }
 
-
 def boolean_mask(task, depth, heads, variant=None):
     """The (depth, heads, N, N) mask logits of a Boolean task: BOOLEAN_MASKS[task], or the named
     variant of BOOLEAN_MASK_VARIANTS[task] (KeyError naming the choices if there is none)."""
@@ -552,7 +533,6 @@ def boolean_mask(task, depth, heads, variant=None):
     if variant not in variants:
         raise KeyError(f"task {task!r} has no mask variant {variant!r}; choices: {sorted(variants)}")
     return variants[variant](depth, heads)
-
 
 # --- Three-digit arithmetic (Section 5.2; Appendix "Design of Mask Pattern") ---
 # Token layout (tasks.py, section 3): a0 a1 a2 b0 b1 b2 c0 .. c(K-1), least significant digit
@@ -564,23 +544,19 @@ def boolean_mask(task, depth, heads, variant=None):
 # composes them (Principle 4: carries need several steps). With more heads than roles the roles
 # repeat (head h takes role h mod 4). Open entries are ARITHMETIC_OPEN, closed ARITHMETIC_CLOSE.
 
-
 def _operand(which, i):
     """Position of digit i (10^i) of operand a (which = 0) or b (which = 1)."""
     return 3 * which + i
 
-
 def _answer(k):
     """Position of answer digit c_k."""
     return 6 + k
-
 
 def _answer_reads(k, operand_pairs, answers=()):
     """Open (query, key) pairs that let answer slot k read the digit pairs (i, j) = (a_i, b_j) and
     the answer slots given."""
     keys = [_operand(0, i) for i, _ in operand_pairs] + [_operand(1, j) for _, j in operand_pairs]
     return [(_answer(k), key) for key in keys + [_answer(m) for m in answers]]
-
 
 def _arithmetic_masks(depth, heads, answer_digits, operand_links, roles):
     """(depth, heads, N, N) logits: the shared links (self, operand_links) in every head, plus
@@ -593,7 +569,6 @@ def _arithmetic_masks(depth, heads, answer_digits, operand_links, roles):
         pairs += [p for k in range(answer_digits) for p in role(k)]
         masks[:, h] = _pattern(pairs, n, ARITHMETIC_OPEN, ARITHMETIC_CLOSE)
     return masks
-
 
 def mask_addition(depth, heads):
     """Addition: c_k = (a_k + b_k + carry_k) mod 10, carry_k from column k - 1.
@@ -612,7 +587,6 @@ def mask_addition(depth, heads):
              lambda k: _answer_reads(k, columns[:k]),
              lambda k: _answer_reads(k, columns[k:k + 1])]
     return _arithmetic_masks(depth, heads, 4, aligned, roles)
-
 
 def mask_multiplication(depth, heads):
     """Multiplication: c_k collects the partial products a_i b_j with i + j = k, plus carries.
@@ -633,9 +607,7 @@ def mask_multiplication(depth, heads):
              lambda k: _answer_reads(k, [], list(range(k)))]
     return _arithmetic_masks(depth, heads, 6, cross, roles)
 
-
 ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplication}
-
 
 # --- The GPT's relative distance (Appendix "Wiki-text and Tiny-stories") ---
 # Language has no known interaction pattern, so the paper initialises a full learnable mask per head
@@ -651,7 +623,6 @@ def relative_distance_mask(heads, block_size):
     i = torch.arange(block_size)
     distance_back = (i[None, :] - i[:, None]).clamp(max=0).float()   # j - i where j <= i, else 0
     return distance_back.expand(heads, -1, -1).clone()
-
 
 # --- The ViT's impulse (Section 5.3, Table "Best Top-1 accuracy") ---
 # Section 5.3 follows Zheng et al. (2025): each head starts as one 3x3 convolution "impulse"
@@ -678,16 +649,13 @@ def relative_distance_mask(heads, block_size):
 
 IMPULSE_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
 
-
 def impulse_offsets(heads):
     """The (row, col) offset of each head's impulse, [(dr, dc)] of length heads."""
     return [(k // 3 - 1, k % 3 - 1) for k in (IMPULSE_ORDER[h % 9] for h in range(heads))]
 
-
 def patch_position(r, c, grid):
     """Sequence position of patch (r, c); position 0 is CLS."""
     return 1 + r * grid + c
-
 
 def impulse_mask(depth, heads, grid):
     """Impulse mask logits over CLS + a grid x grid patch grid, (depth, heads, N, N), N = grid^2 + 1:
@@ -703,13 +671,11 @@ def impulse_mask(depth, heads, grid):
                     m[h, patch_position(r, c, grid), patch_position(r + dr, c + dc, grid)] = OPEN
     return m.expand(depth, heads, n, n).clone()
 
-
 # --- Imperfect priors (Appendix "Why Not Just Fix the Mask?": a learnable mask can "refine or
 # correct imperfect initial patterns"). A seeded edit of a task's exact pattern stands in for a
 # rough or wrong guess of the interaction structure; the run then shows whether training M
 # recovers the exact pattern (train.py's --mask-error, its true_prior_mass_* numbers).
 EDIT_KINDS = ("extra", "missing", "moved")
-
 
 def parse_edit(text):
     """--mask-error's value: 'none' (the exact pattern) -> None; 'KIND:FRACTION' -> (kind, p) with
@@ -726,19 +692,16 @@ def parse_edit(text):
                          f"and 0 < FRACTION <= 1, got {text!r}")
     return kind, fraction
 
-
 def edit_count(fraction, n):
     """How many of n entries an edit of the fraction p touches: p n rounded half up, and at least
     one when p > 0 and n > 0 (a non-zero fraction always edits something)."""
     return min(n, max(math.floor(fraction * n + 0.5), int(fraction > 0 and n > 0)))
-
 
 def _lowest(rank, where, k):
     """Boolean mask of the k entries of `where` (bool, any shape) that have the lowest rank."""
     chosen = torch.zeros_like(where)
     chosen.view(-1)[torch.where(where, rank, rank.numel()).flatten().argsort()[:k]] = True
     return chosen
-
 
 def edit_pattern(pattern, kind, fraction, generator, cls_row=False):
     """A seeded edit of the mask logits pattern (..., N, N), open > 0 and closed < 0 as the
@@ -784,7 +747,6 @@ def edit_pattern(pattern, kind, fraction, generator, cls_row=False):
             flips |= _lowest(rank, closed, 0 if kind == "missing" else k)     # closed -> open
     return torch.where(flip.view(pattern.shape), -pattern, pattern)
 
-
 def edited_prior(pattern, error, seed, cls_row=False):
     """The prior a run gets: the exact pattern, or with error = 'KIND:FRACTION' (--mask-error)
     edit_pattern of it from a generator seeded by the run's seed."""
@@ -792,7 +754,6 @@ def edited_prior(pattern, error, seed, cls_row=False):
         return pattern
     kind, fraction = parse_edit(error)
     return edit_pattern(pattern, kind, fraction, torch.Generator().manual_seed(seed), cls_row)
-
 
 # --- Priors learned from a trained model. The hand-made patterns above assume that the interaction
 # structure is known: the paper's Limitations call this "in effect an oracle assumption" and name
@@ -830,7 +791,6 @@ def learned_mask(attn, magnitude, tau=1.0, causal=False):
         is_open = is_open & (i[None, :] <= i[:, None])                  # the future: closed
     return torch.where(is_open, magnitude, -magnitude).float()
 
-
 def open_fraction(pattern, causal=False):
     """The density of a pattern (..., N, N), open > 0: the fraction of its off-diagonal entries
     that are open, over every layer and head; causal: of the entries a query may see (key before
@@ -858,11 +818,9 @@ def open_fraction(pattern, causal=False):
 #     the only public code of the optimisation variant ("Structured (Opt)"; the 2025 repository
 #     has the SVD solve only).
 
-
 def pattern_targets(pattern):
     """Binary target (1 = open, 0 = closed) from mask logits, any shape."""
     return (pattern > 0).to(torch.float32)
-
 
 def pseudo_input(model, skip=0):
     """The pseudo-input P of structured initialisation: layer_norm(positional embedding) without
@@ -877,11 +835,9 @@ def pseudo_input(model, skip=0):
     pos = model.pos.detach()[0, skip:]                             # (N - skip, D)
     return F.layer_norm(pos, pos.shape[-1:])
 
-
 def _head_rows(attn, h):
     """Row slice of head h inside the stacked q (or k) projection of attn.qkv."""
     return slice(h * attn.head_dim, (h + 1) * attn.head_dim)
-
 
 def _write_qk(attn, h, w_q, w_k):
     """Write W_Q,h (r, D) and W_K,h (r, D) into head h so that q_h k_h^T = x w_q^T w_k x^T.
@@ -895,14 +851,12 @@ def _write_qk(attn, h, w_q, w_k):
             block[:len(w)] = w
             weight[offset + rows.start:offset + rows.stop] = block.to(weight)
 
-
 def _factor(a, rank):
     """a (D, D) ~ L R with L = U sqrt(S) (D, rank) and R = sqrt(S) V^T (rank, D), by SVD
     (get_ortho_like of both Zheng et al. codes factors A = alpha Z +- beta I the same way)."""
     u, s, vh = torch.linalg.svd(a)
     root = s[:rank].sqrt()
     return u[:, :rank] * root, root[:, None] * vh[:rank]
-
 
 def mimetic_noise(dim, generator=None):
     """Z of mimetic initialisation: (dim, dim) entries uniform on [-sqrt(3 / dim), sqrt(3 / dim)],
@@ -911,7 +865,6 @@ def mimetic_noise(dim, generator=None):
     has the same variance but is not what the mimetic and impulse paths use."""
     bound = math.sqrt(3 / dim)
     return (torch.rand(dim, dim, generator=generator) * 2 - 1) * bound
-
 
 def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator=None):
     """Mimetic initialisation (Trockman and Kolter 2023), the baseline of Tables "Best Top-1
@@ -952,7 +905,6 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
             attn.proj.weight.copy_(w_o)
     return model
 
-
 def scale_positions_(model, factor=NORM_P):
     """Multiply the learned positional embedding by factor (norm_p = 18 of the impulse branch of
     post_init_weights, osiriszjq/structured_initialization). The structured inits write the
@@ -962,7 +914,6 @@ def scale_positions_(model, factor=NORM_P):
         model.pos.mul_(factor)
     return model
 
-
 def _prefix_tokens(model, skip):
     """How many leading positions the structured solves leave out: skip if given, else 1 for a ViT
     (its CLS token; the 2025 code solves on pos_embed[1:]) and 0 for the Boolean / arithmetic
@@ -970,7 +921,6 @@ def _prefix_tokens(model, skip):
     if skip is not None:
         return skip
     return 1 if isinstance(model, ViT) else 0
-
 
 def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_norm=7.0,
                          pos_scale=NORM_P, generator=None, skip=None):
@@ -1017,14 +967,12 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
             _write_qk(attn, h, q.T, k)
     return model
 
-
 def opt_norm_reset_(q, k, nq):
     """The norm reset of Structured (Opt), in place: every column of Q (H, D, r) over D and every
     column of K (H, r, D) over r rescaled to norm nq (impulse_init, osiriszjq/structured_init)."""
     with torch.no_grad():
         q.div_(q.norm(dim=1, keepdim=True) / nq)
         k.div_(k.norm(dim=1, keepdim=True) / nq)
-
 
 def _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator):
     """Adam fit of Q (H, D, r), K (H, r, D) so that softmax(scale P Q K P^T) ~ target (MSE), with
@@ -1045,7 +993,6 @@ def _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator):
             loss.backward()
             optimizer.step()
     return q.detach(), k.detach()
-
 
 def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, pos_scale=NORM_P,
                          generator=None, scale=None):
@@ -1108,7 +1055,6 @@ def mean_attention(model, inputs, device, batch=4096):
     model.train()
     return total / len(inputs)
 
-
 def mask_biases(model):
     """log sigmoid(s M) of every layer, (L, H, N, N); None for a model without a mask."""
     layers = attention_modules(model)
@@ -1116,7 +1062,6 @@ def mask_biases(model):
         return None
     return torch.stack([a.logit_bias(a.mask, a.seq_len, a.mask_scale).detach().float().cpu()
                         for a in layers])
-
 
 @torch.no_grad()
 def centre_patch_maps(vit, image, device):
@@ -1130,7 +1075,6 @@ def centre_patch_maps(vit, image, device):
     return {"attn": on_grid(mean_attention(vit, image, device)),
             "bias": None if bias is None else on_grid(bias)}
 
-
 def prior_stats(mean_attn, pattern):
     """Per layer and head (L, H): the attention mass on the pattern's open entries (mean over
     query rows; 1 = all mass where the prior says) and the Pearson correlation of the mean map
@@ -1142,14 +1086,12 @@ def prior_stats(mean_attn, pattern):
     corr = (a * t).sum(-1) / (a.norm(dim=-1) * t.norm(dim=-1)).clamp(min=1e-12)
     return mass, corr
 
-
 def bias_by_distance(bias):
     """Mean causal bias log sigmoid(s M) at each distance d = i - j >= 0 (over layers, heads and
     query rows): (L, H, N, N) -> N numbers, the profile of Figure "Relative mask bias
     before and after training"."""
     n = bias.shape[-1]
     return [bias[..., torch.arange(d, n), torch.arange(0, n - d)].mean().item() for d in range(n)]
-
 
 def persistence_fields(before, after, pattern, true_pattern=None):
     """Section 6.1's persistence numbers: prior mass and pattern correlation at init and final
@@ -1199,7 +1141,6 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 _MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
                   "average_attn_weights", "is_causal")
 
-
 def _as_logits(mask, dtype):
     """An attention mask as additive logits of dtype: Boolean (True = blocked) becomes 0 / -inf,
     float is kept, None stays None."""
@@ -1208,7 +1149,6 @@ def _as_logits(mask, dtype):
     if mask.dtype == torch.bool:
         return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
     return mask.to(dtype)
-
 
 def _check_mask_fits(name, attn, mask):
     """ValueError naming the module unless attn is unpatched and mask is (num_heads, N, N)."""
@@ -1219,7 +1159,6 @@ def _check_mask_fits(name, attn, mask):
         raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit an "
                          f"nn.MultiheadAttention with num_heads={attn.num_heads}; expected "
                          f"({attn.num_heads}, N, N)")
-
 
 def _add_mask_prior_to_call(attn, args, kwargs):
     """Forward pre-hook: the call's arguments, attn_mask = log sigmoid(s M) + the caller's mask."""
@@ -1250,7 +1189,6 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     # A Boolean key_padding_mask beside a float attn_mask draws a deprecation warning; same values.
     call["key_padding_mask"] = _as_logits(call.get("key_padding_mask"), query.dtype)
     return (), call
-
 
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     """Put the Section 4.1 mask prior log sigmoid(scale * M) into every nn.MultiheadAttention of
@@ -1288,5 +1226,4 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
         if isinstance(encoder, nn.TransformerEncoder):
             encoder.use_nested_tensor = False
     return [attn for _, attn in named]
-
 
