@@ -1480,7 +1480,6 @@ def summary_line(result):
 VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
                        dtype=torch.float32) / 255    # five anchors of the viridis colour map
 
-
 def colormap(t):
     """t in [0, 1], any shape -> RGB in [0, 1], shape t.shape + (3,)."""
     pos = t.clamp(0, 1) * (len(VIRIDIS) - 1)
@@ -1488,10 +1487,9 @@ def colormap(t):
     frac = (pos - lo)[..., None]
     return VIRIDIS[lo] * (1 - frac) + VIRIDIS[lo + 1] * frac
 
-
 def heatmap_png(grid, lo, hi, gap=4):
     """PNG bytes of a (rows, cols, n, n) grid of matrices, colour from lo (purple) to hi (yellow),
-    white gutters of gap pixels: torchvision's make_grid and encode_png. The panels of heatmap_svg."""
+    white gutters of gap pixels: torchvision's make_grid and encode_png."""
     import warnings
     from torchvision.io import encode_png
     from torchvision.utils import make_grid
@@ -1504,28 +1502,15 @@ def heatmap_png(grid, lo, hi, gap=4):
         warnings.simplefilter("ignore", DeprecationWarning)
         return bytes(encode_png((image * 255).round().to(torch.uint8)).tolist())
 
-
-def colour_bar_svg(x, y, width, lo, hi, meaning, steps=50):
-    """SVG of a horizontal colour bar from lo (purple) to hi (yellow), its two ends written under
-    it and, below them, what the colours mean."""
-    rgb = lambda t: tuple(int(255 * c) for c in colormap(torch.tensor(t)).tolist())
-    parts = [f'<rect x="{x + i * width / steps:.1f}" y="{y}" width="{width / steps + 0.5:.1f}" '
-             f'height="10" fill="rgb{rgb(i / (steps - 1))}"/>' for i in range(steps)]
-    parts.append(f'<text x="{x}" y="{y + 22}">{fmt(lo, 3)}</text><text x="{x + width}" '
-                 f'y="{y + 22}" text-anchor="end">{fmt(hi, 3)}</text>'
-                 f'<text x="{x}" y="{y + 36}">{meaning}</text>')
-    return "".join(parts)
-
-
 def heatmap_svg(bands, notes, gap=4, left=64):
-    """The one SVG writer of heat maps (a run's attention.svg, the persistence figure): bands of
-    blocks, one band under the other, blocks side by side. A block is (title, grid (R, C, n, n),
-    lo, hi, meaning): R x C panels, rows = layers (named at the left of the band), columns = heads
-    (named above each panel column), each panel an n x n matrix coloured from lo (purple) to hi
-    (yellow) as heatmap_png draws it, embedded as a PNG; under the block a colour bar from lo to hi
-    and what the colours mean. notes: lines of text under the figure."""
+    """The one heat-map writer (a run's attention.svg, the persistence and learned-prior figures):
+    bands of blocks, one under the other; a block (title, grid (R, C, n, n), lo, hi, meaning) is R x C
+    panels (layers down, heads across) coloured by heatmap_png, embedded as a PNG, over a colour bar
+    from lo to hi and what it means; notes: lines of text at the bottom."""
     import base64
-    parts, y, width = [], 0, 0
+    stops = "".join(f'<stop offset="{i / 4}" stop-color="rgb{tuple(int(255 * c) for c in rgb.tolist())}"/>'
+                    for i, rgb in enumerate(VIRIDIS))   # colormap's anchors, linearly between
+    parts, y, width = [f'<defs><linearGradient id="viridis">{stops}</linearGradient></defs>'], 0, 0
     for band in bands:
         y, x, tallest = y + 44, left, 0
         for title, grid, lo, hi, meaning in band:
@@ -1537,35 +1522,33 @@ def heatmap_svg(bands, notes, gap=4, left=64):
                          f'y="{y}" width="{w}" height="{h}" href="data:image/png;base64,{png}"/>')
             parts += [f'<text x="{x + gap + c * (side + gap) + side / 2}" y="{y - 6}" '
                       f'text-anchor="middle">head {c + 1}</text>' for c in range(cols)]
-            parts.append(colour_bar_svg(x, y + h + 8, min(w, 200), lo, hi, meaning))
+            parts += [f'<text x="{left - 6}" y="{y + gap + r * (side + gap) + side / 2}" '
+                      f'text-anchor="end">layer {r + 1}</text>' for r in range(rows) if x == left]
+            bar = min(w, 200)                                        # under the block: the colour bar
+            parts.append(f'<rect x="{x}" y="{y + h + 8}" width="{bar}" height="10" fill="url(#viridis)"/>'
+                         f'<text x="{x}" y="{y + h + 30}">{fmt(lo, 3)}</text><text x="{x + bar}" '
+                         f'y="{y + h + 30}" text-anchor="end">{fmt(hi, 3)}</text>'
+                         f'<text x="{x}" y="{y + h + 44}">{meaning}</text>')
             x += max(w, 7 * len(title), 6 * len(meaning)) + 32     # room for the texts too
             tallest = max(tallest, h)
-        rows, side = band[0][1].shape[0], max(1, 128 // band[0][1].shape[2]) * band[0][1].shape[2]
-        parts += [f'<text x="{left - 6}" y="{y + gap + r * (side + gap) + side / 2}" '
-                  f'text-anchor="end">layer {r + 1}</text>' for r in range(rows)]
         y, width = y + tallest + 66, max(width, x)
     parts += [f'<text x="{left}" y="{y + 16 * i}">{line}</text>' for i, line in enumerate(notes)]
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 16 * len(notes)}" '
             f'font-family="sans-serif" font-size="11">' + "".join(parts) + "</svg>\n")
 
-
 PANEL_NOTE = "In each panel row = query, column = key"
 
-
 def persistence_figure(runs):
-    """An SVG of the persistence claim: for each (label, run folder) the mean attention maps
-    (attention_before.pt, attention_after.pt that train.py saves) before and after training,
-    one block per run and time, layers down, heads across, colour 0 (purple) to 1 (yellow)."""
+    """The persistence figure (Figure "Comparison of attention patterns before and after training"):
+    per (label, run folder) its mean attention maps before and after training, 0 purple to 1 yellow."""
     blocks = [(f"{label}, {when} training", torch.load(f"{folder}/attention_{when}.pt")["attn"],
                0, 1, "mean attention weight") for label, folder in runs for when in ("before", "after")]
     return heatmap_svg([blocks], [f"{PANEL_NOTE}; token 0 is CLS."])
 
-
 def learned_prior_figure(runs):
-    """An SVG of priors side by side: for each (label, run folder) of a mask init the bias
-    log sigmoid(s M) it started from (attention_before.pt's "bias", (L, H, N, N)), layers down,
-    heads across; e.g. a hand-made mask run beside runs whose M was learned (--mask-from). Each
-    block coloured from its lowest bias (purple) to 0 (yellow, open)."""
+    """Priors side by side: per (label, run folder) of a mask init the bias log sigmoid(s M) it
+    started from (attention_before.pt), e.g. a hand-made mask beside priors learned with --mask-from;
+    each block from its lowest bias (purple) to 0 (yellow, open)."""
     import os
     blocks = []
     for label, folder in runs:
@@ -1574,46 +1557,35 @@ def learned_prior_figure(runs):
             raise ValueError(f"{folder}: a run without a mask has no prior to draw")
         blocks.append((f"{label}: log σ(s M) at init", bias, min(bias.min().item(), -1e-6), 0.0,
                        "bias added to the logits"))
-    return heatmap_svg([blocks], [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}.",
-                                  "Colours: purple = the left end of the bar under the block, "
-                                  "yellow = 0 (an open entry)."])
-
+    return heatmap_svg([blocks], [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}.", "Colours: purple "
+                                  "= the left end of the bar under the block, yellow = 0 (an open entry)."])
 
 def attention_figure(snapshots, cls_token, causal=False):
-    """A run's attention.svg: for each snapshot (train.snapshot, "before" and "after" training)
-    its mean attention maps ("attn", (L, H, N, N)) and, for a mask init, beside them the bias
-    log sigmoid(s M) ("bias", (L, H, N, N)); for a ViT a second band (Appendix "Attention Map For
-    Image Classification"): the first test image's attention from its centre patch, and that
-    patch's bias, on the patch grid ("centre", (L, H, grid, grid) each). Before and after share
-    each colour scale. cls_token, causal: what the notes say about position 0 and the upper
-    triangle. None when there is nothing to draw (a language model without a mask)."""
-    def blocks(get, what, meaning, kind):
-        maps = {when: get(snap) for when, snap in snapshots.items()}
-        maps = {when: m.float() for when, m in maps.items() if m is not None}
+    """A run's attention.svg: per snapshot ("before", "after" training, train.snapshot) the mean
+    attention maps ("attn") and, for a mask init, beside them the bias log sigmoid(s M) ("bias"); for
+    a ViT a second band (Appendix "Attention Map For Image Classification"): the first test image's
+    attention from its centre patch and that patch's bias on the patch grid ("centre"). Before and
+    after share a colour scale. None when there is nothing to draw (a language model without a mask)."""
+    def blocks(get, what, meaning):
+        maps = {when: get(snap).float() for when, snap in snapshots.items() if get(snap) is not None}
         if not maps:
             return {}
         values = torch.stack(list(maps.values()))
-        lo, hi = (0.0, max(values.max().item(), 1e-6)) if kind == "attn" else \
+        lo, hi = (0.0, max(values.max().item(), 1e-6)) if "attention" in meaning else \
             (min(values.min().item(), -1e-6), 0.0)
         return {when: (f"{what}, {when} training", m, lo, hi, meaning) for when, m in maps.items()}
     centre = lambda key: lambda snap: snap["centre"][key] if "centre" in snap else None
-    parts = [blocks(lambda snap: snap["attn"], "mean attention", "mean attention weight", "attn"),
-             blocks(lambda snap: snap["bias"], "mask bias log σ(s M)",
-                    "bias added to the logits", "bias"),
+    parts = [blocks(lambda snap: snap["attn"], "mean attention", "mean attention weight"),
+             blocks(lambda snap: snap["bias"], "mask bias log σ(s M)", "bias added to the logits"),
              blocks(centre("attn"), "test image 1, centre patch: attention",
-                    "attention weight on each patch", "attn"),
-             blocks(centre("bias"), "centre patch: mask bias", "bias on each patch", "bias")]
-    bands = [[p[when] for when in snapshots for p in pair if when in p]
-             for pair in (parts[:2], parts[2:])]
-    bands = [band for band in bands if band]
-    if not bands:
-        return None
+                    "attention weight on each patch"),
+             blocks(centre("bias"), "centre patch: mask bias", "bias on each patch")]
+    bands = [band for band in ([p[when] for when in snapshots for p in pair if when in p]
+                               for pair in (parts[:2], parts[2:])) if band]
     notes = [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
-             f"{'; position 0 is CLS' if cls_token else ''}."]
-    if causal:
-        notes.append("Causal: above the diagonal (key after query) the hard mask hides every key, "
-                     "whatever the bias there.")
-    if parts[2]:
-        notes.append("Centre patch: its row of the map, CLS left out, laid out on the patch grid.")
-    notes.append("Colours: purple = the left end of the bar under the block, yellow = the right end.")
-    return heatmap_svg(bands, notes)
+             f"{'; position 0 is CLS' if cls_token else ''}.",
+             causal and "Causal: above the diagonal (key after query) the hard mask hides every key, "
+                        "whatever the bias there.",
+             parts[2] and "Centre patch: its row of the map, CLS left out, laid out on the patch grid.",
+             "Colours: purple = the left end of the bar under the block, yellow = the right end."]
+    return heatmap_svg(bands, [note for note in notes if note]) if bands else None
