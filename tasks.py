@@ -1118,12 +1118,12 @@ def summary_line(result):
             + (f" / prior {c['mask_error']}" if c.get("mask_error") else "")
             + (f" / prior from {learned_prior(c)}" if c.get("mask_from") else "")
             + (f" / train frac {c['train_frac']:g}" if family == "arithmetic" else ""))
-    value = lambda key: "n/a" if f.get(key) is None else \
-        f"{f[key]:.2f}%" if "(%)" in HEADER[key] else fmt(f[key])
+    value = lambda key: "n/a" if f[key] is None else \
+        f"{f[key]:.2f}%" if "(%)" in HEADER[key] else fmt(f[key])    # KeyError: not a result
     notes = {"unseen_mse_to_mdi": family == "boolean" and
              f" (closer to the {'target' if closer(f) else 'MDI'})",
-             "test_loss": family == "arithmetic" and f" on {result.get('eval_pairs')} held-out pairs",
-             "test_ppl": f.get("test_is_val") and " (= val)"}
+             "test_loss": family == "arithmetic" and f" on {result['eval_pairs']} held-out pairs",
+             "test_ppl": family == "language" and f["test_is_val"] and " (= val)"}
     said = [f"{HEADER[k].replace(' (%)', '').removeprefix('final ')} {value(k)}{notes.get(k) or ''}"
             for k in SUMMARY[family]]
     if "warmup_shortened_from" in c:
