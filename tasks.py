@@ -25,6 +25,7 @@ import hashlib
 import itertools
 import math
 import statistics
+from collections import namedtuple
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -929,83 +930,37 @@ PAPER_VISION = {
 # ----------------------------------------------------------------------------------------------
 # 5. Result tables: ours beside the paper's numbers above (printed by train.py into table.md)
 # ----------------------------------------------------------------------------------------------
-# A cell is (task, init, train fraction, mask magnitude A, mask decay W, mask error, mask lr,
-# learned prior: "<source run folder>, τ <TAU>" for --mask-from, else None, the rest of
-# the config); each table has one row per cell, mean ± std over its seeds, and a column per
-# metric: (header, function of the cell's finished runs' "final" dicts and the cell).
-# Runs that differ in any other config key (epochs, lr, width, ...) are different experiments:
-# never averaged, each its own row, with a "config" column naming the keys they differ in.
-
+# A run is read through its Settings: what the command set besides the seed. A table has a row per
+# Settings, mean ± std over its seeds; runs that differ in another config key (epochs, lr, ...) are
+# other experiments, never averaged: rows of their own, with a "config" column naming the keys.
+# The charts group runs the same way.
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
-
+MASK_PRIOR_INITS = ("mask", "mask-fixed", "mask-hadamard")   # train.py's INITS whose M is the prior
 
 def fmt(value, digits=4):
     return "n/a" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
 
 def mean_std(values):
     values = [v for v in values if v is not None]
-    if not values:
-        return "—"
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{fmt(statistics.fmean(values))} ± {fmt(std, 2)}"
-
-stat = lambda key: lambda done, cell: mean_std([f.get(key) for f in done])
-paper = lambda table, i=None: lambda done, cell: fmt(None if cell[5] or cell[7] else   # not their prior
-    (table.get(cell[:2]) or (None,) * 3)[i] if i is not None else table.get(cell[:2]))
-# Columns of each table: (header, function of the cell's finished runs and its key).
-PERSISTENCE_COLUMNS = [(h, stat(k)) for h, k in (
-    ("prior mass init", "prior_mass_init"), ("prior mass final", "prior_mass_final"),
-    ("pattern corr init", "pattern_corr_init"), ("pattern corr final", "pattern_corr_final"),
-    ("mask drift", "mask_drift"))]
-# With an edited prior (--mask-error): the attention mass on the task's exact pattern as well.
-TRUE_MASS_COLUMNS = [(h, stat(k)) for h, k in (("true prior mass init", "true_prior_mass_init"),
-                                               ("true prior mass final", "true_prior_mass_final"))]
-BOOLEAN_COLUMNS = [
-    ("train loss", stat("train_loss")), ("test loss", stat("test_loss")),
-    ("test acc (%)", stat("test_acc")), ("unseen MSE to target", stat("unseen_loss")),
-    ("unseen MSE to MDI", stat("unseen_mse_to_mdi")),
-    # seeds whose unseen predictions are closer (MSE) to the target than to the MDI
-    ("learned target", lambda done, cell: f"{sum(f['unseen_loss'] < f['unseen_mse_to_mdi'] for f in done)}/{len(done)}"),
-    ("paper loss", paper(PAPER_BOOLEAN, 0)), ("paper acc (%)", paper(PAPER_BOOLEAN, 1))]
-ARITHMETIC_COLUMNS = [(h, stat(k)) for h, k in (
-    ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), ("test loss", "test_loss"),
-    ("train loss", "train_loss"), ("prior mass init", "prior_mass_init"),
-    ("prior mass final", "prior_mass_final"))] + [
-    (h, lambda done, cell, i=i: paper(PAPER_ARITHMETIC, i)(done, cell)
-     if cell[2] == ARITHMETIC_TRAIN_FRAC[cell[0]] else "n/a")
-    for i, h in enumerate(("paper seq acc", "paper digit acc", "paper loss"))]
-LM_COLUMNS = [("val ppl", stat("val_ppl")), ("test ppl", stat("test_ppl")),
-              ("train tokens/s", stat("tokens_per_second")), ("mask drift", stat("mask_drift")),
-              ("paper val ppl", paper(PAPER_LM, 0)), ("paper test ppl", paper(PAPER_LM, 1))]
-VISION_COLUMNS = [(h, stat(k)) for h, k in (
-    ("best top-1 (%)", "best_top1"), ("final top-1 (%)", "top1"),
-    ("prior mass init", "prior_mass_init"), ("prior mass final", "prior_mass_final"),
-    ("mask drift", "mask_drift"), ("train images/s", "images_per_second"))] + [
-    ("paper best top-1 (%)", paper(PAPER_VISION))]
+    return f"{fmt(statistics.fmean(values))} ± {fmt(std, 2)}" if values else "—"
 
 def run_name(task, init, seed, variant=None, train_frac=None, magnitude=None, decay=None,
              error=None, mask_lr=None, threshold=None, source=None):
-    """A run's folder name: <task>-<init>-seed<seed>, then each setting a command gave: -frac<f>,
-    -<mask variant>, -A<A>, -wd<W>, -err-<kind><p> (--mask-error kind:p), -mlr<lr>, and for a
-    prior learned from the run folder <source> (--mask-from) -from-<source>-tau<TAU>."""
+    """A run's folder name: <task>-<init>-seed<seed>, then each setting the command gave (a default
+    goes unnamed, so not from Settings): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>,
+    -mlr<lr>, and for a prior learned from the run folder <source> -from-<source>-tau<TAU>."""
     kind, _, fraction = (error or "").partition(":")
-    return (f"{task}-{init}-seed{seed}" + (f"-frac{train_frac:g}" if train_frac else "")
-            + (f"-{variant}" if variant else "") + (f"-A{magnitude:g}" if magnitude else "")
-            + (f"-wd{decay:g}" if decay is not None else "")
-            + (f"-err-{kind}{float(fraction):g}" if error else "")
-            + (f"-mlr{mask_lr:g}" if mask_lr else "")
-            + (f"-from-{source}-tau{threshold or 1:g}" if source else ""))
+    given = [train_frac and f"frac{train_frac:g}", variant, magnitude and f"A{magnitude:g}",
+             decay is not None and f"wd{decay:g}", error and f"err-{kind}{float(fraction):g}",
+             mask_lr and f"mlr{mask_lr:g}", source and f"from-{source}-tau{threshold or 1:g}"]
+    return "-".join([f"{task}-{init}-seed{seed}", *filter(None, given)])
 
 def edit_order(error):
     """Sort key of a mask error: the exact prior (None) first, then by kind and fraction."""
     kind, _, fraction = (error or "").partition(":")
     return kind, float(fraction or 0)
-
-# The inits whose M starts from the task's pattern (train.py's INITS with prior "mask"): the
-# hand-made prior, or with --mask-from the learned one.
-MASK_PRIOR_INITS = ("mask", "mask-fixed", "mask-hadamard")
-
 
 def learned_prior(config):
     """The label "<source run folder>, τ <TAU>" of a run whose M came from --mask-from, else None."""
@@ -1013,327 +968,185 @@ def learned_prior(config):
     source = config.get("mask_from")
     return source and f"{os.path.basename(os.path.abspath(source))}, τ {config['mask_threshold']:g}"
 
-CELL_KEYS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_variant")
+# The swept settings: Settings field -> its name in table.md's columns and in the chart legends.
+SWEEPS = {"train_frac": "train frac", "magnitude": "A", "decay": "mask decay", "error": "mask error",
+          "mask_lr": "mask lr", "prior": "prior"}
 
-def cell_of(result):
-    """A run's table cell: (task, init, train fraction, mask magnitude A, mask decay W, mask
-    error, mask lr, learned prior, the rest of its config); a mask variant is named beside the
-    task, e.g. "cyclic3 (direct)". The rest is a sorted tuple of (key, value as JSON) of every
-    other key."""
+class Settings(namedtuple("Settings", "task variant init train_frac magnitude decay error mask_lr "
+                                      "prior rest")):
+    """A run's settings but its seed, read by settings_of: variant, the Boolean mask variant; decay
+    0 without --mask-decay; prior, learned_prior's label; rest, every other config key as sorted
+    (key, value as JSON) pairs."""
+    label = property(lambda s: s.task + (f" ({s.variant})" if s.variant else ""))  # cyclic3 (direct)
+
+    def text(self, field):
+        """A field as tables and legends write it: error "none" = the exact prior, "—" = not set (a
+        mask lr: the model's), prior "hand-made" = the task's own."""
+        value = getattr(self, field)
+        if field == "prior":
+            return value or ("hand-made" if self.init in MASK_PRIOR_INITS else "—")
+        return value if isinstance(value, str) else f"{value:g}" if value is not None else \
+            "none" if field == "error" else "—"
+
+    def order(self, init_order):
+        """The tables' order: task, train fraction, A, W, mask error, init, prior, mask lr, rest."""
+        return (list(FAMILY_OF).index(self.task), self.train_frac or 0, self.magnitude or 0, self.decay,
+                edit_order(self.error), init_order.index(self.init), self.prior or "", self.mask_lr or 0,
+                self.rest)
+
+def settings_of(result):
     import json
     c = result["config"]
-    task = result["task"] + (f" ({c['mask_variant']})" if c.get("mask_variant") else "")
-    rest = tuple(sorted((k, json.dumps(v)) for k, v in c.items() if k not in CELL_KEYS))
-    return (task, result["init"], c.get("train_frac"), c.get("mask_magnitude"),
-            c.get("mask_decay") or 0.0, c.get("mask_error"), c.get("mask_lr"), learned_prior(c), rest)
-
-def config_differences(cells):
-    """{cell: "epochs 2 lr 0.001"}: the config keys in which the runs of one table cell (its
-    first eight entries) differ, and this cell's values of them; {} when no cell mixes configs."""
-    import json
-    by_cell = {}
-    for cell in cells:
-        by_cell.setdefault(cell[:8], []).append(dict(cell[8]))
-    keys = sorted({key for configs in by_cell.values() for key in set().union(*configs)
-                   if len({config.get(key) for config in configs}) > 1})
-    show = lambda v: "—" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
-    return {cell: " ".join(f"{key} {show(json.loads(dict(cell[8]).get(key, 'null')))}" for key in keys)
-            for cell in cells} if keys else {}
+    own = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_variant")
+    rest = tuple(sorted((k, json.dumps(v)) for k, v in c.items() if k not in own))
+    return Settings(result["task"], c.get("mask_variant"), result["init"], c.get("train_frac"),
+                    c.get("mask_magnitude"), c.get("mask_decay") or 0.0, c.get("mask_error"),
+                    c.get("mask_lr"), learned_prior(c), rest)
 
 def group_runs(results, init_order):
-    """{cell: (finished runs' final dicts, number of runs)}, in task, sweep, init, seed order."""
-    every_task = list(FAMILY_OF)
-    order = lambda r: (every_task.index(r["task"]), r["config"].get("train_frac") or 0,
-                       r["config"].get("mask_magnitude") or 0, r["config"].get("mask_decay") or 0,
-                       edit_order(r["config"].get("mask_error")), init_order.index(r["init"]),
-                       learned_prior(r["config"]) or "", r["config"].get("mask_lr") or 0, cell_of(r)[8],
-                       r["seed"])
-    cells = {}
-    for r in sorted(results, key=order):
-        cells.setdefault(cell_of(r), []).append(r)
-    return {cell: ([r["final"] for r in runs if r["status"] == "done"], len(runs))
-            for cell, runs in cells.items()}
+    """{Settings: its runs, seeds rising}, in the tables' order (Settings.order)."""
+    groups = {}
+    for r in sorted(results, key=lambda r: (*settings_of(r).order(init_order), r["seed"])):
+        groups.setdefault(settings_of(r), []).append(r)
+    return groups
+
+def config_differences(settings):
+    """{Settings: "epochs 2 lr 0.001"}: the keys of rest in which Settings alike in every other field
+    differ, with each one's values; {} when none do."""
+    import json
+    rests = {}
+    for s in settings:
+        rests.setdefault(s._replace(rest=()), []).append(dict(s.rest))
+    keys = sorted({key for configs in rests.values() for key in set().union(*configs)
+                   if len({config.get(key) for config in configs}) > 1})
+    show = lambda v: "—" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    return {s: " ".join(f"{key} {show(json.loads(dict(s.rest).get(key, 'null')))}" for key in keys)
+            for s in settings} if keys else {}
+
+# Each family's columns: (header, key of the runs' "final" dicts: mean ± std over the row's seeds;
+# or a function (the finished runs' "final" dicts, Settings) -> text). The paper's numbers stand
+# beside its own prior only (and arithmetic's beside its train fraction).
+paper = lambda table, i=None: lambda done, s: fmt(None if s.error or s.prior else
+    (table.get((s.label, s.init)) or (None,) * 3)[i] if i is not None else table.get((s.label, s.init)))
+closer = lambda final: final["unseen_loss"] < final["unseen_mse_to_mdi"]   # to the target than to the MDI
+PRIOR_MASS_COLUMNS = [("prior mass init", "prior_mass_init"), ("prior mass final", "prior_mass_final")]
+PERSISTENCE_COLUMNS = PRIOR_MASS_COLUMNS + [
+    ("pattern corr init", "pattern_corr_init"), ("pattern corr final", "pattern_corr_final"),
+    ("mask drift", "mask_drift")]
+# With an edited or learned prior: the attention mass on the task's exact pattern as well.
+TRUE_MASS_COLUMNS = [("true prior mass init", "true_prior_mass_init"),
+                     ("true prior mass final", "true_prior_mass_final")]
+BOOLEAN_COLUMNS = [
+    ("train loss", "train_loss"), ("test loss", "test_loss"), ("test acc (%)", "test_acc"),
+    ("unseen MSE to target", "unseen_loss"), ("unseen MSE to MDI", "unseen_mse_to_mdi"),
+    ("learned target", lambda done, s: f"{sum(map(closer, done))}/{len(done)}"),   # seeds
+    ("paper loss", paper(PAPER_BOOLEAN, 0)), ("paper acc (%)", paper(PAPER_BOOLEAN, 1))]
+ARITHMETIC_COLUMNS = [
+    ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), ("test loss", "test_loss"),
+    ("train loss", "train_loss"), *PRIOR_MASS_COLUMNS] + [
+    (h, lambda done, s, i=i: paper(PAPER_ARITHMETIC, i)(done, s)
+     if s.train_frac == ARITHMETIC_TRAIN_FRAC[s.task] else "n/a")
+    for i, h in enumerate(("paper seq acc", "paper digit acc", "paper loss"))]
+LM_COLUMNS = [("val ppl", "val_ppl"), ("test ppl", "test_ppl"), ("train tokens/s", "tokens_per_second"),
+              ("mask drift", "mask_drift"), ("paper val ppl", paper(PAPER_LM, 0)),
+              ("paper test ppl", paper(PAPER_LM, 1))]
+VISION_COLUMNS = [("best top-1 (%)", "best_top1"), ("final top-1 (%)", "top1"), *PRIOR_MASS_COLUMNS,
+                  ("mask drift", "mask_drift"), ("train images/s", "images_per_second"),
+                  ("paper best top-1 (%)", paper(PAPER_VISION))]
+HEADER = {key: header for columns in (BOOLEAN_COLUMNS, ARITHMETIC_COLUMNS, LM_COLUMNS, VISION_COLUMNS)
+          for header, key in columns if isinstance(key, str)}
+# The numbers summary_line prints of a run, in this order, named by their headers.
+SUMMARY = {"boolean": ("test_loss", "test_acc", "unseen_loss", "unseen_mse_to_mdi"),
+           "arithmetic": ("seq_acc", "digit_acc", "test_loss", "train_loss"),
+           "language": ("val_ppl", "test_ppl", "tokens_per_second"),
+           "vision": ("top1", "best_top1", "test_loss", "images_per_second")}
 
 def markdown_table(results, columns, init_order):
-    """One row per cell, mean ± std over seeds; train fraction, A, W, mask error and mask lr
-    columns appear when a grid varies them (a data-efficiency, mask-magnitude or imperfect-prior
-    sweep) and train fraction, mask error, mask lr and prior whenever one is set. A mask error's
-    "none" is the exact prior; a mask lr's "—" is the model's lr (or, for mask-fixed, no trained
-    M); the prior is the --mask-from source and τ, "hand-made" for the task's own pattern.
-    Runs of one cell with other configs (a folder holding 1- and 2-epoch runs) are rows of their
-    own, told apart by a "config" column (config_differences)."""
-    cells = group_runs(results, init_order)
-    differences = config_differences(cells)
-    names = {2: "train frac", 3: "A", 4: "mask decay", 5: "mask error", 6: "mask lr", 7: "prior"}
-    shown = [i for i in names if len({cell[i] for cell in cells}) > 1
-             or (i in (2, 5, 6, 7) and any(c[i] for c in cells))]
-    text = lambda i, v: v if isinstance(v, str) else f"{v:g}" if v is not None else "none" if i == 5 else "—"
-    prior = lambda cell: cell[7] or ("hand-made" if cell[1] in MASK_PRIOR_INITS else "—")
-    header = ["task", *[names[i] for i in shown if i == 2], "init", *[names[i] for i in shown if i > 2],
-              *(["config"] if differences else []), "seeds"] + [h for h, _ in columns]
+    """A row per Settings, mean ± std over seeds. Columns for the train fraction, A, W, mask error
+    and mask lr when a grid varies them (a data-efficiency, mask-magnitude or imperfect-prior
+    sweep); for train fraction, mask error, mask lr and prior whenever one is set; "config"
+    (config_differences) when runs differ in other config keys."""
+    groups = group_runs(results, init_order)
+    differences = config_differences(groups)
+    shown = [f for f in ("train_frac", "init", "magnitude", "decay", "error", "mask_lr", "prior")
+             if f == "init" or len({getattr(s, f) for s in groups}) > 1
+             or f in ("train_frac", "error", "mask_lr", "prior") and any(getattr(s, f) for s in groups)]
+    config = ["config"] if differences else []
+    header = ["task", *[SWEEPS.get(f, f) for f in shown], *config, "seeds", *[h for h, _ in columns]]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    for cell, (done, total) in cells.items():
-        keys = [cell[0], *[text(i, cell[i]) for i in shown if i == 2], cell[1],
-                *[prior(cell) if i == 7 else text(i, cell[i]) for i in shown if i > 2],
-                *([differences[cell]] if differences else []), f"{len(done)}/{total}"]
-        lines.append("| " + " | ".join(keys + [fn(done, cell) for _, fn in columns]) + " |")
+    for s, runs in groups.items():
+        done = [r["final"] for r in runs if r["status"] == "done"]
+        cells = [how(done, s) if callable(how) else mean_std([f.get(how) for f in done])
+                 for _, how in columns]
+        keys = [s.label, *map(s.text, shown), *[differences[s] for _ in config], f"{len(done)}/{len(runs)}"]
+        lines.append("| " + " | ".join(keys + cells) + " |")
     return "\n".join(lines)
 
 def result_tables(results, init_order):
-    """The markdown of table.md: per family its table (Boolean: also the persistence table), and
-    {file name: SVG} of its figures: the training curves of every task (curves.svg), and those
-    of the sweeps the results hold: the arithmetic data-efficiency curve when the train fraction
-    varies, the Boolean mask-magnitude figure when A varies, the imperfect-prior figure when a
-    run's prior was edited (--mask-error)."""
-    by_family, figures, sections = {}, {}, []
-    for r in results:
-        by_family.setdefault(FAMILY_OF[r["task"]], []).append(r)
-    table = lambda family, columns: markdown_table(by_family[family], columns, init_order)
+    """table.md's markdown, per family its tables, and {file name: SVG} of the figures: curves.svg
+    and those of the sweeps the results hold."""
+    families = {FAMILY_OF[r["task"]] for r in results}
+    table = lambda family, columns: markdown_table(
+        [r for r in results if FAMILY_OF[r["task"]] == family], columns, init_order)
     edited = any(r["config"].get("mask_error") for r in results)
-    # an edited or learned prior: the attention on the task's exact (hand-made) pattern as well
     truth = TRUE_MASS_COLUMNS if edited or any(r["config"].get("mask_from") for r in results) else []
-    if "boolean" in by_family:
-        sections += [f"## Results\n\n{table('boolean', BOOLEAN_COLUMNS)}\n",
-                     f"## Persistence of the prior\n\n{table('boolean', PERSISTENCE_COLUMNS + truth)}\n"]
-        panels = magnitude_panels(by_family["boolean"], init_order)
-        if panels and not edited:        # an imperfect-prior sweep: its own figure below
-            figures["mask_magnitude.svg"] = magnitude_svg(panels, init_order)
-    if "language" in by_family:
-        sections.append(f"## Perplexity\n\n{table('language', LM_COLUMNS)}\n")
-    if "vision" in by_family:
-        sections.append(f"## Best top-1 accuracy\n\n{table('vision', VISION_COLUMNS + truth)}\n")
-    training_curves = curves_svg(results, init_order)
-    if training_curves:
-        figures["curves.svg"] = training_curves
-    if "arithmetic" in by_family:
-        sections.append(f"## Arithmetic\n\n{table('arithmetic', ARITHMETIC_COLUMNS + truth)}\n")
-        hand_made = [r for r in by_family["arithmetic"] if not r["config"].get("mask_from")]
-        curves = curves_of(hand_made, init_order, x=lambda cell: cell[2], y="seq_acc")
-        if any(len({x for x, _ in points}) > 1 for lines in curves.values() for points in lines.values()):
-            figures["data_efficiency.svg"] = line_chart_svg(
-                curves, init_order, "train fraction", "held-out seq acc (%)", percent_x=True)
-    figure = edited and imperfect_svg(results, init_order)
-    if figure:
-        figures["imperfect_prior.svg"] = figure
-    return "\n".join(sections), figures
+    sections = [f"## {title}\n\n{table(family, columns)}\n" for family, title, columns in (
+        ("boolean", "Results", BOOLEAN_COLUMNS),
+        ("boolean", "Persistence of the prior", PERSISTENCE_COLUMNS + truth),
+        ("language", "Perplexity", LM_COLUMNS), ("vision", "Best top-1 accuracy", VISION_COLUMNS + truth),
+        ("arithmetic", "Arithmetic", ARITHMETIC_COLUMNS + truth)) if family in families]
+    groups = group_runs(results, init_order)
+    arithmetic = {s: runs for s, runs in groups.items() if FAMILY_OF[s.task] == "arithmetic" and not s.prior}
+    # "Does the mask learn?" with the exact hand-made prior, at the model's lr, no decay on M
+    masks = {s: runs for s, runs in groups.items() if s.init in ("mask", "mask-fixed")
+             and FAMILY_OF[s.task] == "boolean" and not (s.decay or s.error or s.mask_lr or s.prior)}
+    figures = {"curves.svg": curves_svg(results, init_order),
+               # Figure "Test sequence accuracy under varying training fractions"
+               "data_efficiency.svg": sweep_figure(arithmetic, init_order, "train_frac", "train fraction",
+                                                   [None], lambda v: f"{100 * v:g}%"),
+               # accuracy and mask drift against A, learnable vs fixed M (edited priors: the next one)
+               "mask_magnitude.svg": None if edited else sweep_figure(
+                   masks, init_order, "magnitude", "mask magnitude A", [None, "mask_drift"]),
+               "imperfect_prior.svg": imperfect_figure(groups, init_order)}
+    return "\n".join(sections), {name: svg for name, svg in figures.items() if svg}
+
+def summary_line(result):
+    """A finished run in one line: its family's SUMMARY numbers, named by their table headers (less
+    "(%)" and "final "), its prior masses, its seconds and a language model's sample."""
+    f, c, family = result["final"], result["config"], FAMILY_OF[result["task"]]
+    head = (f"{result['task']} / {result['init']} / seed {result['seed']}"
+            + (f" / prior {c['mask_error']}" if c.get("mask_error") else "")
+            + (f" / prior from {learned_prior(c)}" if c.get("mask_from") else "")
+            + (f" / train frac {c['train_frac']:g}" if family == "arithmetic" else ""))
+    value = lambda key: "n/a" if f[key] is None else \
+        f"{f[key]:.2f}%" if "(%)" in HEADER[key] else fmt(f[key])    # KeyError: not a result
+    notes = {"unseen_mse_to_mdi": family == "boolean" and
+             f" (closer to the {'target' if closer(f) else 'MDI'})",
+             "test_loss": family == "arithmetic" and f" on {result['eval_pairs']} held-out pairs",
+             "test_ppl": family == "language" and f["test_is_val"] and " (= val)"}
+    said = [f"{HEADER[k].replace(' (%)', '').removeprefix('final ')} {value(k)}{notes.get(k) or ''}"
+            for k in SUMMARY[family]]
+    if "warmup_shortened_from" in c:
+        said.append(f"warmup shortened from {c['warmup_shortened_from']} to {c['warmup_epochs']} epochs")
+    if f.get("prior_mass_init") is not None:
+        said.append(f"prior mass {f['prior_mass_init']:.2f} -> {f['prior_mass_final']:.2f}")
+    if f.get("true_prior_mass_init") is not None and (c.get("mask_error") or c.get("mask_from")):
+        said.append(f"true prior mass {f['true_prior_mass_init']:.2f} -> {f['true_prior_mass_final']:.2f}")
+    sample = f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else ""
+    return f"{head}: {', '.join(said)}, {result['seconds']:.0f} s{sample}"
 
 
-def curves_of(results, init_order, x, y, inits=None, panel=lambda cell: cell[0],
-              line=lambda cell: cell[1]):
-    """{panel(cell): {line(cell): [(x(cell), mean of y over seeds)]}} of finished runs, x rising;
-    by default one panel per task and one line per init. y: a key of "final" or a function of it."""
-    value = y if callable(y) else lambda final: final.get(y)
-    curves = {}
-    for cell, (done, _) in group_runs(results, init_order).items():
-        values = [v for v in map(value, done) if v is not None]
-        if values and (inits is None or cell[1] in inits) and x(cell) is not None:
-            curves.setdefault(panel(cell), {}).setdefault(line(cell), []).append(
-                (x(cell), statistics.fmean(values)))
-    return {p: {k: sorted(points) for k, points in lines.items()} for p, lines in curves.items()}
-
-def magnitude_panels(results, init_order):
-    """The figure of "Does the mask learn?": per Boolean task, test accuracy (threesym: test loss)
-    and mask drift against A, learnable (mask) vs fixed (mask-fixed), at mask decay 0 with the
-    exact hand-made prior at the model's lr."""
-    runs = [r for r in results if not any(r["config"].get(k) for k in
-                                          ("mask_decay", "mask_error", "mask_lr", "mask_from"))]
-    if len({cell_of(r)[3] for r in runs if r["init"] in ("mask", "mask-fixed")}) < 2:
-        return None
-    pick = lambda y: curves_of(runs, init_order, x=lambda cell: cell[3], y=y, inits=("mask", "mask-fixed"))
-    return pick("test_acc"), pick("test_loss"), pick("mask_drift")
-
-def placed_svg(charts, width, height):
-    """One SVG document holding charts [(x, y, svg of line_chart_svg or legend_svg)] at (x, y)."""
-    inner = "".join(svg.replace("<svg ", f'<svg x="{x}" y="{y}" ', 1) for x, y, svg in charts)
-    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{inner}</svg>\n'
-
-def magnitude_svg(panels, init_order, width=360, height=260):
-    """Row 1: test accuracy against A (threesym, which has no accuracy: test loss); row 2: mask
-    drift against A. One SVG holding up to three charts."""
-    acc, loss, drift = panels
-    threesym = {t: v for t, v in loss.items() if t == "threesym"}
-    charts = [(0, 0, acc, "test acc (%)", 100.0), (width * len(acc), 0, threesym, "test loss", None),
-              (0, height, drift, "mask drift", None)]
-    return placed_svg([(x, y, line_chart_svg(curves, init_order, "mask magnitude A", label, y_max=top))
-                       for x, y, curves, label, top in charts if curves],
-                      width * max(len(acc) + len(threesym), len(drift)), 2 * height)
-
-
+# Line charts: line_chart draws every one, rows of Panels with a legend beside a row. A line is the
+# mean over seeds, in a band from the lowest to the highest seed where they differ.
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#17becf", "#bcbd22"]   # one per init of train.py's INITS
 DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
-
-def line_chart_svg(curves, init_order, x_label, y_label, percent_x=False, y_max=100.0, y_min=0.0,
-                   width=360, height=260, pad=48, x_names=None, styles=None):
-    """An SVG of one panel per task, one line per init, x on a log scale: the data-efficiency
-    figure (Figure "Test sequence accuracy under varying training fractions") and the
-    mask-magnitude figure. Plain text, no plot library. With x_names, x is an index into these
-    category names, evenly spaced ("\n" splits a name over two lines). styles {line key:
-    (colour, dash)} sets each line's look and leaves the legend to the caller (legend_svg);
-    without it a line's key is an init, coloured by its place in init_order and named in the
-    panel. y runs from y_min to y_max (None: the largest y)."""
-    top = y_max or max(y for lines in curves.values() for pts in lines.values() for _, y in pts) or 1
-    y_of = lambda v: height - pad - (v - y_min) / (top - y_min) * (height - 1.5 * pad)
-    tick = lambda v: x_names[v] if x_names else f"{100 * v:g}%" if percent_x else f"{v:g}"
-    look = styles or {init: (COLOURS[init_order.index(init) % len(COLOURS)], "") for init in init_order}
-    if x_names:
-        xs = range(len(x_names))
-        x_of = lambda v: pad + (v + 0.5) / len(x_names) * (width - 1.5 * pad)
-    parts = []
-    for panel, (task, lines) in enumerate(curves.items()):
-        if not x_names:     # each panel spans its own x values (addition's fractions are not multiplication's)
-            xs = sorted({x for pts in lines.values() for x, _ in pts})
-            lo, hi = math.log10(xs[0]), math.log10(xs[-1])
-            x_of = lambda v: pad + (math.log10(v) - lo) / ((hi - lo) or 1) * (width - 1.5 * pad)
-        parts.append(f'<g transform="translate({panel * width},0)" font-family="sans-serif" '
-                     f'font-size="11"><text x="{width / 2}" y="16" text-anchor="middle" '
-                     f'font-size="13">{task}</text><path d="M{pad},{pad / 2}V{height - pad}'
-                     f'H{width - pad / 2}" fill="none" stroke="black"/>')
-        parts += [f'<text x="{pad - 4}" y="{y_of(v) + 4}" text-anchor="end">{fmt(v, 3)}</text>'
-                  for v in (y_min + t * (top - y_min) for t in (0, 0.25, 0.5, 0.75, 1))]
-        parts += [f'<text x="{x_of(v)}" y="{height - pad + 14}" text-anchor="middle">' + "".join(
-                  f'<tspan x="{x_of(v)}" dy="{12 * (i > 0)}">{line}</tspan>'
-                  for i, line in enumerate(tick(v).split("\n"))) + "</text>" for v in xs]
-        parts.append(f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">{x_label}</text>'
-                     f'<text x="12" y="{height / 2}" transform="rotate(-90 12 {height / 2})" '
-                     f'text-anchor="middle">{y_label}</text>')
-        for i, (key, pts) in enumerate(lines.items()):
-            colour, dash = look[key]
-            parts.append(f'<polyline points="{" ".join(f"{x_of(x):.1f},{y_of(y):.1f}" for x, y in pts)}"'
-                         f' fill="none" stroke="{colour}" stroke-width="2"'
-                         + (f' stroke-dasharray="{dash}"/>' if dash else "/>"))
-            parts += [f'<circle cx="{x_of(x):.1f}" cy="{y_of(y):.1f}" r="3" fill="{colour}"/>'
-                      for x, y in pts]
-            if not styles:
-                parts.append(f'<text x="{width - pad / 2}" y="{height - pad - 8 - 14 * (len(lines) - 1 - i)}" '
-                             f'text-anchor="end" fill="{colour}">{key}</text>')
-        parts.append("</g>")
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(curves)}" '
-            f'height="{height}">' + "".join(parts) + "</svg>\n")
-
-def legend_svg(entries, title, width=200):
-    """An SVG legend: a title, then one row per (colour, dash, text): a line sample and its text."""
-    rows = "".join(f'<path d="M0,{30 + 18 * i}h30" stroke="{colour}" stroke-width="2" stroke-dasharray='
-                   f'"{dash or "none"}"/><text x="38" y="{34 + 18 * i}">{text}</text>'
-                   for i, (colour, dash, text) in enumerate(entries))
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{40 + 18 * len(entries)}" '
-            f'font-family="sans-serif" font-size="11"><text x="0" y="12" font-size="13">{title}</text>'
-            f'{rows}</svg>\n')
-
-def imperfect_svg(results, init_order, width=400, height=270):
-    """The figure of "Imperfect priors" (Appendix "Why Not Just Fix the Mask?": can a learnable
-    mask "refine or correct imperfect initial patterns"?). One column per task, per mask magnitude
-    A two rows: the accuracy (Boolean test acc, threesym test loss, arithmetic held-out seq acc)
-    and the true prior mass (attention on the task's exact pattern) after training, against the
-    edit of the prior (--mask-error; "exact" = unedited, the reference), learnable M (mask, one
-    dash pattern per mask lr) vs fixed M (mask-fixed); grey: the true prior mass at init. None
-    when no mask or mask-fixed run (at mask decay 0) has an edited prior."""
-    runs = [r for r in results if r["init"] in ("mask", "mask-fixed")
-            and not r["config"].get("mask_decay") and not r["config"].get("mask_from")]
-    if not any(r["config"].get("mask_error") for r in runs):
-        return None
-    edits = sorted({cell_of(r)[5] for r in runs}, key=edit_order)
-    names = [f"{kind}\n{100 * p:g}%" if kind else "exact" for kind, p in map(edit_order, edits)]
-    lrs = sorted({cell_of(r)[6] for r in runs if r["init"] == "mask"}, key=lambda lr: lr or 0)
-    colour = lambda init: COLOURS[init_order.index(init) % len(COLOURS)]
-    styles = {("mask", lr): (colour("mask"), DASHES[i % len(DASHES)]) for i, lr in enumerate(lrs)}
-    styles.update({("mask-fixed", None): (colour("mask-fixed"), ""), "at init": ("#999999", "2,2")})
-    legend = [(*look, "at init (mask, mask-fixed)" if key == "at init" else key[0] if key[0] != "mask"
-               else f"mask, mask lr {'= lr' if key[1] is None else f'{key[1]:g}'}")
-              for key, look in styles.items()]
-    panel, x = lambda cell: (cell[0], cell[3]), lambda cell: edits.index(cell[5])
-    per_lr = lambda cell: (cell[1], cell[6])
-    true_mass = lambda when: lambda f: f.get(f"true_prior_mass_{when}", f.get(f"prior_mass_{when}"))
-    fixed = ("mask-fixed",) if any(r["init"] == "mask-fixed" for r in runs) else None
-    mass = curves_of(runs, init_order, x, true_mass("init"), inits=fixed, panel=panel,
-                     line=lambda cell: "at init")          # equal for mask and mask-fixed
-    for p, lines in curves_of(runs, init_order, x, true_mass("final"), panel=panel, line=per_lr).items():
-        mass.setdefault(p, {}).update(lines)               # drawn over the grey line at init
-    metrics = {cell_of(r)[0]: ("test_loss", "test loss", None) if r["task"] == "threesym" else
-               ("seq_acc", "held-out seq acc (%)", 100.0) if FAMILY_OF[r["task"]] == "arithmetic"
-               else ("test_acc", "test acc (%)", 100.0)
-               for r in sorted(runs, key=lambda r: list(FAMILY_OF).index(r["task"]))}
-    charts, rows = [], 0
-    for col, (task, (key, label, top)) in enumerate(metrics.items()):
-        accuracy = curves_of(runs, init_order, x, key, panel=panel, line=per_lr)
-        magnitudes = sorted({a for t, a in accuracy if t == task}, reverse=True)   # A: row pairs
-        rows = max(rows, 2 * len(magnitudes))
-        for row, a in enumerate(magnitudes):
-            lowest = min((y for points in mass.get((task, a), {}).values() for _, y in points), default=0)
-            for r, curves, y_label, y_range in (
-                    (2 * row, accuracy, label, (0.0, top)),
-                    (2 * row + 1, mass, "true prior mass", (min(0.9, math.floor(10 * lowest) / 10), 1.0))):
-                charts += [(col * width, r * height, line_chart_svg(
-                    {f"{task}, A = {a:g}": curves[(task, a)]}, init_order,
-                    "edit of the prior (--mask-error)", y_label, y_max=y_range[1], y_min=y_range[0],
-                    width=width, height=height, x_names=names, styles=styles))] if (task, a) in curves else []
-    charts.append((len(metrics) * width + 10, 20, legend_svg(legend, "lines: mean over seeds")))
-    return placed_svg(charts, len(metrics) * width + 230, rows * height)
-
-
-# Training curves (curves.svg): per task one row of two charts against the history's epoch or
-# iteration, the training loss (each round's mean) and the main metric of the task's table (at
-# each evaluation), one line per init: the mean over seeds, in a band from the lowest to the
-# highest seed when there are several. A grid that varies the train fraction, A, the mask decay,
-# the mask error or the mask lr gets a line per value too (same colour per init, a dash per value).
-LOSS_LABELS = {"boolean": "training loss (MSE)",
-               "arithmetic": "training loss (cross-entropy / digit)",
-               "language": "training loss (cross-entropy / token)",
-               "vision": "training loss (cross-entropy)"}
-
-
-def main_metric(task):
-    """(history key, axis label) of the task's main metric, as its table reports it."""
-    family = FAMILY_OF[task]
-    if family == "boolean":
-        return ("test_acc", "test accuracy (%), whole cube") if BOOLEAN_TASKS[task].values else \
-            ("test_loss", "test loss (MSE), whole cube")
-    return {"arithmetic": ("sample_seq_acc", "held-out seq acc (%), 10,000 pairs"),
-            "language": ("val_ppl", "validation perplexity"),
-            "vision": ("test_top1", "test top-1 accuracy (%)")}[family]
-
-
-def curve_lines(results, init_order):
-    """{task (with its mask variant): (task, {line label: (init, [each seed's history])})} of the
-    finished runs that have a history; a line per init and train fraction, A and mask decay (and
-    other config, config_differences), labelled by the init and what the task's runs vary."""
-    drawable = lambda h: isinstance(h, list) and h and all(isinstance(e, dict) for e in h)
-    runs = sorted((r for r in results if r["status"] == "done" and drawable(r.get("history"))),
-                  key=lambda r: (list(FAMILY_OF).index(r["task"]), init_order.index(r["init"]),
-                                 [(isinstance(v, str), v if isinstance(v, str) else v or 0)
-                                  for v in cell_of(r)[2:7]], cell_of(r)[7] or "", r["seed"]))
-    by_task = {}
-    for r in runs:
-        by_task.setdefault(cell_of(r)[0], []).append(r)
-    rows = {}
-    for task, task_runs in by_task.items():
-        varied = [(i, name) for i, name in ((2, "frac"), (3, "A"), (4, "decay"), (5, "error"),
-                                           (6, "mask lr"), (7, "prior"))
-                  if len({cell_of(r)[i] for r in task_runs}) > 1]
-        lines, differences = {}, config_differences({cell_of(r) for r in task_runs})
-        for r in task_runs:
-            cell = cell_of(r)
-            value = lambda v: v if isinstance(v, str) else f"{v or 0:g}"     # none / exact: 0
-            label = " ".join([r["init"], *(f"{name} {value(cell[i])}" if i != 7 else
-                                           f"prior {cell[i] or 'hand-made'}" for i, name in varied),
-                              *([differences[cell]] if differences else [])])
-            lines.setdefault(label, (r["init"], []))[1].append(r["history"])
-        rows[task] = (task_runs[0]["task"], lines)
-    return rows
-
-
-def mean_band(histories, key):
-    """[(x, mean, lowest, highest)] over the seeds' finite values of key, at each epoch or
-    iteration where some seed's history has one (anything else is left out)."""
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    values = {}
-    for history in histories:
-        for entry in history:
-            x, value = entry.get("iter", entry.get("epoch")), entry.get(key)
-            if number(x) and number(value):
-                values.setdefault(x, []).append(value)
-    return [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(values.items())]
-
+colour = lambda init, init_order: COLOURS[init_order.index(init) % len(COLOURS)]
+# lines [(label, colour, dash, [(x, mean, lowest, highest)])]; x: "linear" (from 0), "log" (ticks at
+# the data's x values, written by tick) or category names (x indexes them, "\n" breaks a name);
+# y: "percent" (0 to 100), (lo, hi) or None (the data's range, log when it spans a factor of ten).
+Panel = namedtuple("Panel", "lines x_label y_label title x y tick",
+                   defaults=("", "linear", None, "{:g}".format))
 
 def nice_ticks(lo, hi, log=False, whole=False):
     """Round tick values in [lo, hi]: steps of 1, 2 or 5 x 10^k giving about five ticks (whole:
@@ -1350,128 +1163,211 @@ def nice_ticks(lo, hi, log=False, whole=False):
     ticks = (round(k * step, 10) for k in range(first, last + 1))
     return [t for t in ticks if lo <= t <= hi]
 
+def scale(lo, hi, start, end, log=False):
+    """The pixel of a value: [lo, hi] onto [start, end], on a linear or a log scale."""
+    f = math.log10 if log else float
+    return lambda v: start + (f(v) - f(lo)) / ((f(hi) - f(lo)) or 1) * (end - start)
 
-def chart_svg(x0, y0, lines, x_label, y_label, percent, width=380, height=250):
-    """One chart at (x0, y0): lines = [(label, colour, dash, [(x, mean, low, high)])]; x from 0,
-    y from 0 to 100 for percentages, else the data's range, on a log scale when it spans a
-    factor of ten or more (the axis label says so)."""
+def line_chart(rows, caption="", width=360, height=250):
+    """The one line-chart writer: an SVG of rows (heading, Panels, legend) under a caption. heading:
+    "" or (name, note), written above the row; Panels side by side (None: an empty place); legend:
+    None or (title, [(colour, dash, text)]), right of the row, a line sample before each text."""
     from xml.sax.saxutils import escape
-    left, right, top, bottom = 64, 14, 8, 40
-    points = [p for *_, pts in lines for p in pts]
-    x_hi = max(p[0] for p in points) or 1
-    ys = [v for p in points for v in p[1:]]
-    log = not percent and min(ys) > 0 and max(ys) >= 10 * min(ys)
-    if percent:
-        y_lo, y_hi = 0.0, 100.0
-    elif log:
-        y_lo, y_hi = min(ys) / 1.15, max(ys) * 1.15
-    else:
+
+    def panel(p, x0, y0, left=64, right=width - 14, bottom=height - 46):
+        """A Panel at (x0, y0), an SVG group: its title, axes, grey lines at the ticks, labels, lines."""
+        top, points = 24 if p.title else 8, [point for *_, pts in p.lines for point in pts]
+        ys = [v for point in points for v in point[1:]]
+        log = p.y is None and min(ys) > 0 and max(ys) >= 10 * min(ys)
         pad = (max(ys) - min(ys)) * 0.06 or abs(max(ys)) * 0.1 or 1.0
-        y_lo, y_hi = min(ys) - pad, max(ys) + pad
-    scale = math.log10 if log else (lambda v: v)
-    px = lambda x: x0 + left + x / x_hi * (width - left - right)
-    span = (scale(y_hi) - scale(y_lo)) / (height - top - bottom)         # y units per pixel
-    py = lambda y: y0 + top + (scale(y_hi) - scale(y)) / span
-    x_ticks, y_ticks = nice_ticks(0, x_hi, whole=True), nice_ticks(y_lo, y_hi, log)
-    bottom_y, right_x = y0 + height - bottom, x0 + width - right
-    parts = [f'<path d="M{px(x):.1f},{y0 + top}V{bottom_y}" stroke="#e4e4e4"/>' for x in x_ticks]
-    parts += [f'<path d="M{x0 + left},{py(y):.1f}H{right_x}" stroke="#e4e4e4"/>' for y in y_ticks]
-    parts.append(f'<path d="M{x0 + left},{y0 + top}V{bottom_y}H{right_x}" fill="none" stroke="black"/>')
-    parts += [f'<text x="{px(x):.1f}" y="{bottom_y + 14}" text-anchor="middle">{x:g}</text>'
-              for x in x_ticks]
-    parts += [f'<text x="{x0 + left - 5}" y="{py(y) + 4:.1f}" text-anchor="end">'
-              f'{f"{y:g}".replace("e-0", "e-")}</text>' for y in y_ticks]
-    middle = y0 + top + (height - top - bottom) / 2
-    parts.append(f'<text x="{x0 + left + (width - left - right) / 2}" y="{bottom_y + 32}" '
-                 f'text-anchor="middle">{escape(x_label)}</text><text x="{x0 + 14}" y="{middle}" '
-                 f'transform="rotate(-90 {x0 + 14} {middle})" text-anchor="middle">'
-                 f'{escape(y_label)}{", log scale" if log else ""}</text>')
-    for label, colour, dash, pts in lines:
-        if any(low != high for _, _, low, high in pts):
-            outline = [(x, high) for x, _, _, high in pts] + [(x, low) for x, _, low, _ in reversed(pts)]
-            parts.append(f'<polygon points="{" ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in outline)}" '
-                         f'fill="{colour}" fill-opacity="0.18" stroke="none"/>')
-        parts.append(f'<polyline points="{" ".join(f"{px(x):.1f},{py(m):.1f}" for x, m, _, _ in pts)}" '
-                     f'fill="none" stroke="{colour}" stroke-width="2" '
-                     f'stroke-dasharray="{dash or "none"}"><title>{escape(label)}</title></polyline>')
-        if len(pts) <= 30:    # markers show every evaluation, and a line of one point
+        lo, hi = ((0.0, 100.0) if p.y == "percent" else p.y if p.y else (min(ys) / 1.15, max(ys) * 1.15)
+                  if log else (min(ys) - pad if min(ys) < 0 else max(min(ys) - pad, 0.0), max(ys) + pad))
+        py, y_ticks = scale(lo, hi, bottom, top, log), nice_ticks(lo, hi, log)
+        if isinstance(p.x, list):            # categories, evenly spaced
+            x_ticks, tick = range(len(p.x)), p.x.__getitem__
+            px = lambda i: left + (i + 0.5) / len(p.x) * (right - left)
+        else:                                # each panel spans its own x values
+            xs = sorted({x for x, *_ in points}) if p.x == "log" else [0, max(x for x, *_ in points) or 1]
+            x_ticks, tick = xs if p.x == "log" else nice_ticks(0, xs[-1], whole=True), p.tick
+            px = scale(xs[0], xs[-1], left, right, p.x == "log")
+        path = lambda pts: " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        middle, centre = (top + bottom) / 2, (left + right) / 2
+        parts = [f'<g transform="translate({x0},{y0})"><text x="{centre}" y="16" text-anchor="middle" '
+                 f'font-size="13">{escape(p.title)}</text>']
+        parts += [f'<path d="M{px(x):.1f},{top}V{bottom}" stroke="#e4e4e4"/>' for x in x_ticks]
+        parts += [f'<path d="M{left},{py(y):.1f}H{right}" stroke="#e4e4e4"/>' for y in y_ticks]
+        parts.append(f'<path d="M{left},{top}V{bottom}H{right}" fill="none" stroke="black"/>')
+        parts += [f'<text x="{px(x):.1f}" y="{bottom + 14}" text-anchor="middle">' + "".join(
+            f'<tspan x="{px(x):.1f}" dy="{12 * (i > 0)}">{escape(line)}</tspan>'
+            for i, line in enumerate(tick(x).split("\n"))) + "</text>" for x in x_ticks]
+        parts += [f'<text x="{left - 5}" y="{py(y) + 4:.1f}" text-anchor="end">'
+                  f'{f"{y:g}".replace("e-0", "e-")}</text>' for y in y_ticks]
+        parts.append(f'<text x="{centre}" y="{bottom + 40}" text-anchor="middle">{escape(p.x_label)}</text>'
+                     f'<text x="14" y="{middle}" transform="rotate(-90 14 {middle})" text-anchor="middle">'
+                     f'{escape(p.y_label)}{", log scale" if log else ""}</text>')
+        for label, colour, dash, pts in p.lines:
+            if any(low != high for *_, low, high in pts):
+                outline = [(x, high) for x, *_, high in pts] + [(x, low) for x, _, low, _ in reversed(pts)]
+                parts.append(f'<polygon points="{path(outline)}" fill="{colour}" fill-opacity="0.18" '
+                             f'stroke="none"/>')
+            parts.append(f'<polyline points="{path([(x, m) for x, m, *_ in pts])}" fill="none" '
+                         f'stroke="{colour}" stroke-width="2" stroke-dasharray="{dash or "none"}">'
+                         f'<title>{escape(label)}</title></polyline>')
             parts += [f'<circle cx="{px(x):.1f}" cy="{py(m):.1f}" r="2.5" fill="{colour}"/>'
-                      for x, m, _, _ in pts]
-    return "".join(parts)
+                      for x, m, *_ in pts if len(pts) <= 30]   # every evaluation, and a line of one point
+        return "".join(parts) + "</g>"
 
-
-def curves_svg(results, init_order, width=380, height=250, legend=230):
-    """curves.svg: per task a row with its training-loss chart, its main-metric chart and a
-    legend (one line per init, the seeds it averages). None when no finished run has a history."""
-    from xml.sax.saxutils import escape
-    rows = curve_lines(results, init_order)
-    if not rows:
-        return None
-    caption = ("Training curves (the histories in result.json): line = mean over seeds, shaded "
-               "band = lowest to highest seed")
-    parts, y0 = [f'<text x="10" y="20" font-size="13">{caption}</text>'], 34
-    for task_label, (task, lines) in rows.items():
-        family = FAMILY_OF[task]
-        unit = "iter" if any("iter" in h[0] for _, hs in lines.values() for h in hs) else "epoch"
-        x_label = "iteration (optimizer steps)" if unit == "iter" else "epoch"
-        key, metric_label = main_metric(task)
-        seen, styled = {}, []
-        for label, (init, histories) in lines.items():
-            variant = seen[init] = seen.get(init, -1) + 1
-            styled.append((label, COLOURS[init_order.index(init) % len(COLOURS)],
-                           DASHES[variant % len(DASHES)], histories))
-        parts.append(f'<text x="10" y="{y0 + 14}" font-size="14" font-weight="bold">'
-                     f'{escape(task_label)}</text><text x="{10 + 9 * len(task_label) + 8}" '
-                     f'y="{y0 + 14}">{"Boolean" if family == "boolean" else family} task</text>')
-        charts = (("train_loss", LOSS_LABELS[family]), (key, metric_label))
-        for column, (y_key, y_label) in enumerate(charts):
-            drawn = [(label, colour, dash, mean_band(hs, y_key)) for label, colour, dash, hs in styled]
-            drawn = [line for line in drawn if line[3]]
-            if drawn:
-                parts.append(chart_svg(column * width, y0 + 22, drawn, x_label, y_label,
-                                       "(%)" in y_label, width, height))
-        for i, (label, colour, dash, histories) in enumerate(styled):     # the legend
-            y, seeds = y0 + 40 + 18 * i, f"{len(histories)} seed{'s' if len(histories) > 1 else ''}"
-            parts.append(f'<path d="M{2 * width + 6},{y - 4}h26" stroke="{colour}" stroke-width="2" '
-                         f'stroke-dasharray="{dash or "none"}"/><text x="{2 * width + 38}" y="{y}">'
-                         f'{escape(label)} ({seeds})</text>')
-        y0 += 22 + max(height, 40 + 18 * len(styled)) + 10
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * width + legend}" height="{y0}" '
+    parts, y, figure_width = [f'<text x="10" y="20" font-size="13">{escape(caption)}</text>'], 0, 0
+    y += 34 if caption else 0
+    for heading, panels, legend in rows:
+        if heading:
+            name, note = heading
+            parts.append(f'<text x="10" y="{y + 14}" font-size="14" font-weight="bold">{escape(name)}</text>'
+                         f'<text x="{18 + 9 * len(name)}" y="{y + 14}">{escape(note)}</text>')
+            y += 22
+        parts += [panel(p, i * width, y) for i, p in enumerate(panels) if p]
+        x, (title, entries) = len(panels) * width + 6, legend or ("", [])
+        parts.append(f'<text x="{x}" y="{y + 18}" font-size="12">{escape(title)}</text>')
+        parts += [f'<path d="M{x},{y + 36 + 18 * i}h26" stroke="{colour}" stroke-width="2" stroke-dasharray='
+                  f'"{dash or "none"}"/><text x="{x + 32}" y="{y + 40 + 18 * i}">{escape(text)}</text>'
+                  for i, (colour, dash, text) in enumerate(entries)]
+        figure_width = max(figure_width, x + 40 + 7 * max([len(text) for *_, text in entries], default=-6))
+        y += max(height, 44 + 18 * len(entries))
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{figure_width}" height="{y}" '
             f'font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>'
             + "".join(parts) + "</svg>\n")
 
 
-def summary_line(result):
-    """One line per finished run, with the numbers of its family's table."""
-    f, c = result["final"], result["config"]
-    head = f"{result['task']} / {result['init']} / seed {result['seed']}"
-    head += f" / prior {c['mask_error']}" if c.get("mask_error") else ""
-    head += f" / prior from {learned_prior(c)}" if c.get("mask_from") else ""
-    family = FAMILY_OF[result["task"]]
-    if family == "boolean":
-        acc = "n/a" if f["test_acc"] is None else f"{f['test_acc']:.2f}%"
-        closer = "target" if f["unseen_loss"] < f["unseen_mse_to_mdi"] else "MDI"
-        text = (f"{head}: test loss {fmt(f['test_loss'])}, test acc {acc}, unseen loss "
-                f"{fmt(f['unseen_loss'])}, unseen MSE to MDI {fmt(f['unseen_mse_to_mdi'])} "
-                f"(closer to the {closer})")
-    elif family == "arithmetic":
-        text = (f"{head} / train frac {c['train_frac']:g}: seq acc {f['seq_acc']:.2f}%, digit acc "
-                f"{f['digit_acc']:.2f}%, test loss {fmt(f['test_loss'])} on {result['eval_pairs']} "
-                f"held-out pairs, train loss {fmt(f['train_loss'])}")
-    elif family == "language":
-        text = (f"{head}: val ppl {f['val_ppl']:.2f}, test ppl {f['test_ppl']:.2f}"
-                f"{' (= val)' if f['test_is_val'] else ''}, {f['tokens_per_second']:.0f} train tokens/s")
-    else:
-        text = (f"{head}: top-1 {f['top1']:.2f}% (best {f['best_top1']:.2f}%), test loss "
-                f"{f['test_loss']:.3f}, {f['images_per_second']:.0f} train images/s")
-        if "warmup_shortened_from" in c:
-            text += f", warmup shortened from {c['warmup_shortened_from']} to {c['warmup_epochs']} epochs"
-    if f.get("prior_mass_init") is not None:
-        text += f", prior mass {f['prior_mass_init']:.2f} -> {f['prior_mass_final']:.2f}"
-    if f.get("true_prior_mass_init") is not None and (c.get("mask_error") or c.get("mask_from")):
-        text += f", true prior mass {f['true_prior_mass_init']:.2f} -> {f['true_prior_mass_final']:.2f}"
-    text += f", {result['seconds']:.0f} s"
-    return text + (f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else "")
+# curves.svg: per task a row of two charts against the epoch or iteration, the training loss (each
+# round's mean) and the task's main metric (at each evaluation), a line per Settings.
+LOSS_LABELS = {"boolean": "training loss (MSE)", "arithmetic": "training loss (cross-entropy / digit)",
+               "language": "training loss (cross-entropy / token)", "vision": "training loss (cross-entropy)"}
+
+def main_metric(task):
+    """(history key, axis label) of the task's main metric, as its table reports it."""
+    if FAMILY_OF[task] == "boolean":
+        return ("test_acc", "test accuracy (%), whole cube") if BOOLEAN_TASKS[task].values else \
+            ("test_loss", "test loss (MSE), whole cube")
+    return {"arithmetic": ("sample_seq_acc", "held-out seq acc (%), 10,000 pairs"),
+            "language": ("val_ppl", "validation perplexity"),
+            "vision": ("test_top1", "test top-1 accuracy (%)")}[FAMILY_OF[task]]
+
+def mean_band(histories, key):
+    """[(x, mean, lowest, highest)] over the seeds' finite values of key, at each epoch or
+    iteration where some seed's history has one (anything else is left out)."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    values = {}
+    for history in histories:
+        for entry in history:
+            x, value = entry.get("iter", entry.get("epoch")), entry.get(key)
+            if number(x) and number(value):
+                values.setdefault(x, []).append(value)
+    return [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(values.items())]
+
+def curves_svg(results, init_order):
+    """curves.svg: a row per task (and mask variant), a line per Settings: a colour per init, a dash
+    per value of what the task's runs vary. None when no finished run has a history."""
+    drawable = lambda h: isinstance(h, list) and h and all(isinstance(e, dict) for e in h)
+    groups = group_runs([r for r in results if r["status"] == "done" and drawable(r.get("history"))],
+                        init_order)
+    by_task, rows = {}, []
+    for s in sorted(groups, key=lambda s: (s.order(init_order)[0], init_order.index(s.init))):
+        by_task.setdefault(s.label, []).append(s)
+    for task, row in by_task.items():
+        varied = [f for f in SWEEPS if len({getattr(s, f) for s in row}) > 1]
+        differences, lines = config_differences(row), []
+        for i, s in enumerate(row):
+            label = " ".join([s.init, *[f"{SWEEPS[f]} {s.text(f)}" for f in varied], differences.get(s, "")])
+            dash = DASHES[(i - [r.init for r in row].index(s.init)) % len(DASHES)]   # its init's i-th
+            lines.append((label.strip(), colour(s.init, init_order), dash, [r["history"] for r in groups[s]]))
+        iterations = any("iter" in h[0] for *_, histories in lines for h in histories)
+        family, charts = FAMILY_OF[row[0].task], []
+        for key, y_label in (("train_loss", LOSS_LABELS[family]), main_metric(row[0].task)):
+            drawn = [(label, c, dash, mean_band(hs, key)) for label, c, dash, hs in lines]
+            charts.append(Panel([line for line in drawn if line[3]], "iteration (optimizer steps)" if
+                                iterations else "epoch", y_label, y="percent" if "(%)" in y_label else None))
+        legend = [(c, dash, f"{label} ({len(hs)} seed{'s' * (len(hs) > 1)})") for label, c, dash, hs in lines]
+        rows.append(((task, f"{'Boolean' if family == 'boolean' else family} task"),
+                     [chart for chart in charts if chart.lines], ("", legend)))
+    caption = ("Training curves (the histories in result.json): line = mean over seeds, shaded band = "
+               "lowest to highest seed")
+    return line_chart(rows, caption, width=380) if rows else None
+
+
+# The sweep figures: a number of the finished runs' "final" dicts against a swept setting.
+def sweep_points(groups, x, y, panel, line):
+    """{panel(s): {line(s): [(x(s), mean, lowest, highest)]}} of y(s, final) over the finished runs
+    of groups {Settings: runs}, x rising; runs without x or y are left out."""
+    values = {}
+    for s, runs in groups.items():
+        for v in [y(s, r["final"]) for r in runs if r["status"] == "done" and x(s) is not None]:
+            if v is not None:
+                values.setdefault(panel(s), {}).setdefault(line(s), {}).setdefault(x(s), []).append(v)
+    return {p: {key: [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(by_x.items())]
+                for key, by_x in lines.items()} for p, lines in values.items()}
+
+def accuracy(task):
+    """(key of "final", axis label) of a task's accuracy in the sweep figures: Boolean test accuracy
+    (threesym, which has none: test loss), arithmetic held-out sequence accuracy."""
+    if FAMILY_OF[task] == "arithmetic":
+        return "seq_acc", "held-out seq acc (%)"
+    return ("test_acc", "test acc (%)") if BOOLEAN_TASKS[task].values else ("test_loss", "test loss")
+
+def sweep_figure(groups, init_order, field, x_label, keys, tick="{:g}".format):
+    """A row per key of "final" (None: the task's accuracy), a panel per task, a line per init,
+    against the Settings field on a log axis; None unless a line has two values of it."""
+    rows, inits = [], [i for i in init_order if i in {s.init for s in groups}]
+    for key in keys:
+        label = lambda task: HEADER.get(key, key) if key else accuracy(task)[1]
+        y = lambda s, final: final.get(key or accuracy(s.task)[0])
+        sweep = sweep_points(groups, lambda s: getattr(s, field), y, lambda s: (s.task, s.label),
+                             lambda s: s.init)
+        rows.append(("", [Panel([(i, colour(i, init_order), "", pts) for i, pts in lines.items()], x_label,
+                                label(task), title, "log", "percent" if "(%)" in label(task) else None, tick)
+                          for (task, title), lines in sweep.items()],
+                     None if rows else ("", [(colour(i, init_order), "", i) for i in inits])))
+    swept = any(len(pts) > 1 for _, panels, _ in rows for p in panels for *_, pts in p.lines)
+    return line_chart(rows) if swept else None
+
+def imperfect_figure(groups, init_order):
+    """imperfect_prior.svg, the figure of "Imperfect priors" (Appendix "Why Not Just Fix the Mask?":
+    can a learnable mask "refine or correct imperfect initial patterns"?): a column per task, per A
+    two rows, the accuracy and the true prior mass (attention on the exact pattern) after training
+    against the edit of the prior (--mask-error), learnable M (mask, a dash per mask lr) vs fixed
+    (mask-fixed); grey: the true prior mass at init. None unless the runs hold an edited prior."""
+    groups = {s: runs for s, runs in groups.items()
+              if s.init in ("mask", "mask-fixed") and not (s.decay or s.prior)}
+    if not any(s.error for s in groups):
+        return None
+    edits = sorted({s.error for s in groups}, key=edit_order)
+    lrs = sorted({s.mask_lr for s in groups if s.init == "mask"}, key=lambda lr: lr or 0)
+    looks = {("mask", lr): (colour("mask", init_order), DASHES[i % len(DASHES)]) for i, lr in enumerate(lrs)}
+    looks[("mask-fixed", None)], looks["at init"] = (colour("mask-fixed", init_order), ""), ("#999999", "2,2")
+    name = lambda key: "at init (mask, mask-fixed)" if key == "at init" else key[0] if key[0] != "mask" \
+        else f"mask, mask lr {'= lr' if key[1] is None else f'{key[1]:g}'}"
+    x, panel, line = lambda s: edits.index(s.error), lambda s: (s.task, s.label, s.magnitude), \
+        lambda s: (s.init, s.mask_lr)
+    true_mass = lambda when: lambda s, f: f.get(f"true_prior_mass_{when}", f.get(f"prior_mass_{when}"))
+    mass = sweep_points(groups, x, true_mass("init"), panel, lambda s: "at init")  # mask's = mask-fixed's
+    for p, lines in sweep_points(groups, x, true_mass("final"), panel, line).items():
+        mass.setdefault(p, {}).update(lines)                    # drawn over the grey line at init
+    acc = sweep_points(groups, x, lambda s, f: f.get(accuracy(s.task)[0]), panel, line)
+    names = [f"{kind}\n{100 * p:g}%" if kind else "exact" for kind, p in map(edit_order, edits)]
+    lowest = lambda lines: min(low for pts in lines.values() for _, _, low, _ in pts)
+    legend, rows = ("lines: mean over seeds", [(*look, name(k)) for k, look in looks.items()]), []
+    for a in sorted({a for *_, a in acc}, reverse=True):
+        for sweep in (acc, mass):
+            panels = []
+            for task, label in dict.fromkeys(p[:2] for p in acc):
+                lines = sweep.get((task, label, a))
+                y_label = accuracy(task)[1] if sweep is acc else "true prior mass"
+                y = (min(0.9, math.floor(10 * lowest(lines)) / 10), 1.0) if lines and sweep is mass else \
+                    "percent" if "(%)" in y_label else None
+                panels.append(lines and Panel([(name(k), *looks[k], pts) for k, pts in lines.items()],
+                                              "edit of the prior (--mask-error)", y_label,
+                                              f"{label}, A = {a:g}", names, y))
+            rows.append(("", panels, None if rows else legend))
+    return line_chart(rows, width=400, height=270)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1480,7 +1376,6 @@ def summary_line(result):
 VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
                        dtype=torch.float32) / 255    # five anchors of the viridis colour map
 
-
 def colormap(t):
     """t in [0, 1], any shape -> RGB in [0, 1], shape t.shape + (3,)."""
     pos = t.clamp(0, 1) * (len(VIRIDIS) - 1)
@@ -1488,10 +1383,9 @@ def colormap(t):
     frac = (pos - lo)[..., None]
     return VIRIDIS[lo] * (1 - frac) + VIRIDIS[lo + 1] * frac
 
-
 def heatmap_png(grid, lo, hi, gap=4):
     """PNG bytes of a (rows, cols, n, n) grid of matrices, colour from lo (purple) to hi (yellow),
-    white gutters of gap pixels: torchvision's make_grid and encode_png. The panels of heatmap_svg."""
+    white gutters of gap pixels: torchvision's make_grid and encode_png."""
     import warnings
     from torchvision.io import encode_png
     from torchvision.utils import make_grid
@@ -1504,28 +1398,15 @@ def heatmap_png(grid, lo, hi, gap=4):
         warnings.simplefilter("ignore", DeprecationWarning)
         return bytes(encode_png((image * 255).round().to(torch.uint8)).tolist())
 
-
-def colour_bar_svg(x, y, width, lo, hi, meaning, steps=50):
-    """SVG of a horizontal colour bar from lo (purple) to hi (yellow), its two ends written under
-    it and, below them, what the colours mean."""
-    rgb = lambda t: tuple(int(255 * c) for c in colormap(torch.tensor(t)).tolist())
-    parts = [f'<rect x="{x + i * width / steps:.1f}" y="{y}" width="{width / steps + 0.5:.1f}" '
-             f'height="10" fill="rgb{rgb(i / (steps - 1))}"/>' for i in range(steps)]
-    parts.append(f'<text x="{x}" y="{y + 22}">{fmt(lo, 3)}</text><text x="{x + width}" '
-                 f'y="{y + 22}" text-anchor="end">{fmt(hi, 3)}</text>'
-                 f'<text x="{x}" y="{y + 36}">{meaning}</text>')
-    return "".join(parts)
-
-
 def heatmap_svg(bands, notes, gap=4, left=64):
-    """The one SVG writer of heat maps (a run's attention.svg, the persistence figure): bands of
-    blocks, one band under the other, blocks side by side. A block is (title, grid (R, C, n, n),
-    lo, hi, meaning): R x C panels, rows = layers (named at the left of the band), columns = heads
-    (named above each panel column), each panel an n x n matrix coloured from lo (purple) to hi
-    (yellow) as heatmap_png draws it, embedded as a PNG; under the block a colour bar from lo to hi
-    and what the colours mean. notes: lines of text under the figure."""
+    """The one heat-map writer (a run's attention.svg, the persistence and learned-prior figures):
+    bands of blocks, one under the other; a block (title, grid (R, C, n, n), lo, hi, meaning) is R x C
+    panels (layers down, heads across) coloured by heatmap_png, embedded as a PNG, over a colour bar
+    from lo to hi and what it means; notes: lines of text at the bottom."""
     import base64
-    parts, y, width = [], 0, 0
+    stops = "".join(f'<stop offset="{i / 4}" stop-color="rgb{tuple(int(255 * c) for c in rgb.tolist())}"/>'
+                    for i, rgb in enumerate(VIRIDIS))   # colormap's anchors, linearly between
+    parts, y, width = [f'<defs><linearGradient id="viridis">{stops}</linearGradient></defs>'], 0, 0
     for band in bands:
         y, x, tallest = y + 44, left, 0
         for title, grid, lo, hi, meaning in band:
@@ -1537,35 +1418,33 @@ def heatmap_svg(bands, notes, gap=4, left=64):
                          f'y="{y}" width="{w}" height="{h}" href="data:image/png;base64,{png}"/>')
             parts += [f'<text x="{x + gap + c * (side + gap) + side / 2}" y="{y - 6}" '
                       f'text-anchor="middle">head {c + 1}</text>' for c in range(cols)]
-            parts.append(colour_bar_svg(x, y + h + 8, min(w, 200), lo, hi, meaning))
+            parts += [f'<text x="{left - 6}" y="{y + gap + r * (side + gap) + side / 2}" '
+                      f'text-anchor="end">layer {r + 1}</text>' for r in range(rows) if x == left]
+            bar = min(w, 200)                                        # under the block: the colour bar
+            parts.append(f'<rect x="{x}" y="{y + h + 8}" width="{bar}" height="10" fill="url(#viridis)"/>'
+                         f'<text x="{x}" y="{y + h + 30}">{fmt(lo, 3)}</text><text x="{x + bar}" '
+                         f'y="{y + h + 30}" text-anchor="end">{fmt(hi, 3)}</text>'
+                         f'<text x="{x}" y="{y + h + 44}">{meaning}</text>')
             x += max(w, 7 * len(title), 6 * len(meaning)) + 32     # room for the texts too
             tallest = max(tallest, h)
-        rows, side = band[0][1].shape[0], max(1, 128 // band[0][1].shape[2]) * band[0][1].shape[2]
-        parts += [f'<text x="{left - 6}" y="{y + gap + r * (side + gap) + side / 2}" '
-                  f'text-anchor="end">layer {r + 1}</text>' for r in range(rows)]
         y, width = y + tallest + 66, max(width, x)
     parts += [f'<text x="{left}" y="{y + 16 * i}">{line}</text>' for i, line in enumerate(notes)]
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 16 * len(notes)}" '
             f'font-family="sans-serif" font-size="11">' + "".join(parts) + "</svg>\n")
 
-
 PANEL_NOTE = "In each panel row = query, column = key"
 
-
 def persistence_figure(runs):
-    """An SVG of the persistence claim: for each (label, run folder) the mean attention maps
-    (attention_before.pt, attention_after.pt that train.py saves) before and after training,
-    one block per run and time, layers down, heads across, colour 0 (purple) to 1 (yellow)."""
+    """The persistence figure (Figure "Comparison of attention patterns before and after training"):
+    per (label, run folder) its mean attention maps before and after training, 0 purple to 1 yellow."""
     blocks = [(f"{label}, {when} training", torch.load(f"{folder}/attention_{when}.pt")["attn"],
                0, 1, "mean attention weight") for label, folder in runs for when in ("before", "after")]
     return heatmap_svg([blocks], [f"{PANEL_NOTE}; token 0 is CLS."])
 
-
 def learned_prior_figure(runs):
-    """An SVG of priors side by side: for each (label, run folder) of a mask init the bias
-    log sigmoid(s M) it started from (attention_before.pt's "bias", (L, H, N, N)), layers down,
-    heads across; e.g. a hand-made mask run beside runs whose M was learned (--mask-from). Each
-    block coloured from its lowest bias (purple) to 0 (yellow, open)."""
+    """Priors side by side: per (label, run folder) of a mask init the bias log sigmoid(s M) it
+    started from (attention_before.pt), e.g. a hand-made mask beside priors learned with --mask-from;
+    each block from its lowest bias (purple) to 0 (yellow, open)."""
     import os
     blocks = []
     for label, folder in runs:
@@ -1574,46 +1453,35 @@ def learned_prior_figure(runs):
             raise ValueError(f"{folder}: a run without a mask has no prior to draw")
         blocks.append((f"{label}: log σ(s M) at init", bias, min(bias.min().item(), -1e-6), 0.0,
                        "bias added to the logits"))
-    return heatmap_svg([blocks], [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}.",
-                                  "Colours: purple = the left end of the bar under the block, "
-                                  "yellow = 0 (an open entry)."])
-
+    return heatmap_svg([blocks], [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}.", "Colours: purple "
+                                  "= the left end of the bar under the block, yellow = 0 (an open entry)."])
 
 def attention_figure(snapshots, cls_token, causal=False):
-    """A run's attention.svg: for each snapshot (train.snapshot, "before" and "after" training)
-    its mean attention maps ("attn", (L, H, N, N)) and, for a mask init, beside them the bias
-    log sigmoid(s M) ("bias", (L, H, N, N)); for a ViT a second band (Appendix "Attention Map For
-    Image Classification"): the first test image's attention from its centre patch, and that
-    patch's bias, on the patch grid ("centre", (L, H, grid, grid) each). Before and after share
-    each colour scale. cls_token, causal: what the notes say about position 0 and the upper
-    triangle. None when there is nothing to draw (a language model without a mask)."""
-    def blocks(get, what, meaning, kind):
-        maps = {when: get(snap) for when, snap in snapshots.items()}
-        maps = {when: m.float() for when, m in maps.items() if m is not None}
+    """A run's attention.svg: per snapshot ("before", "after" training, train.snapshot) the mean
+    attention maps ("attn") and, for a mask init, beside them the bias log sigmoid(s M) ("bias"); for
+    a ViT a second band (Appendix "Attention Map For Image Classification"): the first test image's
+    attention from its centre patch and that patch's bias on the patch grid ("centre"). Before and
+    after share a colour scale. None when there is nothing to draw (a language model without a mask)."""
+    def blocks(get, what, meaning):
+        maps = {when: get(snap).float() for when, snap in snapshots.items() if get(snap) is not None}
         if not maps:
             return {}
         values = torch.stack(list(maps.values()))
-        lo, hi = (0.0, max(values.max().item(), 1e-6)) if kind == "attn" else \
+        lo, hi = (0.0, max(values.max().item(), 1e-6)) if "attention" in meaning else \
             (min(values.min().item(), -1e-6), 0.0)
         return {when: (f"{what}, {when} training", m, lo, hi, meaning) for when, m in maps.items()}
     centre = lambda key: lambda snap: snap["centre"][key] if "centre" in snap else None
-    parts = [blocks(lambda snap: snap["attn"], "mean attention", "mean attention weight", "attn"),
-             blocks(lambda snap: snap["bias"], "mask bias log σ(s M)",
-                    "bias added to the logits", "bias"),
+    parts = [blocks(lambda snap: snap["attn"], "mean attention", "mean attention weight"),
+             blocks(lambda snap: snap["bias"], "mask bias log σ(s M)", "bias added to the logits"),
              blocks(centre("attn"), "test image 1, centre patch: attention",
-                    "attention weight on each patch", "attn"),
-             blocks(centre("bias"), "centre patch: mask bias", "bias on each patch", "bias")]
-    bands = [[p[when] for when in snapshots for p in pair if when in p]
-             for pair in (parts[:2], parts[2:])]
-    bands = [band for band in bands if band]
-    if not bands:
-        return None
+                    "attention weight on each patch"),
+             blocks(centre("bias"), "centre patch: mask bias", "bias on each patch")]
+    bands = [band for band in ([p[when] for when in snapshots for p in pair if when in p]
+                               for pair in (parts[:2], parts[2:])) if band]
     notes = [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
-             f"{'; position 0 is CLS' if cls_token else ''}."]
-    if causal:
-        notes.append("Causal: above the diagonal (key after query) the hard mask hides every key, "
-                     "whatever the bias there.")
-    if parts[2]:
-        notes.append("Centre patch: its row of the map, CLS left out, laid out on the patch grid.")
-    notes.append("Colours: purple = the left end of the bar under the block, yellow = the right end.")
-    return heatmap_svg(bands, notes)
+             f"{'; position 0 is CLS' if cls_token else ''}.",
+             causal and "Causal: above the diagonal (key after query) the hard mask hides every key, "
+                        "whatever the bias there.",
+             parts[2] and "Centre patch: its row of the map, CLS left out, laid out on the patch grid.",
+             "Colours: purple = the left end of the bar under the block, yellow = the right end."]
+    return heatmap_svg(bands, [note for note in notes if note]) if bands else None

@@ -182,16 +182,20 @@ def test_each_data_efficiency_panel_spans_its_own_train_fractions():
     # and multiplication are swept over different fractions, each panel's axis holds only its own
     curves = {"addition": {"default": [(0.001, 1.0), (0.01, 99.0)], "mask": [(0.001, 95.0), (0.01, 100.0)]},
               "multiplication": {"default": [(0.01, 0.0), (0.03, 1.0), (0.1, 40.0)]}}
-    width, pad = 360, 40
-    svg = ET.fromstring(tasks.line_chart_svg(curves, ["default", "mask"], "train fraction", "seq acc (%)",
-                                             percent_x=True, width=width, pad=pad))
+    results = [{"task": task, "init": init, "seed": 0, "status": "done", "config": {"train_frac": x},
+                "final": {"seq_acc": y}} for task, lines in curves.items() for init, pts in lines.items()
+               for x, y in pts]
+    svg = ET.fromstring(tasks.result_tables(results, ["default", "mask"])[1]["data_efficiency.svg"])
     ns = "{http://www.w3.org/2000/svg}"
     for panel, (task, lines) in zip(svg.findall(f"{ns}g"), curves.items()):
         ticks = {t.text for t in panel.findall(f".//{ns}tspan")}
         assert ticks == {f"{100 * x:g}%" for pts in lines.values() for x, _ in pts}, task
         xs = [float(p.split(",")[0]) for line in panel.findall(f"{ns}polyline")
               for p in line.get("points").split()]
-        assert min(xs) == pytest.approx(pad) and max(xs) == pytest.approx(width - pad / 2), task
+        # the axes, d="M<left>,<top>V<bottom>H<right>": the lines span the x axis from end to end
+        axis = next(p.get("d") for p in panel.findall(f"{ns}path") if p.get("stroke") == "black")
+        left, right = float(axis[1:].split(",")[0]), float(axis.split("H")[1])
+        assert min(xs) == pytest.approx(left) and max(xs) == pytest.approx(right), task
 
 
 @pytest.mark.parametrize("args, message", [
