@@ -31,15 +31,12 @@ from typing import Callable, Optional
 
 import torch
 
-
 def autocast(device):
     """bf16 autocast on CUDA, a no-op on the CPU: the evaluations here and train.py's steps."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
-
 def model_device(model):
     return next(model.parameters()).device
-
 
 # Fingerprints of a run's data: train.py stores them in checkpoint.pt and result.json, and --resume
 # refuses to continue a run on other data. Generated data (Boolean, arithmetic) is hashed as the
@@ -56,7 +53,6 @@ def tensors_sha256(*tensors):
         digest.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
     return f"sha256 {digest.hexdigest()}"
 
-
 def file_sha256(path):
     """sha256 of a file's content, read in 1 MiB pieces (a corpus can be gigabytes)."""
     digest = hashlib.sha256()
@@ -64,7 +60,6 @@ def file_sha256(path):
         for piece in iter(lambda: f.read(1 << 20), b""):
             digest.update(piece)
     return f"sha256 {digest.hexdigest()}"
-
 
 def files_listing(paths, root):
     """The files as "<count> files, <bytes> bytes, sha256 <hex>", the hash of each file's path
@@ -76,7 +71,6 @@ def files_listing(paths, root):
         total += st.st_size
         digest.update(f"{os.path.relpath(path, root)}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
     return f"{len(paths)} files, {total} bytes, sha256 {digest.hexdigest()}"
-
 
 def corpus_fingerprint(data_dir, paths, bpe_file):
     """{file below data_dir: its sha256, "--bpe-file": the ranks file's sha256 or None}."""
@@ -94,7 +88,6 @@ def corpus_fingerprint(data_dir, paths, bpe_file):
 
 BOOLEAN_DIM = 15
 
-
 @dataclass(frozen=True)
 class BooleanTask:
     name: str
@@ -103,11 +96,9 @@ class BooleanTask:
     mdi: Callable             # minimum-degree interpolator: agrees with f on Omega_seen
     values: Optional[tuple]   # the values f can take, for accuracy; None where the paper has none
 
-
 def _cyclic3(x):
     """sum_{i=0}^{d-1} x_i x_{i+1} x_{i+2}, indices mod d (wraps around)."""
     return (x * x.roll(-1, dims=1) * x.roll(-2, dims=1)).sum(1)
-
 
 def _cyclic3_mdi(x):
     """cyclic3 with its first term x0 x1 x2 replaced by the quadratic that equals it on the seen
@@ -115,7 +106,6 @@ def _cyclic3_mdi(x):
     x0, x1, x2 = x[:, 0], x[:, 1], x[:, 2]
     quadratic = x0 * x1 + x1 * x2 + x2 * x0 - x0 - x1 - x2 + 1
     return _cyclic3(x) - x0 * x1 * x2 + quadratic
-
 
 BOOLEAN_TASKS = {
     # f = x0 x1; unseen: x0 = x1 = -1 (1/4 of the cube). MDI x0 + x1 - 1.
@@ -148,18 +138,15 @@ BOOLEAN_TASKS = {
         values=None),
 }
 
-
 def boolean_cube(d=BOOLEAN_DIM):
     """Every point of {-1, +1}^d, (2^d, d) float; row r holds the bits of r (bit i = column i)."""
     r = torch.arange(2 ** d)[:, None]
     bits = (r >> torch.arange(d)) & 1
     return (2 * bits - 1).float()
 
-
 def boolean_tokens(x):
     """Bits {-1, +1} -> token ids {0, 1} for the embedding (one token per bit, as in GOTU)."""
     return ((x + 1) / 2).long()
-
 
 def boolean_dataset(name, d=BOOLEAN_DIM):
     """Train = every seen point; test = the whole cube. Returns a dict of tensors."""
@@ -169,12 +156,10 @@ def boolean_dataset(name, d=BOOLEAN_DIM):
     return {"x_train": cube[seen], "y_train": task.target(cube[seen]),
             "x_test": cube, "y_test": task.target(cube), "unseen": ~seen}
 
-
 def round_to_values(pred, values):
     """Each prediction replaced by the nearest of the target's possible values."""
     values = torch.tensor(values, dtype=pred.dtype, device=pred.device)
     return values[(pred[:, None] - values[None]).abs().argmin(1)]
-
 
 def boolean_accuracy(pred, y, values):
     """Percent of predictions that round to the true value (sign for +-1, nearest odd integer for
@@ -182,7 +167,6 @@ def boolean_accuracy(pred, y, values):
     if values is None or len(pred) == 0:
         return None
     return 100.0 * (round_to_values(pred, values) == y).float().mean().item()
-
 
 def boolean_metrics(name, pred, x):
     """Table 1's full-cube MSE and accuracy, the same on the unseen part alone, and on the unseen
@@ -198,7 +182,6 @@ def boolean_metrics(name, pred, x):
         "unseen_mse_to_mdi": mse(pred[unseen], mdi[unseen]),
     }
 
-
 def fourier_coefficients(pred, x, variables=(0, 1, 2)):
     """hat f(S) = mean over the cube of f(x) prod_{i in S} x_i for every monomial S over the given
     variables (exact when x is the whole cube). Keys like "1", "x0", "x0x2"."""
@@ -208,7 +191,6 @@ def fourier_coefficients(pred, x, variables=(0, 1, 2)):
             chi = x[:, list(subset)].prod(1) if subset else torch.ones(len(x))
             coeffs["".join(f"x{i}" for i in subset) or "1"] = (pred * chi).mean().item()
     return coeffs
-
 
 @torch.no_grad()
 def boolean_predictions(model, x, batch=8192):
@@ -220,7 +202,6 @@ def boolean_predictions(model, x, batch=8192):
            for i in range(0, len(x), batch)]
     model.train()
     return torch.cat(out)
-
 
 # The paper's Table 1 and Table "Ablation on mask initialization" (test loss, test acc %; threesym
 # has no accuracy), printed by train.py beside ours.
@@ -266,10 +247,8 @@ BPE_HELP = ("GPT-2's ranks file: r50k_base.tiktoken (the same ids as 'gpt2'; sha
             " e.g. from a machine with internet: python -c \"import tiktoken; "
             "tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR set, then copy the cached file")
 
-
 class DataError(Exception):
     """A dataset or tokenizer file that is missing or unreadable; the message says what to put where."""
-
 
 def embedded_corpus():
     """pydoc_data.topics joined in key order: English technical prose from the standard library."""
@@ -277,15 +256,12 @@ def embedded_corpus():
     topics = pydoc_data.topics.topics
     return "\n\n".join(topics[key] for key in sorted(topics))
 
-
 def byte_tokens(text):
     """UTF-8 bytes as token ids 0..255 (the embedded corpus's byte-level tokenizer)."""
     return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
 
-
 def decode_bytes(ids):
     return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
 
 def split_tokens(tokens, val_fraction=0.05, test_fraction=0.05):
     """Contiguous train / val / test split of one token stream (last 10% held out)."""
@@ -293,7 +269,6 @@ def split_tokens(tokens, val_fraction=0.05, test_fraction=0.05):
     n_train = len(tokens) - n_val - n_test
     return {"train": tokens[:n_train], "val": tokens[n_train:n_train + n_val],
             "test": tokens[n_train + n_val:]}
-
 
 def gpt2_encoding(bpe_file=None):
     """GPT-2's tokenizer through tiktoken, offline. bpe_file: a local r50k_base/gpt2 ranks file;
@@ -331,7 +306,6 @@ def gpt2_encoding(bpe_file=None):
         raise DataError(f"--bpe-file {bpe_file} is not a tiktoken ranks file ({str(err)[:80]}): "
                         f"lines of '<base64 token> <rank>' are expected ({BPE_HELP})")
 
-
 def _read(data_dir, relative, what):
     import os
     path = os.path.join(data_dir, relative)
@@ -343,12 +317,10 @@ def _read(data_dir, relative, what):
     except (OSError, UnicodeDecodeError) as err:
         raise DataError(f"{what}: {path} cannot be read as UTF-8 text ({type(err).__name__})")
 
-
 def _stories(text, count):
     """The first count stories of a TinyStories file (stories separated by <|endoftext|>)."""
     stories = [s.strip() for s in text.split(END_OF_TEXT)]
     return [s for s in stories if s][:count]
-
 
 def encode_documents(encoding, documents):
     """GPT-2 ids of the documents, each followed by <|endoftext|>, as one stream."""
@@ -358,7 +330,6 @@ def encode_documents(encoding, documents):
         ids.extend(encoding.encode_ordinary(doc))
         ids.append(eot)
     return torch.tensor(ids, dtype=torch.long)
-
 
 def _decoder(encoding):
     """ids -> text that never fails: an id the ranks file does not know (a sample of a model whose
@@ -372,38 +343,6 @@ def _decoder(encoding):
                 pieces.append("\ufffd".encode())
         return b"".join(pieces).decode("utf-8", "replace")
     return decode
-
-
-def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
-    """{"train", "val", "test"} token streams, "vocab_size", "decode" and "fingerprint" (what
-    --resume checks: the corpus files' and the ranks file's sha256) for one of LM_TASKS."""
-    import os
-    if name == "lm":   # the corpus is Python's own: its fingerprint is the token stream's
-        tokens = byte_tokens(embedded_corpus())
-        return {**split_tokens(tokens), "vocab_size": 256, "decode": decode_bytes,
-                "test_is_val": False, "fingerprint": {"pydoc_data.topics": tensors_sha256(tokens)}}
-    if name == "tinystories":
-        train_text = _read(data_dir, TINYSTORIES_FILES[0], "TinyStories training stories")
-        val_text = _read(data_dir, TINYSTORIES_FILES[1], "TinyStories validation stories")
-        enc = gpt2_encoding(bpe_file)
-        val = encode_documents(enc, _stories(val_text, val_stories))
-        return {"train": encode_documents(enc, _stories(train_text, train_stories)), "val": val,
-                "test": val, "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": True,
-                "fingerprint": corpus_fingerprint(
-                    data_dir, [os.path.join(data_dir, f) for f in TINYSTORIES_FILES], bpe_file)}
-    if name == "wikitext2":
-        texts = [_read(data_dir, rel, f"WikiText-2 raw {split}") for rel, split in
-                 zip(WIKITEXT2_FILES, ("train", "validation", "test"))]
-        enc = gpt2_encoding(bpe_file)
-        streams = [torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for t in texts]
-        return {"train": streams[0], "val": streams[1], "test": streams[2],
-                "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": False,
-                "fingerprint": corpus_fingerprint(
-                    data_dir, [os.path.join(data_dir, f) for f in WIKITEXT2_FILES], bpe_file)}
-    if name == "text":
-        return text_dataset(data_dir, bpe_file)
-    raise ValueError(f"unknown language task {name!r}")
-
 
 def text_dataset(data_dir, bpe_file=None):
     """--task text: the user's train.txt, valid.txt and optional test.txt in data_dir as token
@@ -436,6 +375,35 @@ def text_dataset(data_dir, bpe_file=None):
             "files": files, "info": {"data": info},
             "fingerprint": corpus_fingerprint(data_dir, files.values(), bpe_file)}
 
+def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
+    """{"train", "val", "test"} token streams, "vocab_size", "decode" and "fingerprint" (what
+    --resume checks: the corpus files' and the ranks file's sha256) for one of LM_TASKS."""
+    import os
+    if name == "lm":   # the corpus is Python's own: its fingerprint is the token stream's
+        tokens = byte_tokens(embedded_corpus())
+        return {**split_tokens(tokens), "vocab_size": 256, "decode": decode_bytes,
+                "test_is_val": False, "fingerprint": {"pydoc_data.topics": tensors_sha256(tokens)}}
+    if name == "tinystories":
+        train_text = _read(data_dir, TINYSTORIES_FILES[0], "TinyStories training stories")
+        val_text = _read(data_dir, TINYSTORIES_FILES[1], "TinyStories validation stories")
+        enc = gpt2_encoding(bpe_file)
+        val = encode_documents(enc, _stories(val_text, val_stories))
+        return {"train": encode_documents(enc, _stories(train_text, train_stories)), "val": val,
+                "test": val, "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": True,
+                "fingerprint": corpus_fingerprint(
+                    data_dir, [os.path.join(data_dir, f) for f in TINYSTORIES_FILES], bpe_file)}
+    if name == "wikitext2":
+        texts = [_read(data_dir, rel, f"WikiText-2 raw {split}") for rel, split in
+                 zip(WIKITEXT2_FILES, ("train", "validation", "test"))]
+        enc = gpt2_encoding(bpe_file)
+        streams = [torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for t in texts]
+        return {"train": streams[0], "val": streams[1], "test": streams[2],
+                "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": False,
+                "fingerprint": corpus_fingerprint(
+                    data_dir, [os.path.join(data_dir, f) for f in WIKITEXT2_FILES], bpe_file)}
+    if name == "text":
+        return text_dataset(data_dir, bpe_file)
+    raise ValueError(f"unknown language task {name!r}")
 
 def check_lm_splits(data, block_size):
     """DataError for a context longer than a split: every split must hold a window and its
@@ -448,14 +416,12 @@ def check_lm_splits(data, block_size):
                             f"({len(data[split])}): choose a block size below "
                             f"{len(data[split]) - 1}{more}")
 
-
 def lm_batch(tokens, block_size, batch_size, generator):
     """nanoGPT's get_batch: batch_size random windows; inputs (B, T) and next-token targets (B, T)."""
     starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator)
     offsets = torch.arange(block_size)
     x = tokens[starts[:, None] + offsets]
     return x, tokens[starts[:, None] + offsets + 1]
-
 
 def lm_windows(tokens, block_size):
     """The whole split cut into consecutive windows: inputs (W, T) and targets (W, T), every token
@@ -467,7 +433,6 @@ def lm_windows(tokens, block_size):
     y = torch.full((windows * block_size,), -100, dtype=torch.long)
     x[:n], y[:n] = tokens[:-1], tokens[1:]
     return x.view(windows, block_size), y.view(windows, block_size)
-
 
 @torch.no_grad()
 def lm_loss(model, tokens, block_size, batch=64):
@@ -485,7 +450,6 @@ def lm_loss(model, tokens, block_size, batch=64):
         count += (targets != -100).sum().item()
     model.train()
     return total / count
-
 
 # The paper's Table "Perplexity (PPL) comparison" (val, test).
 PAPER_LM = {("wikitext2", "default"): (172.78, 181.91), ("wikitext2", "mask"): (166.76, 179.70),
@@ -519,11 +483,9 @@ PLACEHOLDER = 10                                                # token of an an
 ARITHMETIC_VOCAB = 11                                           # digits 0-9 and the placeholder
 ALL_PAIRS = 10 ** (2 * OPERAND_DIGITS)
 
-
 def digits(n, count):
     """(P,) integers -> (P, count) decimal digits, least significant first."""
     return torch.div(n[:, None], 10 ** torch.arange(count), rounding_mode="floor") % 10
-
 
 def arithmetic_split(train_frac, seed):
     """(train ids, held-out ids): a seeded permutation of all 10^6 pair ids, the first
@@ -534,7 +496,6 @@ def arithmetic_split(train_frac, seed):
     n_train = max(1, round(train_frac * ALL_PAIRS))
     return perm[:n_train], perm[n_train:]
 
-
 def arithmetic_examples(task, ids):
     """Pair ids (P,) -> input tokens (P, 6 + K) and answer digits (P, K), in the layout above."""
     k = ARITHMETIC_TASKS[task]
@@ -543,7 +504,6 @@ def arithmetic_examples(task, ids):
     slots = torch.full((len(ids), k), PLACEHOLDER)
     tokens = torch.cat([digits(a, OPERAND_DIGITS), digits(b, OPERAND_DIGITS), slots], 1)
     return tokens, digits(value, k)
-
 
 def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
     """Train and evaluation tensors of one run. The evaluation set is a fixed (seeded) random
@@ -558,7 +518,6 @@ def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
     return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval,
             "eval_pairs": len(held_out), "held_out_pairs": ALL_PAIRS - len(train_ids)}
 
-
 def arithmetic_metrics(logits, answers):
     """Table "Performance of arithmetic tasks": sequence accuracy (every answer digit right),
     digit accuracy and mean cross-entropy per digit (percent for the accuracies), plus the
@@ -570,11 +529,9 @@ def arithmetic_metrics(logits, answers):
             "digit_acc": 100.0 * right.float().mean().item(),
             "position_acc": (100.0 * right.float().mean(0)).tolist()}
 
-
 def answer_logits(model, tokens):
     """Digit logits of the answer slots, the positions after the six operand digits: (B, K, 10)."""
     return model(tokens)[:, 2 * OPERAND_DIGITS:]
-
 
 @torch.inference_mode()
 def arithmetic_logits(model, x, batch=512):
@@ -588,7 +545,6 @@ def arithmetic_logits(model, x, batch=512):
             out.append(answer_logits(model, x[i:i + batch].to(device)).float().cpu())
     model.train()
     return torch.cat(out)
-
 
 # The paper's Table "Performance of arithmetic tasks" (seq acc %, digit acc %, loss), at its
 # train fractions (ARITHMETIC_TRAIN_FRAC).
@@ -632,7 +588,6 @@ NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
                  "images": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
 RESIZED_CROP_TASKS = ("imagenet100", "images")   # images of any size: timm's ImageNet crops
 
-
 def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scale=0.08, channels=3):
     """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S),
     C = channels (1 for grey-scale images of --task images, normalised by the means of ImageNet's
@@ -662,7 +617,6 @@ def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scal
     return v2.Compose([v2.ToImage(), *geometry, *augment, v2.ToDtype(torch.float32, scale=True),
                        v2.Normalize(mean, std)])
 
-
 def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
     """Batch augmentation of the tables, "Mixup / CutMix 0.8 / 1.0": each batch gets MixUp
     (Beta(0.8, 0.8)) or CutMix (Beta(1, 1)) with equal chance, as timm's Mixup with switch
@@ -675,7 +629,6 @@ def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
     if not mixers:
         return lambda images, labels: (images, torch.nn.functional.one_hot(labels, num_classes).float())
     return v2.RandomChoice(mixers)
-
 
 def _cifar(name, data_dir, transform, train, download):
     """torchvision's CIFAR10 / CIFAR100 split, or DataError naming the folder and layout."""
@@ -695,7 +648,6 @@ def _cifar(name, data_dir, transform, train, download):
     except OSError as err:       # --download without a network
         raise DataError(f"{pretty}: download into {path} failed ({err})")
 
-
 def _imagenet100(data_dir, split, transform):
     """One split of ImageNet100 as torchvision's ImageFolder, or DataError naming the folders."""
     import os
@@ -710,7 +662,6 @@ def _imagenet100(data_dir, split, transform):
         return datasets.ImageFolder(path, transform=transform)
     except (OSError, RuntimeError, ValueError) as err:   # e.g. class folders without images
         raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
-
 
 # --task images: the user's own images, an ImageFolder tree in one of two layouts (IMAGES_LAYOUT).
 # Class folders are sorted by name (label = position, as torchvision's ImageFolder); hidden
@@ -732,7 +683,6 @@ IMAGE_HOLD_OUT = 0.1
 IMAGE_SPLIT_SEED = 0
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")     # PIL modes of one-channel images
 
-
 class ImageFiles(torch.utils.data.Dataset):
     """(path, label) samples read by PIL as `mode` ("L" or "RGB") and transformed: torchvision's
     ImageFolder over a list of files (the same .samples and .classes)."""
@@ -752,7 +702,6 @@ class ImageFiles(torch.utils.data.Dataset):
         except OSError as err:
             raise DataError(f"images: {path} cannot be decoded ({err}): delete or replace it")
         return self.transform(image), label
-
 
 def _class_files(folder, layout_hint):
     """{class: sorted image paths below folder/<class>}, or DataError: no such folder, fewer than
@@ -776,7 +725,6 @@ def _class_files(folder, layout_hint):
                             f"({' '.join(IMG_EXTENSIONS)})")
     return files
 
-
 def _hold_out(files, folder):
     """(train, held-out) {class: paths}: IMAGE_HOLD_OUT of each class, at least one image, drawn
     by one generator seeded with IMAGE_SPLIT_SEED, the classes in sorted order."""
@@ -792,7 +740,6 @@ def _hold_out(files, folder):
         train[name] = sorted(paths[i] for i in order[count:])
     return train, held
 
-
 def _image_header(path):
     """(PIL mode, (width, height)) of an image file, or DataError naming it: PIL reads its header
     and checks what it can without decoding (Image.verify: every chunk's CRC for PNG)."""
@@ -805,7 +752,6 @@ def _image_header(path):
         raise DataError(f"images: {path} is not a readable image ({type(err).__name__}): delete "
                         f"or replace it")
     return mode, size
-
 
 def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_scale=0.08):
     """--task images: {"train", "test", "classes", "channels", "info", "fingerprint"} from the
@@ -851,7 +797,6 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
             "channels": channels, "info": {"data": info},
             "fingerprint": {"train images": listing(datasets[0]), "eval images": listing(datasets[1])}}
 
-
 def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9,
                    crop_scale=0.08):
     """{"train", "test", "classes", "fingerprint"} (images: also "channels", "info"): torchvision
@@ -880,7 +825,6 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
                                              data_dir)}
     return {"train": train, "test": test, "classes": VISION_CLASSES[name], "fingerprint": fingerprint}
 
-
 def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
     """Training loader over this process's share of each shuffled epoch (a DistributedSampler,
     also with one process) and a test loader over every world-th test image, so that the ranks'
@@ -893,7 +837,6 @@ def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
     test = DataLoader(Subset(data["test"], range(rank, len(data["test"]), world)),
                       batch_size // world, num_workers=workers, pin_memory=pin_memory)
     return train, test, sampler
-
 
 @torch.no_grad()
 def vision_scores(model, loader):
@@ -910,7 +853,6 @@ def vision_scores(model, loader):
         count += len(labels)
     model.train()
     return correct, total, count
-
 
 # The paper's Table "Best Top-1 accuracy (%) on vision benchmarks that are all using ViT-T model"
 # (Section 5.3); mask-fixed from Appendix A.2's Table "Best Top-1 accuracy (%) on vision
@@ -1082,34 +1024,6 @@ def markdown_table(results, columns, init_order):
         lines.append("| " + " | ".join(keys + cells) + " |")
     return "\n".join(lines)
 
-def result_tables(results, init_order):
-    """table.md's markdown, per family its tables, and {file name: SVG} of the figures: curves.svg
-    and those of the sweeps the results hold."""
-    families = {FAMILY_OF[r["task"]] for r in results}
-    table = lambda family, columns: markdown_table(
-        [r for r in results if FAMILY_OF[r["task"]] == family], columns, init_order)
-    edited = any(r["config"].get("mask_error") for r in results)
-    truth = TRUE_MASS_COLUMNS if edited or any(r["config"].get("mask_from") for r in results) else []
-    sections = [f"## {title}\n\n{table(family, columns)}\n" for family, title, columns in (
-        ("boolean", "Results", BOOLEAN_COLUMNS),
-        ("boolean", "Persistence of the prior", PERSISTENCE_COLUMNS + truth),
-        ("language", "Perplexity", LM_COLUMNS), ("vision", "Best top-1 accuracy", VISION_COLUMNS + truth),
-        ("arithmetic", "Arithmetic", ARITHMETIC_COLUMNS + truth)) if family in families]
-    groups = group_runs(results, init_order)
-    arithmetic = {s: runs for s, runs in groups.items() if FAMILY_OF[s.task] == "arithmetic" and not s.prior}
-    # "Does the mask learn?" with the exact hand-made prior, at the model's lr, no decay on M
-    masks = {s: runs for s, runs in groups.items() if s.init in ("mask", "mask-fixed")
-             and FAMILY_OF[s.task] == "boolean" and not (s.decay or s.error or s.mask_lr or s.prior)}
-    figures = {"curves.svg": curves_svg(results, init_order),
-               # Figure "Test sequence accuracy under varying training fractions"
-               "data_efficiency.svg": sweep_figure(arithmetic, init_order, "train_frac", "train fraction",
-                                                   [None], lambda v: f"{100 * v:g}%"),
-               # accuracy and mask drift against A, learnable vs fixed M (edited priors: the next one)
-               "mask_magnitude.svg": None if edited else sweep_figure(
-                   masks, init_order, "magnitude", "mask magnitude A", [None, "mask_drift"]),
-               "imperfect_prior.svg": imperfect_figure(groups, init_order)}
-    return "\n".join(sections), {name: svg for name, svg in figures.items() if svg}
-
 def summary_line(result):
     """A finished run in one line: its family's SUMMARY numbers, named by their table headers (less
     "(%)" and "final "), its prior masses, its seconds and a language model's sample."""
@@ -1134,7 +1048,6 @@ def summary_line(result):
         said.append(f"true prior mass {f['true_prior_mass_init']:.2f} -> {f['true_prior_mass_final']:.2f}")
     sample = f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else ""
     return f"{head}: {', '.join(said)}, {result['seconds']:.0f} s{sample}"
-
 
 # Line charts: line_chart draws every one, rows of Panels with a legend beside a row. A line is the
 # mean over seeds, in a band from the lowest to the highest seed where they differ.
@@ -1236,7 +1149,6 @@ def line_chart(rows, caption="", width=360, height=250):
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{figure_width}" height="{y}" '
             f'font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>'
             + "".join(parts) + "</svg>\n")
-
 
 # curves.svg: per task a row of two charts against the epoch or iteration, the training loss (each
 # round's mean) and the task's main metric (at each evaluation), a line per Settings.
@@ -1369,6 +1281,35 @@ def imperfect_figure(groups, init_order):
             rows.append(("", panels, None if rows else legend))
     return line_chart(rows, width=400, height=270)
 
+
+
+def result_tables(results, init_order):
+    """table.md's markdown, per family its tables, and {file name: SVG} of the figures: curves.svg
+    and those of the sweeps the results hold."""
+    families = {FAMILY_OF[r["task"]] for r in results}
+    table = lambda family, columns: markdown_table(
+        [r for r in results if FAMILY_OF[r["task"]] == family], columns, init_order)
+    edited = any(r["config"].get("mask_error") for r in results)
+    truth = TRUE_MASS_COLUMNS if edited or any(r["config"].get("mask_from") for r in results) else []
+    sections = [f"## {title}\n\n{table(family, columns)}\n" for family, title, columns in (
+        ("boolean", "Results", BOOLEAN_COLUMNS),
+        ("boolean", "Persistence of the prior", PERSISTENCE_COLUMNS + truth),
+        ("language", "Perplexity", LM_COLUMNS), ("vision", "Best top-1 accuracy", VISION_COLUMNS + truth),
+        ("arithmetic", "Arithmetic", ARITHMETIC_COLUMNS + truth)) if family in families]
+    groups = group_runs(results, init_order)
+    arithmetic = {s: runs for s, runs in groups.items() if FAMILY_OF[s.task] == "arithmetic" and not s.prior}
+    # "Does the mask learn?" with the exact hand-made prior, at the model's lr, no decay on M
+    masks = {s: runs for s, runs in groups.items() if s.init in ("mask", "mask-fixed")
+             and FAMILY_OF[s.task] == "boolean" and not (s.decay or s.error or s.mask_lr or s.prior)}
+    figures = {"curves.svg": curves_svg(results, init_order),
+               # Figure "Test sequence accuracy under varying training fractions"
+               "data_efficiency.svg": sweep_figure(arithmetic, init_order, "train_frac", "train fraction",
+                                                   [None], lambda v: f"{100 * v:g}%"),
+               # accuracy and mask drift against A, learnable vs fixed M (edited priors: the next one)
+               "mask_magnitude.svg": None if edited else sweep_figure(
+                   masks, init_order, "magnitude", "mask magnitude A", [None, "mask_drift"]),
+               "imperfect_prior.svg": imperfect_figure(groups, init_order)}
+    return "\n".join(sections), {name: svg for name, svg in figures.items() if svg}
 
 # ----------------------------------------------------------------------------------------------
 # 6. Pictures: heat maps of attention maps and mask biases (attention.svg, persistence figure)
