@@ -50,9 +50,11 @@ import tasks
 # code's model, which the paper builds on: width 256, the optimizer's coupled weight decay 1e-3 on
 # every parameter (M excepted: its decay is --mask-decay), and positions and CLS drawn from
 # N(0, 1) (pos_std, cls_std; nanoGPT's and timm's 0.02 and zero otherwise). "cpu" shrinks the
-# width to 64 (heads of 21) and the epochs, without weight decay; cyclic3 gets 20 epochs and the
-# GOTU code's N(0, 1) positions, with which its vanilla model fits its training set (with 0.02 it
-# stays at a training loss of 6 even after 60).
+# width to 64 (heads of 21) and the epochs, and keeps the small starts without weight decay: with
+# the GOTU starts and decay, 2parity's mask model predicts a constant at widths 64 and 128 (the
+# README's Boolean section has the numbers). cyclic3 gets 20 epochs and the GOTU code's N(0, 1)
+# positions, with which its vanilla model fits its training set (with 0.02 it stays at a training
+# loss of 6 even after 60).
 BOOLEAN_PRESETS = {
     "paper": {"epochs": 90, "lr": 1e-3, "batch_size": 256, "layers": 4, "heads": 3, "dim": 256,
               "head_dim": 64, "mlp_dim": 256, "optimizer": "adam", "weight_decay": 1e-3,

@@ -62,19 +62,7 @@ def interrupt_then_resume(args, tmp_path, monkeypatch, capsys, step, signum=sign
     import train
     assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
     real_train = train.train
-
-    def train_with_a_signal(exp, *rest):
-        real_loss, calls = exp.loss_of, []
-
-        def loss_of(net, batch):
-            calls.append(1)
-            if len(calls) == step:
-                signal.raise_signal(signum)
-            return real_loss(net, batch)
-        exp.loss_of = loss_of
-        return real_train(exp, *rest)
-
-    monkeypatch.setattr(train, "train", train_with_a_signal)
+    monkeypatch.setattr(train, "train", train_raising(real_train, step, signum))
     capsys.readouterr()
     assert train.main([*args, "--out", str(tmp_path / "stopped")]) == 128 + signum
     err = capsys.readouterr().err
@@ -86,6 +74,22 @@ def interrupt_then_resume(args, tmp_path, monkeypatch, capsys, step, signum=sign
                for run in ("whole", "stopped")]
     return (json.loads((tmp_path / "whole" / "result.json").read_text()),
             json.loads((tmp_path / "stopped" / "result.json").read_text()), err.strip(), weights)
+
+
+def train_raising(real_train, step, *signums):
+    """train.train that raises each of signums in-process inside the loss of optimizer step `step`."""
+    def train_with_signals(exp, *rest):
+        real_loss, calls = exp.loss_of, []
+
+        def loss_of(net, batch):
+            calls.append(1)
+            if len(calls) == step:
+                for signum in signums:
+                    signal.raise_signal(signum)
+            return real_loss(net, batch)
+        exp.loss_of = loss_of
+        return real_train(exp, *rest)
+    return train_with_signals
 
 
 def same_weights(a, b):

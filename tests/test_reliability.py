@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import train
-from conftest import BOOLEAN_TINY as TINY, ROOT, interrupt_then_resume, same_weights
+from conftest import BOOLEAN_TINY as TINY, ROOT, interrupt_then_resume, same_weights, train_raising
 from synthetic import write_text_files, write_tiny_ranks
 from test_damaged_input import files_of, one_line
 
@@ -427,19 +427,7 @@ def test_a_second_signal_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, m
     args = [*SIX_STEPS, "--epochs", "2", "--eval-every", "1"]
     assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
     real_train = train.train
-
-    def train_with_two_signals(exp, *rest):
-        real_loss, calls = exp.loss_of, []
-
-        def loss_of(net, batch):
-            calls.append(1)
-            if len(calls) == 8:
-                signal.raise_signal(signal.SIGINT)
-                signal.raise_signal(signal.SIGINT)
-            return real_loss(net, batch)
-        exp.loss_of = loss_of
-        return real_train(exp, *rest)
-    monkeypatch.setattr(train, "train", train_with_two_signals)
+    monkeypatch.setattr(train, "train", train_raising(real_train, 8, signal.SIGINT, signal.SIGINT))
     out = tmp_path / "run"
     capsys.readouterr()
     assert train.main([*args, "--out", str(out)]) == 130
