@@ -53,8 +53,8 @@ class MaskedSelfAttention(nn.Module):
 
         A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
 
-    M (heads, seq_len, seq_len) is the parameter `mask`, one full N x N matrix per head, started
-    from the task's pattern (open +10, closed -10); s = mask_scale (1; 10 for the GPT prior of
+    M (heads, seq_len, seq_len) is the parameter `mask`, one full N x N matrix per head, which
+    starts at the task's pattern (open +10, closed -10); s = mask_scale (1; 10 for the GPT prior of
     Appendix "Wiki-text and Tiny-stories"). log sigmoid(s M) <= 0 can only down-weight: entry (i, j)
     keeps exp(q_i . k_j / sqrt(d)) * sigmoid(s M_ij) before its row is renormalised. A row whose
     entries share one M (all open, all closed, or the zero mask of Appendix A.1) is therefore

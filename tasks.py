@@ -23,7 +23,9 @@ need them); never imports train.py.
 import ctypes
 import hashlib
 import itertools
+import json
 import math
+import os
 import statistics
 from collections import namedtuple
 from dataclasses import dataclass
@@ -64,7 +66,6 @@ def file_sha256(path):
 def files_listing(paths, root):
     """The files as "<count> files, <bytes> bytes, sha256 <hex>", the hash of each file's path
     below root, size and modification time (ns), in the order given."""
-    import os
     digest, total = hashlib.sha256(), 0
     for path in paths:
         st = os.stat(path)
@@ -74,7 +75,6 @@ def files_listing(paths, root):
 
 def corpus_fingerprint(data_dir, paths, bpe_file):
     """{file below data_dir: its sha256, "--bpe-file": the ranks file's sha256 or None}."""
-    import os
     found = {os.path.relpath(path, data_dir): file_sha256(path) for path in dict.fromkeys(paths)}
     return {**found, "--bpe-file": bpe_file and file_sha256(bpe_file)}
 
@@ -273,7 +273,6 @@ def split_tokens(tokens, val_fraction=0.05, test_fraction=0.05):
 def gpt2_encoding(bpe_file=None):
     """GPT-2's tokenizer through tiktoken, offline. bpe_file: a local r50k_base/gpt2 ranks file;
     without one, tiktoken's own cache (TIKTOKEN_CACHE_DIR) must already hold it."""
-    import os
     import tiktoken
     import tiktoken.load
     from tiktoken_ext.openai_public import r50k_pat_str
@@ -307,7 +306,6 @@ def gpt2_encoding(bpe_file=None):
                         f"lines of '<base64 token> <rank>' are expected ({BPE_HELP})")
 
 def _read(data_dir, relative, what):
-    import os
     path = os.path.join(data_dir, relative)
     if not os.path.isfile(path):
         raise DataError(f"{what}: expected {path} (--data-dir {data_dir})")
@@ -349,7 +347,6 @@ def text_dataset(data_dir, bpe_file=None):
     streams: UTF-8 bytes (vocab 256, nothing to download), or GPT-2 tokens with a bpe_file.
     DataError for a missing, empty, binary or non-UTF-8 file. "files" names each split's file
     (check_lm_splits quotes it); "info" goes into result.json as "data"."""
-    import os
     files = {split: os.path.join(data_dir, name)
              for split, name in zip(("train", "val", "test"), TEXT_FILES)}
     if not os.path.exists(files["test"]):
@@ -378,7 +375,6 @@ def text_dataset(data_dir, bpe_file=None):
 def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
     """{"train", "val", "test"} token streams, "vocab_size", "decode" and "fingerprint" (what
     --resume checks: the corpus files' and the ranks file's sha256) for one of LM_TASKS."""
-    import os
     if name == "lm":   # the corpus is Python's own: its fingerprint is the token stream's
         tokens = byte_tokens(embedded_corpus())
         return {**split_tokens(tokens), "vocab_size": 256, "decode": decode_bytes,
@@ -632,7 +628,6 @@ def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
 
 def _cifar(name, data_dir, transform, train, download):
     """torchvision's CIFAR10 / CIFAR100 split, or DataError naming the folder and layout."""
-    import os
     from torchvision import datasets
     folder, files = CIFAR_LAYOUT[name]
     path = os.path.join(data_dir, folder)
@@ -650,7 +645,6 @@ def _cifar(name, data_dir, transform, train, download):
 
 def _imagenet100(data_dir, split, transform):
     """One split of ImageNet100 as torchvision's ImageFolder, or DataError naming the folders."""
-    import os
     from torchvision import datasets
     root = os.path.join(data_dir, IMAGENET100_FOLDER)
     path = os.path.join(root, split)
@@ -706,7 +700,6 @@ class ImageFiles(torch.utils.data.Dataset):
 def _class_files(folder, layout_hint):
     """{class: sorted image paths below folder/<class>}, or DataError: no such folder, fewer than
     two class folders, or a class folder without images."""
-    import os
     from torchvision.datasets.folder import IMG_EXTENSIONS
     if not os.path.isdir(folder):
         raise DataError(f"images: no folder {folder} ({layout_hint})")
@@ -757,7 +750,6 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
     """--task images: {"train", "test", "classes", "channels", "info", "fingerprint"} from the
     user's ImageFolder tree (IMAGES_LAYOUT); "info" goes into result.json as "data": the layout,
     folders, classes, image counts, channels, the images' own sizes and the split seed."""
-    import os
     hint = f"--data-dir DIR: {IMAGES_LAYOUT}"
     train_dir = os.path.join(data_dir, "train")
     eval_name = next((n for n in IMAGE_EVAL_FOLDERS if os.path.isdir(os.path.join(data_dir, n))), None)
@@ -811,7 +803,6 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
         return image_folder_dataset(data_dir, image_size, randaugment_magnitude, crop_scale)
     train_tf = vision_transform(name, image_size, True, randaugment_magnitude, crop_scale)
     test_tf = vision_transform(name, image_size, False)
-    import os
     if name == "imagenet100":
         train, test = _imagenet100(data_dir, "train", train_tf), _imagenet100(data_dir, "val", test_tf)
         listing = lambda dataset: files_listing([p for p, _ in dataset.samples], data_dir)
@@ -906,7 +897,6 @@ def edit_order(error):
 
 def learned_prior(config):
     """The label "<source run folder>, τ <TAU>" of a run whose M came from --mask-from, else None."""
-    import os
     source = config.get("mask_from")
     return source and f"{os.path.basename(os.path.abspath(source))}, τ {config['mask_threshold']:g}"
 
@@ -937,7 +927,6 @@ class Settings(namedtuple("Settings", "task variant init train_frac magnitude de
                 self.rest)
 
 def settings_of(result):
-    import json
     c = result["config"]
     own = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_variant")
     rest = tuple(sorted((k, json.dumps(v)) for k, v in c.items() if k not in own))
@@ -955,7 +944,6 @@ def group_runs(results, init_order):
 def config_differences(settings):
     """{Settings: "epochs 2 lr 0.001"}: the keys of rest in which Settings alike in every other field
     differ, with each one's values; {} when none do."""
-    import json
     rests = {}
     for s in settings:
         rests.setdefault(s._replace(rest=()), []).append(dict(s.rest))
@@ -1386,7 +1374,6 @@ def learned_prior_figure(runs):
     """Priors side by side: per (label, run folder) of a mask init the bias log sigmoid(s M) it
     started from (attention_before.pt), e.g. a hand-made mask beside priors learned with --mask-from;
     each block from its lowest bias (purple) to 0 (yellow, open)."""
-    import os
     blocks = []
     for label, folder in runs:
         bias = torch.load(os.path.join(folder, "attention_before.pt"), weights_only=True)["bias"]
