@@ -1,28 +1,18 @@
 """maskprior: attention with a learnable mask prior, the models built on it, and the mask patterns.
 
-Reference implementation of "Mask-Based Priors Are More Persistent than Query-Key Initializations".
-Read top to bottom beside the paper:
-
-  1. MaskedSelfAttention   the block of Section 4.1: softmax(Q K^T / sqrt(d) + log sigmoid(M)) V,
-                           with its fixed (Appendix A.2), Hadamard (Appendix B) and vanilla modes;
-                           logit_bias is the one place the bias log sigmoid(s M) (and the causal
-                           mask) is computed; masked_attention, the same equation as a function.
-  2. Models                on that block, one mask per layer (Principle 4): the GOTU Transformer
-                           encoder (Section 5.1, also the arithmetic model), the GPT (Appendix
-                           "Wiki-text and Tiny-stories") and the ViT (Section 5.3).
-  3. Mask patterns         the hand-made priors (Appendix "Design of Mask Pattern"): Boolean,
-                           arithmetic, the GPT's relative distance, the ViT's impulse; edit_pattern,
-                           a rough or wrong prior (Appendix A.2); learned_mask, a prior read off a
-                           trained model's attention (the future work of the paper's Limitations).
-  4. QK baselines          the same patterns put into W_Q / W_K instead: structured SVD and Opt
-                           (Zheng et al.), and mimetic (Trockman and Kolter), Sections 2.1, 5.1.
-  5. Measuring the prior   mean attention maps, mask biases, prior mass and pattern correlation,
-                           the bias by distance (Section 6.1): the persistence numbers.
-  6. add_mask_prior        appendix: the same prior put into the nn.MultiheadAttention modules of
-                           an existing model (e.g. torchvision's ViT) in one call.
-
-This file imports torch and nothing else; MaskedSelfAttention needs nothing else from it, so its
-class can be copied into another file on its own.
+Reference implementation of "Mask-Based Priors Are More Persistent than Query-Key Initializations";
+read top to bottom beside the paper:
+  1. MaskedSelfAttention, softmax(Q K^T / sqrt(d) + log sigmoid(M)) V (Section 4.1), with fixed
+     (Appendix A.2), Hadamard (Appendix B) and vanilla modes; masked_attention, the same function.
+  2. Models, one mask per layer (Principle 4): the GOTU encoder (Section 5.1, also the arithmetic
+     model), the GPT (Appendix "Wiki-text and Tiny-stories"), the ViT (Section 5.3).
+  3. Mask patterns (Appendix "Design of Mask Pattern"): Boolean, arithmetic, the GPT's relative
+     distance, the ViT's impulse; their edits (Appendix A.2); priors learned from a trained model.
+  4. QK baselines, the same patterns in W_Q / W_K (Sections 2.1, 5.1): structured SVD and Opt
+     (Zheng et al.), mimetic (Trockman and Kolter).
+  5. Measuring the prior (Section 6.1): attention maps, prior mass, drift: the persistence numbers.
+  6. Appendix: add_mask_prior puts the prior into an existing model (e.g. torchvision's ViT).
+This file imports torch only; MaskedSelfAttention needs nothing else from it and pastes alone.
 """
 
 import math
@@ -31,43 +21,31 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# The constants of the paper's setup, each once. Appendix "Experiment Details": a hand-made prior
-# opens an entry with M = +A and closes it with M = -A, A = 10 for the Boolean tasks and the ViT.
-# After log sigmoid an open entry adds log sigmoid(10) = -4.5e-5 to its logit and a closed entry
-# log sigmoid(-10) = -10.00005. Softmax only sees differences within a row, so in a row that
-# mixes the two an open key outweighs a closed key with the same content score by
-# sigmoid(10) / sigmoid(-10) = e^10 = 22026, while open keys keep their vanilla ratios.
+# The paper's constants, each once. Appendix "Experiment Details": a hand-made prior opens an entry
+# with M = +A and closes it with M = -A, A = 10 for the Boolean tasks and the ViT: an open entry
+# adds log sigmoid(10) = -4.5e-5 to its logit, a closed one log sigmoid(-10) = -10.00005.
 OPEN, CLOSE = 10.0, -10.0
 ARITHMETIC_OPEN, ARITHMETIC_CLOSE = 5.0, -5.0    # Table "Arithmetic task setup": open 5, close -5
 GPT_MASK_SCALE = 10.0   # Appendix "Wiki-text and Tiny-stories": the GPT prior is log sigmoid(10 M)
 NORM_P = 18.0           # structured init multiplies the positions by 18 before its solve (norm_p,
                         # osiriszjq/structured_initialization; meant for positions drawn at 0.02)
 
-
-# ----------------------------------------------------------------------------------------------
-# 1. The attention block (Section 4.1)
-# ----------------------------------------------------------------------------------------------
-
+# === 1. The attention block (Section 4.1) =========================================================
 class MaskedSelfAttention(nn.Module):
     """Multi-head self-attention with a learnable additive logit bias per head, Section 4.1:
-
         A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
-
-    M (heads, seq_len, seq_len) is the parameter `mask`, one full N x N matrix per head, which
-    starts at the task's pattern (open +10, closed -10); s = mask_scale (1; 10 for the GPT prior of
-    Appendix "Wiki-text and Tiny-stories"). log sigmoid(s M) <= 0 can only down-weight: entry (i, j)
-    keeps exp(q_i . k_j / sqrt(d)) * sigmoid(s M_ij) before its row is renormalised. A row whose
-    entries share one M (all open, all closed, or the zero mask of Appendix A.1) is therefore
-    vanilla attention; in a mixed row an open key outweighs a closed key of equal score by
-    sigmoid(10) / sigmoid(-10) = e^10, while open keys keep their vanilla ratios to each other.
-
-    mode: "learnable" (the paper: M trains with the model), "fixed" (Appendix A.2: M never
-      moves), "hadamard" (Appendix B: sigma(s M) o softmax(Q K^T / sqrt(d)), rows no longer sum
-      to 1), "none" (vanilla attention, no M). causal: the hard causal mask on top (the GPT).
-    Inputs shorter than seq_len use the top-left (n, n) block of M. The class needs only math,
-    torch, torch.nn as nn and torch.nn.functional as F: it pastes alone into another file.
-    """
-
+    M (heads, seq_len, seq_len) is the parameter `mask`, one full N x N matrix per head, starting at
+    the task's pattern (open +10, closed -10); s = mask_scale (1; 10 for the GPT prior of Appendix
+    "Wiki-text and Tiny-stories"). log sigmoid(s M) <= 0 only down-weights: entry (i, j) keeps
+    exp(q_i . k_j / sqrt(d)) * sigmoid(s M_ij) before its row is renormalised, so a row whose
+    entries share one M (all open, all closed, or the zero mask of Appendix A.1) is vanilla
+    attention, and in a mixed row an open key outweighs a closed key of equal content score by
+    sigmoid(10) / sigmoid(-10) = e^10 = 22026, while open keys keep their vanilla ratios.
+    mode: "learnable" (the paper: M trains with the model), "fixed" (Appendix A.2: M never moves),
+    "hadamard" (Appendix B: sigma(s M) o softmax(Q K^T / sqrt(d)), rows no longer sum to 1), "none"
+    (vanilla attention, no M). causal: the hard causal mask on top (the GPT). Inputs shorter than
+    seq_len use the top-left (n, n) block of M. The class needs only math, torch, torch.nn as nn and
+    torch.nn.functional as F: it pastes alone into another file."""
     MODES = ("learnable", "fixed", "hadamard", "none")
     # forward's two paths compute the same function; path "auto" takes the fused one where it is
     # faster, "fused" or "written" forces one (e.g. a backend without the float mask's gradient).
@@ -97,17 +75,14 @@ class MaskedSelfAttention(nn.Module):
         elif tuple(mask_init.shape) != expected:
             raise ValueError(f"mask_init must have shape (heads, seq_len, seq_len) = {expected}, "
                              f"got {tuple(mask_init.shape)}")
-        # A fixed M is still the Parameter `mask` (checkpoints and pictures treat every mode
-        # alike), with requires_grad=False: no optimizer moves it.
+        # fixed: still the Parameter `mask` (checkpoints and pictures treat all modes alike), frozen
         self.mask = nn.Parameter(mask_init.detach().clone().float(), requires_grad=(mode != "fixed"))
 
     @staticmethod
     def logit_bias(mask, n, scale=1.0, causal=False, dtype=None, device=None):
         """The additive bias of Section 4.1 on the first n positions, computed only here:
-
             log sigmoid(scale * M[:, :n, :n])        (H, n, n), from M (H, N, N)
             + (-inf where key j lies after query i)   if causal: the hard causal mask
-
         mask None: the causal mask alone, (n, n) of 0 and -inf, or None (vanilla attention).
         dtype: cast to it (q's dtype under autocast); device: the causal mask's (default M's)."""
         bias = None
@@ -160,16 +135,12 @@ class MaskedSelfAttention(nn.Module):
         y = self.proj(y.transpose(1, 2).reshape(B, N, self.heads * self.head_dim))  # (B, N, dim)
         return (y, attn) if return_attn else y
 
-# The same attention as one function, to read beside Section 4.1; the bias is the class's own
-# logit_bias, so this is the class's written-out path without dropout and in-place steps:
-#
-#     Attention(Q, K, V; M) = softmax( Q K^T / sqrt(d) + log sigmoid(s M) [+ causal -inf] ) V
-#
-# Q, K, V: (..., N, d), M: (H, N, N) (broadcast over the batch), s the mask scale (1 in the paper
-# except for the GPT prior, where s = 10).
 def masked_attention(q, k, v, mask, scale=1.0, causal=False):
-    """softmax(q k^T / sqrt(d) + log sigmoid(scale * mask) [+ causal -inf]) v.
-    q, k, v (B, H, N, d) and mask (H, N, N), broadcast over the batch -> (B, H, N, d)."""
+    """The same attention as one function, to read beside Section 4.1 (the class's written-out path
+    with its own logit_bias, without dropout and in-place steps):
+        Attention(Q, K, V; M) = softmax( Q K^T / sqrt(d) + log sigmoid(s M) [+ causal -inf] ) V
+    q, k, v (..., N, d), e.g. (B, H, N, d), and mask M (H, N, N), broadcast over the batch ->
+    (B, H, N, d); s = scale, 1 in the paper except for the GPT prior, where s = 10."""
     n = q.shape[-2]
     bias = MaskedSelfAttention.logit_bias(mask, n, scale, causal, q.dtype, q.device)  # (H, n, n)
     logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])      # (B, H, N, N)
@@ -179,15 +150,9 @@ def attention_modules(model):
     """Every MaskedSelfAttention inside model, in model.modules() order (first layer to last)."""
     return [m for m in model.modules() if isinstance(m, MaskedSelfAttention)]
 
-
-# ----------------------------------------------------------------------------------------------
-# 2. Models on the block: the GOTU encoder (Section 5.1), the GPT (Appendix "Wiki-text and
-#    Tiny-stories") and the ViT (Section 5.3)
-# ----------------------------------------------------------------------------------------------
-
+# === 2. Models on the block: the GOTU encoder (Section 5.1), the GPT, the ViT (Section 5.3) =======
 class MLP(nn.Module):
     """The position-wise GELU MLP of a Transformer block."""
-
     def __init__(self, dim, hidden, dropout=0.0):
         super().__init__()
         self.fc = nn.Linear(dim, hidden)
@@ -198,14 +163,9 @@ class MLP(nn.Module):
         return self.dropout(self.out(F.gelu(self.fc(x))))
 
 class Block(nn.Module):
-    """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)).
-
-    drop_path: None, or a module applied to each residual branch before it is added, e.g.
-      torchvision.ops.StochasticDepth(p, "row") for the ViT's drop path (0.1 in
-      Table "Experimental setup for CIFAR10").
-      It is passed in (built by train.py) because this file imports torch only.
-    """
-
+    """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)). drop_path: None, or a module on
+    each residual branch, e.g. the ViT's torchvision.ops.StochasticDepth(p, "row") (0.1 in Table
+    "Experimental setup for CIFAR10"), built by train.py since this file imports torch only."""
     def __init__(self, dim, heads, seq_len, mlp_dim, head_dim=None, mask_init=None,
                  mode="learnable", causal=False, mask_scale=1.0, dropout=0.0, qkv_bias=False,
                  drop_path=None):
@@ -238,14 +198,10 @@ def run_blocks(blocks, x, return_attn=False):
 
 class Transformer(nn.Module):
     """Encoder over discrete tokens: embedding, optional CLS, learned positions, pre-LN blocks.
-
-    masks: None, or a tensor (depth, heads, seq_len, seq_len) holding one mask_init per layer,
-      so each layer can have its own pattern (Principle 4, layer-wise composition).
-    seq_len counts every position the blocks see, the CLS token included.
-    readout: "cls" returns head(LN(x[:, 0])) of shape (B, out_dim), as the GOTU code reads one
-      scalar off the CLS token; "tokens" returns head(LN(x)) at every position, (B, N, out_dim).
-    """
-
+    masks: None, or (depth, heads, seq_len, seq_len), one mask_init per layer (Principle 4,
+    layer-wise composition); seq_len counts every position, CLS included. readout: "cls" returns
+    head(LN(x[:, 0])) (B, out_dim), as the GOTU code reads one scalar off the CLS token; "tokens"
+    returns head(LN(x)) at every position, (B, N, out_dim)."""
     def __init__(self, vocab_size, seq_len, dim, depth, heads, mlp_dim, out_dim, head_dim=None,
                  masks=None, mode="none", cls_token=True, readout="cls", dropout=0.0, pos_std=0.02,
                  cls_std=0.0):
@@ -257,23 +213,18 @@ class Transformer(nn.Module):
             raise ValueError("readout='cls' needs cls_token=True")
         self.readout = readout
         self.embed = nn.Embedding(vocab_size, dim)
-        # Learned positions start at N(0, pos_std^2) and CLS at N(0, cls_std^2). The defaults
-        # (positions 0.02, CLS 0) are nanoGPT's and timm's; the aryol/GOTU code, which the paper's
-        # Boolean experiments build on, draws both from N(0, 1), and so does `--preset paper`.
-        # Starts that large let attention route by position from the first steps: a vanilla model
-        # then fits cyclic3, and 2parity's CLS, closed to every bit by its mask, reaches them
-        # before weight decay shrinks W_Q and W_K. The draws come in the GOTU model's order
-        # (embedding, positions, CLS, then each block's layers), so with cls_std = pos_std = 1
-        # a seed gives the initial weights that code's TokenTransformer gets from it.
+        # Positions N(0, pos_std^2), CLS N(0, cls_std^2): 0.02 and 0 by default (nanoGPT, timm);
+        # aryol/GOTU, which the paper's Boolean experiments build on, and `--preset paper` use
+        # N(0, 1): attention then routes by position from the first steps (a vanilla model fits
+        # cyclic3; 2parity's CLS, closed to every bit, reaches them before weight decay shrinks W_Q
+        # and W_K). Drawn in the GOTU model's order (embedding, positions, CLS, each block's
+        # layers), so with cls_std = pos_std = 1 a seed gives the weights its TokenTransformer gets.
         self.pos = nn.Parameter(pos_std * torch.randn(1, seq_len, dim))
-        self.cls = None
-        if cls_token:
-            start = cls_std * torch.randn(1, 1, dim) if cls_std else torch.zeros(1, 1, dim)
-            self.cls = nn.Parameter(start)
+        self.cls = None if not cls_token else nn.Parameter(
+            cls_std * torch.randn(1, 1, dim) if cls_std else torch.zeros(1, 1, dim))
         self.blocks = nn.ModuleList(
-            Block(dim, heads, seq_len, mlp_dim, head_dim,
-                  None if masks is None else masks[layer], mode, dropout=dropout)
-            for layer in range(depth))
+            Block(dim, heads, seq_len, mlp_dim, head_dim, None if masks is None else masks[layer],
+                  mode, dropout=dropout) for layer in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, out_dim)
 
@@ -288,29 +239,22 @@ class Transformer(nn.Module):
         return (out, attns) if return_attn else out
 
 def _init_weights(model, truncated):
-    """The GPT-2 / timm initialisation shared by GPT and ViT: every nn.Linear and nn.Embedding
-    weight drawn with std 0.02, every nn.Linear bias zero. truncated=False draws N(0, 0.02^2)
-    (nn.init.normal_, GPT-2 and nanoGPT); truncated=True draws nn.init.trunc_normal_ (timm's ViT;
-    its cut at +-2 lies 100 std out). model.apply visits the layers in registration order, which
-    fixes the order of the random draws. (The ViT has no nn.Embedding.)"""
+    """The GPT-2 / timm init of GPT and ViT: nn.Linear and nn.Embedding (none in the ViT) weights at
+    std 0.02, nn.Linear biases zero; truncated=False draws N(0, 0.02^2) (nn.init.normal_, GPT-2,
+    nanoGPT), True nn.init.trunc_normal_ (timm's ViT; its cut at +-2 lies 100 std out). model.apply
+    visits the layers in registration order, which fixes the order of the random draws."""
     draw = nn.init.trunc_normal_ if truncated else nn.init.normal_
-
     def init(module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             draw(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-
     model.apply(init)
 
 class GPT(nn.Module):
-    """A GPT on MaskedSelfAttention(causal=True): token and learned position embeddings, pre-LN
-    blocks, final LayerNorm, a language-model head tied to the token embedding (nanoGPT's model).
-
-    mode "none" is the default GPT; "learnable" with masks=relative_distance_mask(...) per layer
-    is the paper's mask init. masks: None or (depth, heads, block_size, block_size).
-    """
-
+    """nanoGPT's GPT (Appendix "Wiki-text and Tiny-stories") on MaskedSelfAttention(causal=True).
+    mode "none" is the default GPT; "learnable" with masks (depth, heads, block_size, block_size)
+    of relative_distance_mask per layer is the paper's mask init."""
     def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none",
                  masks=None, mask_scale=GPT_MASK_SCALE):
         super().__init__()
@@ -357,18 +301,13 @@ class GPT(nn.Module):
         return idx
 
 class ViT(nn.Module):
-    """A ViT on our Block: patch embedding, CLS token, learned positions, pre-LN blocks with drop
-    path, final LayerNorm and a linear classifier (timm's vit_tiny_patch16_224 at width 192,
-    depth 12, 3 heads, MLP 768, patch 16 on 224 x 224; Table "Experimental setup for CIFAR10").
-
-    masks: None, or (depth, heads, N, N) mask_init per layer (impulse_mask for the paper's prior).
-    pool: "cls" reads the CLS token (timm's default, used for CIFAR); "avg" averages the patch
-      tokens ("Global pool avg" in Table "Experimental setup for ImageNet100").
-    drop_paths: None, or one module per block for its residual branches, e.g.
-      torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
-    qkv_bias=True as in timm's ViT; the biases start at zero, so no init below is affected.
-    """
-
+    """A ViT on our Block with drop path, as timm's vit_tiny_patch16_224 (width 192, depth 12, 3
+    heads, MLP 768, patch 16 on 224 x 224; Table "Experimental setup for CIFAR10"). masks: None or
+    (depth, heads, N, N), one mask_init per layer (impulse_mask for the paper's prior). pool: "cls"
+    reads CLS (timm's default, used for CIFAR), "avg" averages the patch tokens ("Global pool avg"
+    in Table "Experimental setup for ImageNet100"). drop_paths: None, or one module per block, e.g.
+    torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
+    qkv_bias=True as in timm's ViT; the biases start at zero, so no init below is affected."""
     def __init__(self, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
                  masks=None, mode="none", pool="cls", drop_paths=None, channels=3):
         super().__init__()
@@ -376,8 +315,7 @@ class ViT(nn.Module):
             raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
         if pool not in ("cls", "avg"):
             raise ValueError(f"pool must be 'cls' or 'avg', got {pool!r}")
-        self.grid = image_size // patch_size
-        self.pool = pool
+        self.grid, self.pool = image_size // patch_size, pool
         seq_len = self.grid ** 2 + 1
         # Patch embedding: a stride-p convolution = a linear map of each p x p x C patch.
         self.patch_embed = nn.Conv2d(channels, dim, patch_size, stride=patch_size)
@@ -397,28 +335,19 @@ class ViT(nn.Module):
     def forward(self, images, return_attn=False):
         """images (B, C, H, W) -> class logits (B, num_classes) [, each layer's (B, H, N, N)]."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2)    # (B, grid^2, dim), row-major
-        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)     # (B, N, dim)
-        x = x + self.pos
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1) + self.pos     # (B, N, dim)
         x, attns = run_blocks(self.blocks, x, return_attn)
         x = self.norm(x)
-        features = x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1)   # (B, dim)
-        out = self.head(features)
+        out = self.head(x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1))   # features (B, dim)
         return (out, attns) if return_attn else out
 
-
-# ----------------------------------------------------------------------------------------------
-# 3. Mask patterns. The Boolean GOTU tasks (Appendix "Design of Mask Pattern")
-# ----------------------------------------------------------------------------------------------
-# Token layout of the Boolean model: position 0 is the CLS token the readout uses, position
-# 1 + i holds bit x_i, so d = 15 bits give N = 16. Each constructor returns (depth, heads, N, N)
-# logits M: OPEN where a query may attend to a key, CLOSE elsewhere. Row = query, column = key. The
-# paper shows these masks as pictures (Figure "Visualization of task-specific mask design") and
-# states the principles behind them (Section 4.2); each constructor's docstring says which principle
-# its open entries serve.
-
+# === 3. Mask patterns: the Boolean GOTU tasks (Appendix "Design of Mask Pattern") ================
+# Token layout of the Boolean model: position 0 is the CLS token the readout uses, position 1 + i
+# holds bit x_i, so d = 15 bits give N = 16. Each constructor returns (depth, heads, N, N) logits M:
+# OPEN where a query (row) may attend to a key (column), CLOSE elsewhere: Figure "Visualization of
+# task-specific mask design"; each docstring names the principles (Section 4.2) it serves.
 def _bit(i):
-    """Sequence position of bit x_i (position 0 is CLS)."""
-    return 1 + i
+    return 1 + i                   # sequence position of bit x_i (position 0 is CLS)
 
 def _pattern(open_pairs, n_tokens, open_value=OPEN, close_value=CLOSE):
     """(N, N) logits that are open_value at the (query, key) pairs given and close_value elsewhere."""
@@ -427,59 +356,46 @@ def _pattern(open_pairs, n_tokens, open_value=OPEN, close_value=CLOSE):
         m[query, key] = open_value
     return m
 
-def _diagonal(n_tokens):
-    """Every token sees itself: keeps each token's own value in its residual stream."""
+def _diagonal(n_tokens):   # every token sees itself: keeps its own value in its residual stream
     return [(i, i) for i in range(n_tokens)]
 
-def mask_2parity(depth, heads, d=15):
-    """2parity, f = x0 x1. Principles (1) task-aligned interaction and (2) shortcut suppression.
+def _everywhere(open_pairs, n, depth, heads):
+    """(depth, heads, N, N): the diagonal and open_pairs open in every layer and head."""
+    return _pattern(_diagonal(n) + open_pairs, n).expand(depth, heads, n, n).clone()
 
-    Only x0 and x1 attend to each other (and to themselves); every other token, CLS included,
-    sees only itself. The product x0 x1 appears naturally in a bilinear logit q(x0) . k(x1),
-    while a CLS query that read x0 and x1 directly would mix them linearly, which is the
-    minimum-degree shortcut x0 + x1 - 1. CLS therefore starts closed and learns (through its
-    finite -10 entries and the trainable M) where to read the product from.
-    """
-    n = d + 1
-    pairs = _diagonal(n) + [(_bit(0), _bit(1)), (_bit(1), _bit(0))]
-    return _pattern(pairs, n).expand(depth, heads, n, n).clone()
+def mask_2parity(depth, heads, d=15):
+    """2parity, f = x0 x1. Principles (1) task-aligned interaction and (2) shortcut suppression:
+    only x0 and x1 attend to each other (and themselves); every other token, CLS included, sees only
+    itself. x0 x1 appears naturally in a bilinear logit q(x0) . k(x1); a CLS reading x0 and x1 would
+    mix them linearly, the minimum-degree shortcut x0 + x1 - 1, so CLS starts closed and learns
+    (through its finite -10 entries and the trainable M) where to read the product from."""
+    return _everywhere([(_bit(0), _bit(1)), (_bit(1), _bit(0))], d + 1, depth, heads)
 
 def mask_majority(depth, heads, d=15):
-    """3-bit majority, f = sign(x0 + x1 + x2). Principle (2) shortcut suppression.
+    """3-bit majority, f = sign(x0 + x1 + x2), a global sum and a sign, where the MDI uses the
+    pairwise products x0 x2 and x1 x2. Principle (2) shortcut suppression: each bit sees only
+    itself, so no pairwise product forms in attention; the CLS row opens to x0, x1, x2, so the
+    readout token aggregates exactly the three votes."""
+    return _everywhere([(0, _bit(i)) for i in range(3)], d + 1, depth, heads)
 
-    Majority is a global sum followed by a sign; the MDI instead uses the pairwise products
-    x0 x2 and x1 x2. Off-diagonal interactions between bits are suppressed (each bit sees only
-    itself), so no pairwise product forms in attention; the CLS row opens to x0, x1, x2, so the
-    readout token aggregates exactly the three votes.
-    """
-    n = d + 1
-    pairs = _diagonal(n) + [(0, _bit(i)) for i in range(3)]
-    return _pattern(pairs, n).expand(depth, heads, n, n).clone()
-
-# cyclic3 layers: the first CYCLIC3_BUILD layers build the triples, the rest read them out.
-CYCLIC3_BUILD = 2
+CYCLIC3_BUILD = 2   # cyclic3: the first CYCLIC3_BUILD layers build the triples, the rest read out
 
 def mask_cyclic3(depth, heads, d=15):
     """cyclic3, f = sum_i x_i x_{i+1} x_{i+2} (indices mod d). Principle (4) layer-wise composition
     (Appendix "Design of Mask Pattern": the cyclic triples are built "through layer-wise
     composition of structured local connections, rather than encoding them directly").
-
     Layer 0 (pairs): bit token i sees {x_i, x_{i+1 mod d}}; its MLP can form x_i x_{i+1}.
-    Layer 1 (pairs of pairs): the same +1 window again. Token i now reads its own pair
-      (x_i, x_{i+1}) and token i+1's pair (x_{i+1}, x_{i+2}); the two overlap in x_{i+1}, so their
-      union is exactly the triple (x_i, x_{i+1}, x_{i+2}). The window in the mask stays one step
-      wide; what widens is the span of bits behind it: 1 -> 2 -> 3. A window of {i, i+1, i+2} in
-      layer 1 would compose pairs into 4 bits (x_i .. x_{i+3}), more than the target needs.
-      With d = 15 and indices mod d, bit token i ends layer 1 holding triple T_i, and the 15 tokens
-      hold the 15 cyclic triples of f, each exactly once (T_13 = (x13, x14, x0), T_14 = (x14, x0, x1)).
-    Layers 2.. (readout): bit tokens see only themselves (the triples stay put in the residual
-      stream) and the CLS token sees every position, so the readout sums the 15 triples, as the
-      majority mask lets CLS aggregate its three votes.
-    In layers 0-1 CLS sees only itself: a CLS that read raw bits early could fit the
-    minimum-degree shortcut (Principle 2). A model with fewer than 3 layers gets the build layers
-    only (depth 1: the pairs layer); the paper's Boolean models have 4.
-    mask_cyclic3_direct encodes each triple within one layer instead (--mask-variant direct).
-    """
+    Layer 1 (pairs of pairs): the same +1 window; token i reads its pair (x_i, x_{i+1}) and token
+      i+1's (x_{i+1}, x_{i+2}), whose union is exactly the triple T_i = (x_i, x_{i+1}, x_{i+2}):
+      the window stays one step wide, the span of bits behind it widens 1 -> 2 -> 3 (a window
+      {i, i+1, i+2} would compose 4 bits, x_i .. x_{i+3}). With d = 15 the 15 tokens then hold the
+      15 cyclic triples of f, each once (T_13 = (x13, x14, x0), T_14 = (x14, x0, x1)).
+    Layers 2.. (readout): bit tokens see only themselves (the triples stay put), CLS sees every
+      position and sums the 15 triples, as the majority mask lets CLS aggregate its three votes.
+    In layers 0-1 CLS sees only itself: reading raw bits early it could fit the minimum-degree
+    shortcut (Principle 2). Fewer than 3 layers get the build layers only (depth 1: the pairs
+    layer); the paper's Boolean models have 4. mask_cyclic3_direct (--mask-variant direct)
+    encodes each triple within one layer instead."""
     n = d + 1
     build = _pattern(_diagonal(n) + [(_bit(i), _bit((i + 1) % d)) for i in range(d)], n)
     readout = _pattern(_diagonal(n) + [(0, key) for key in range(n)], n)
@@ -488,21 +404,17 @@ def mask_cyclic3(depth, heads, d=15):
 
 def mask_cyclic3_direct(depth, heads, d=15):
     """cyclic3, the direct variant: every layer lets bit token i see itself and its two cyclic
-    successors i+1, i+2, so a single layer already spans the whole triple (x_i, x_{i+1}, x_{i+2});
-    CLS sees only itself at the start and learns to read the sum. This encodes the triple directly
-    rather than by composition, so it is not what Principle (4) describes; kept for comparison
-    (BOOLEAN_MASK_VARIANTS["cyclic3"]["direct"])."""
-    n = d + 1
-    pairs = _diagonal(n) + [(_bit(i), _bit((i + s) % d)) for i in range(d) for s in (1, 2)]
-    return _pattern(pairs, n).expand(depth, heads, n, n).clone()
+    successors i+1, i+2, so one layer spans the whole triple (x_i, x_{i+1}, x_{i+2}); CLS sees only
+    itself at the start and learns to read the sum. Not composition, so not what Principle (4)
+    describes; kept for comparison (BOOLEAN_MASK_VARIANTS["cyclic3"]["direct"])."""
+    pairs = [(_bit(i), _bit((i + s) % d)) for i in range(d) for s in (1, 2)]
+    return _everywhere(pairs, d + 1, depth, heads)
 
 def mask_threesym(depth, heads, d=15):
-    """threesym, f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0. Principles (2) and (3) multi-head specialisation.
-
-    A sum of three pairwise parities: head h gets a 2parity-style mask for one pair,
-    (x0, x1), (x1, x2), (x2, x0) in turn (cycling if there are more than three heads); head
-    concatenation then adds the three products. Every other token, CLS included, sees only itself.
-    """
+    """threesym, f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0. Principles (2) and (3) multi-head
+    specialisation. A sum of three pairwise parities: head h gets a 2parity-style mask for one pair,
+    (x0, x1), (x1, x2), (x2, x0) in turn (cycling past three heads); head concatenation then adds
+    the three products. Every other token, CLS included, sees only itself."""
     n = d + 1
     pairs_of_head = [(0, 1), (1, 2), (2, 0)]
     masks = torch.empty(depth, heads, n, n)
@@ -511,18 +423,10 @@ def mask_threesym(depth, heads, d=15):
         masks[:, h] = _pattern(_diagonal(n) + [(_bit(a), _bit(b)), (_bit(b), _bit(a))], n)
     return masks
 
-BOOLEAN_MASKS = {
-    "2parity": mask_2parity,
-    "majority": mask_majority,
-    "cyclic3": mask_cyclic3,
-    "threesym": mask_threesym,
-}
-
-# Named alternatives to a task's default pattern: task -> {variant: constructor}. The default
-# (BOOLEAN_MASKS[task]) is listed too, so a command line can name either one explicitly.
-BOOLEAN_MASK_VARIANTS = {
-    "cyclic3": {"composed": mask_cyclic3, "direct": mask_cyclic3_direct},
-}
+BOOLEAN_MASKS = {"2parity": mask_2parity, "majority": mask_majority, "cyclic3": mask_cyclic3,
+                 "threesym": mask_threesym}
+# Named alternatives to a task's default pattern, the default among them: a command line names one
+BOOLEAN_MASK_VARIANTS = {"cyclic3": {"composed": mask_cyclic3, "direct": mask_cyclic3_direct}}
 
 def boolean_mask(task, depth, heads, variant=None):
     """The (depth, heads, N, N) mask logits of a Boolean task: BOOLEAN_MASKS[task], or the named
@@ -535,26 +439,20 @@ def boolean_mask(task, depth, heads, variant=None):
     return variants[variant](depth, heads)
 
 # --- Three-digit arithmetic (Section 5.2; Appendix "Design of Mask Pattern") ---
-# Token layout (tasks.py, section 3): a0 a1 a2 b0 b1 b2 c0 .. c(K-1), least significant digit
-# first, no CLS; the model reads answer digit c_k off position 6 + k. Table "Arithmetic task
-# setup" opens with M = 5 and closes with M = -5: log sigmoid(-5) = -5.007, a softer prior than the
-# Boolean +-10. Every head of every layer lets each token see itself and each operand digit see
-# its partner (Principle 1: aligned interactions). The heads then split the algorithm
-# (Principle 3: one sub-computation per head); every layer gets the same heads, and depth
-# composes them (Principle 4: carries need several steps). With more heads than roles the roles
-# repeat (head h takes role h mod 4). Open entries are ARITHMETIC_OPEN, closed ARITHMETIC_CLOSE.
-
+# Token layout (tasks.py, section 3): a0 a1 a2 b0 b1 b2 c0 .. c(K-1), least significant digit first,
+# no CLS; answer digit c_k is read off position 6 + k. ARITHMETIC_OPEN / _CLOSE = +-5:
+# log sigmoid(-5) = -5.007, a softer prior than the Boolean +-10. In every head and layer each token
+# sees itself and each operand digit its partner (Principle 1: aligned interactions); the heads
+# split the algorithm (Principle 3: one sub-computation per head, head h takes role h mod 4); every
+# layer gets the same heads, and depth composes them (Principle 4: carries need several steps).
 def _operand(which, i):
-    """Position of digit i (10^i) of operand a (which = 0) or b (which = 1)."""
-    return 3 * which + i
+    return 3 * which + i           # position of digit i (10^i) of operand a (which 0) or b (1)
 
 def _answer(k):
-    """Position of answer digit c_k."""
-    return 6 + k
+    return 6 + k                   # position of answer digit c_k
 
 def _answer_reads(k, operand_pairs, answers=()):
-    """Open (query, key) pairs that let answer slot k read the digit pairs (i, j) = (a_i, b_j) and
-    the answer slots given."""
+    """Open pairs letting answer slot k read the digit pairs (i, j) = (a_i, b_j) and the answers."""
     keys = [_operand(0, i) for i, _ in operand_pairs] + [_operand(1, j) for _, j in operand_pairs]
     return [(_answer(k), key) for key in keys + [_answer(m) for m in answers]]
 
@@ -572,7 +470,6 @@ def _arithmetic_masks(depth, heads, answer_digits, operand_links, roles):
 
 def mask_addition(depth, heads):
     """Addition: c_k = (a_k + b_k + carry_k) mod 10, carry_k from column k - 1.
-
     Shared: a_i <-> b_i (the aligned column, Principle 1).
     role 0  c_k reads its column (a_k, b_k): the digit-wise sum.
     role 1  c_k reads column k - 1 and c_{k-1}: the carry into k (Principle 3).
@@ -590,7 +487,6 @@ def mask_addition(depth, heads):
 
 def mask_multiplication(depth, heads):
     """Multiplication: c_k collects the partial products a_i b_j with i + j = k, plus carries.
-
     Shared: a_i <-> b_j for every i, j: each operand digit sees the digits it multiplies with
     (structured cross-number interactions).
     role 0  c_k reads the partial products landing on k: every (a_i, b_j) with i + j = k.
@@ -610,14 +506,11 @@ def mask_multiplication(depth, heads):
 ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplication}
 
 # --- The GPT's relative distance (Appendix "Wiki-text and Tiny-stories") ---
-# Language has no known interaction pattern, so the paper initialises a full learnable mask per head
-# from causal relative distance, M_ij = -max(i - j, 0), and applies it as log sigmoid(s M) with
-# s = 10: the diagonal gets log sigmoid(0) = -0.69, one step back log sigmoid(-10) = -10, two steps
-# back -20, ... (a strong "attend to the recent past" prior that training can flatten, Figure
-# "Relative mask bias before and after training"). s enters as MaskedSelfAttention's mask_scale, so
-# the parameter M keeps the paper's units. The hard causal mask (-inf above the diagonal) is added
-# on top.
-
+# Language has no known interaction pattern, so the paper initialises a full learnable mask per
+# head from causal relative distance, M_ij = -max(i - j, 0), applied as log sigmoid(s M), s = 10
+# (mask_scale, so M keeps the paper's units): the diagonal gets log sigmoid(0) = -0.69, one step
+# back -10, two steps back -20, ... (a strong "attend to the recent past" prior that training can
+# flatten, Figure "Relative mask bias before and after training"), under the hard causal mask.
 def relative_distance_mask(heads, block_size):
     """M_ij = -max(i - j, 0) for every head, (heads, block_size, block_size)."""
     i = torch.arange(block_size)
@@ -626,27 +519,20 @@ def relative_distance_mask(heads, block_size):
 
 # --- The ViT's impulse (Section 5.3, Table "Best Top-1 accuracy") ---
 # Section 5.3 follows Zheng et al. (2025): each head starts as one 3x3 convolution "impulse"
-# filter, i.e. a patch attends to exactly one neighbour (Appendix "Visualization of Structure
-# Initialization"). As impulse_init of osiriszjq/structured_initialization builds it: head i gets
-# offset k[i mod 9] of the 3x3 window with k = IMPULSE_ORDER, (row, col) offset =
-# (k // 3 - 1, k % 3 - 1), so heads 0..4 are identity, up, right, left, down, then the diagonals;
-# ViT-Tiny's 3 heads get identity, up, right. Every layer gets the same offsets.
-#
-# Token layout of the ViT: position 0 is CLS, patch (r, c) of the grid x grid patches sits at
-# position 1 + r * grid + c (row-major, as Conv2d + flatten produce them). N = grid^2 + 1.
-# The impulse covers patches only; our mask needs a row and column for CLS as well:
-#   - CLS row (CLS as query): OPEN to every key. CLS is the readout token; it must gather the
-#     whole image, as a global average pool does (the 2024 code, osiriszjq/structured_init, runs
-#     its impulse init with class_token=False and --gp avg; the 2025 code keeps timm's CLS).
-#   - CLS column (patches as queries, CLS as key): CLOSED. A patch row then holds exactly its
-#     impulse, so patch-to-patch attention starts as the 3x3 filter and nothing else.
-#   - A patch whose neighbour lies off the grid (zero padding in the filter) gets an empty row,
-#     all CLOSED. Softmax is shift-invariant, so an all-closed row acts like an unmasked one:
-#     such a patch starts with plain content-based attention over all positions.
-# The QK counterpart (structured_svd_init_ on a ViT) uses only the patch part,
-# impulse_mask(...)[..., 1:, 1:], and the patch positions, as the 2025 code solves on
-# pos_embed[1:] with a patches-only target; the CLS row and column above belong to the mask prior.
-
+# filter, a patch attending to exactly one neighbour (Appendix "Visualization of Structure
+# Initialization"). As impulse_init of osiriszjq/structured_initialization builds it, head i gets
+# offset k = IMPULSE_ORDER[i mod 9] of the 3x3 window, (row, col) = (k // 3 - 1, k % 3 - 1):
+# heads 0..4 are identity, up, right, left, down, then the diagonals (ViT-Tiny's 3 heads: identity,
+# up, right), the same in every layer. Position 0 is CLS, patch (r, c) sits at 1 + r * grid + c
+# (row-major, as Conv2d + flatten give them), N = grid^2 + 1. The impulse covers patches only; ours:
+#   - CLS row (CLS as query): OPEN to every key: the readout token must gather the whole image, as
+#     a global average pool does (the 2024 code, osiriszjq/structured_init, runs its impulse init
+#     with class_token=False and --gp avg; the 2025 code keeps timm's CLS).
+#   - CLS column (CLS as key): CLOSED, so patch-to-patch attention starts as the 3x3 filter alone.
+#   - A patch whose neighbour lies off the grid (zero padding in the filter) gets an all-CLOSED
+#     row, which acts like an unmasked one (softmax is shift-invariant): plain content attention.
+# The QK counterpart (structured_svd_init_) solves on the patch part impulse_mask(...)[..., 1:, 1:]
+# and the patch positions, as the 2025 code on pos_embed[1:]; CLS belongs to the mask prior.
 IMPULSE_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
 
 def impulse_offsets(heads):
@@ -654,8 +540,7 @@ def impulse_offsets(heads):
     return [(k // 3 - 1, k % 3 - 1) for k in (IMPULSE_ORDER[h % 9] for h in range(heads))]
 
 def patch_position(r, c, grid):
-    """Sequence position of patch (r, c); position 0 is CLS."""
-    return 1 + r * grid + c
+    return 1 + r * grid + c        # sequence position of patch (r, c); position 0 is CLS
 
 def impulse_mask(depth, heads, grid):
     """Impulse mask logits over CLS + a grid x grid patch grid, (depth, heads, N, N), N = grid^2 + 1:
@@ -704,31 +589,24 @@ def _lowest(rank, where, k):
     return chosen
 
 def edit_pattern(pattern, kind, fraction, generator, cls_row=False):
-    """A seeded edit of the mask logits pattern (..., N, N), open > 0 and closed < 0 as the
-    constructors above return them; an edited entry is negated (open +A <-> closed -A), so the
-    result is again a pattern of the same two values. With p = fraction:
-
+    """A seeded edit of the mask logits pattern (..., N, N), open > 0 and closed < 0 as above; an
+    edited entry is negated (open +A <-> closed -A), so the result has the same two values. p =
+    fraction; the diagonal is never edited (every token keeps seeing itself):
       extra    opens  edit_count(p, #closed) closed off-diagonal entries   (a rough superset)
       missing  closes edit_count(p, #open) open off-diagonal entries       (a rough subset)
       moved    closes k = min(edit_count(p, #open), #closed) open off-diagonal entries and opens k
                closed ones: a wrong prior with the right density (the open count stays)
-
-    The diagonal is never edited: every token keeps seeing itself. With cls_row (the Boolean
-    encoders: CLS at position 0) the CLS query row and the other rows are two parts, each counted
-    and edited on its own, and a moved entry stays in its part: `moved` keeps how many keys CLS
-    reads (majority: three wrong bits instead of x0, x1, x2) and never opens CLS where the exact
-    pattern keeps it closed (2parity, threesym: the shortcut of Principle 2 stays suppressed);
-    `missing` and `moved` leave a CLS row alone that has no open off-diagonal entry; `extra` opens
-    CLS entries as it opens any others.
-
-    The same edit everywhere: ONE uniformly random ranking of the N x N positions is drawn from
-    generator; in every (layer, head) matrix and part an edit takes the lowest-ranked entries of
-    the set it acts on (lowest-ranked open entries to close, lowest-ranked closed ones to open).
-    Equal patterns (every layer and head of 2parity or majority) thus get equal edits, different
-    ones (cyclic3's layers, threesym's heads, the arithmetic roles) each get that ranking's pick
-    of their own entries, and a larger fraction's edit contains a smaller one's. Heads whose
-    closed sets nearly coincide thus open the same wrong entries: under moved:1.0 every threesym
-    head reads the same wrong pair (one wrong guess, not one per head)."""
+    cls_row (the Boolean encoders, CLS at position 0): the CLS query row and the other rows are
+    edited as two parts, a moved entry staying in its part: `moved` keeps how many keys CLS reads
+    (majority: three wrong bits instead of x0, x1, x2) and never opens CLS where the exact pattern
+    keeps it closed (2parity, threesym: Principle 2's shortcut stays suppressed); `missing` and
+    `moved` leave alone a CLS row with no open off-diagonal entry; `extra` treats CLS as any row.
+    Every (layer, head) matrix and part takes the lowest-ranked entries of the set an edit acts on
+    in ONE uniformly random ranking of the N x N positions, drawn from generator: equal patterns
+    (2parity's, majority's layers and heads) get equal edits, different ones (cyclic3's layers,
+    threesym's heads, the arithmetic roles) that ranking's pick of their own entries, a larger
+    fraction's edit contains a smaller one's, and heads with nearly equal closed sets open the same
+    wrong entries (moved:1.0 gives all threesym heads the same wrong pair: one guess, not three)."""
     n = pattern.shape[-1]
     rank = torch.randperm(n * n, generator=generator).view(n, n)   # (N, N): position -> rank
     off_diagonal = ~torch.eye(n, dtype=torch.bool)
@@ -755,33 +633,25 @@ def edited_prior(pattern, error, seed, cls_row=False):
     kind, fraction = parse_edit(error)
     return edit_pattern(pattern, kind, fraction, torch.Generator().manual_seed(seed), cls_row)
 
-# --- Priors learned from a trained model. The hand-made patterns above assume that the interaction
-# structure is known: the paper's Limitations call this "in effect an oracle assumption" and name
-# "learning priors from data or pretrained models" as future work. A model that has already
-# learned the task (from more data, or a related task) shows its structure in its attention
-# maps; learned_mask turns them into mask logits of the same two values, so the prior goes into
-# M (Section 4.1) where a hand-made one would (train.py's --mask-from). Mimetic initialisation
-# (Trockman and Kolter) copies such maps into W_Q / W_K instead.
-
+# --- Priors learned from a trained model. The hand-made patterns assume the interaction structure
+# is known, "in effect an oracle assumption" (the paper's Limitations, which name "learning priors
+# from data or pretrained models" as future work). A model that has learned the task (from more
+# data, or a related task) shows its structure in its attention maps; learned_mask turns them into
+# mask logits for M (Section 4.1, train.py's --mask-from), as mimetic initialisation (Trockman and
+# Kolter) copies such maps into W_Q / W_K.
 def learned_mask(attn, magnitude, tau=1.0, causal=False):
     """Mask logits from mean attention maps p (..., N, N), e.g. mean_attention of a trained model,
-    (L, H, N, N): query row i, key column j, each row summing to 1 over the keys it may see.
-
+    (L, H, N, N): query row i, key column j, each row summing to 1 over the keys it may see:
         M_ij = +A   if  i = j  or  p_ij >= tau / n_i        (open)
         M_ij = -A   otherwise                                (closed)
-
-    n_i is the number of keys row i may see: N in an encoder, i + 1 in a causal model (key
-    j <= i). So tau = 1 opens exactly the keys that get at least a uniform row's share 1 / n_i;
-    tau = 2 only those with twice that, tau = 0.5 more. The diagonal is always open (every token
-    keeps seeing itself, as in every hand-made pattern of sections 3 and 4). causal: the future
-    entries (j > i) are closed; the hard causal mask hides them whatever M holds there.
-
-    magnitude A: open +A, closed -A, the hand-made patterns' values (Boolean and vision 10,
-    arithmetic 5). Where the model applies log sigmoid(s M) with a scale s (the GPT, s = 10),
-    pass A = 1: open entries then add log sigmoid(s) = -4.5e-5 and closed ones log sigmoid(-s) =
-    -10.00005, the bias the relative-distance prior gives the key one step back, so the learned
-    prior is as strong as that prior's nearest closed entry (its diagonal starts at -0.69, keys
-    further back at -20, -30, ...). Returns float32 logits of attn's shape."""
+    n_i, the keys row i may see: N in an encoder, i + 1 in a causal model (key j <= i): tau = 1
+    opens the keys that get at least a uniform row's share 1 / n_i, tau = 2 twice that, tau = 0.5
+    more. The diagonal is always open (as in every hand-made pattern); causal closes the future
+    (j > i), which the hard causal mask hides anyway. A: the hand-made values (Boolean and vision
+    10, arithmetic 5); where the model applies log sigmoid(s M) (the GPT, s = 10), pass A = 1: open
+    entries then add log sigmoid(s) = -4.5e-5, closed ones log sigmoid(-s) = -10.00005, the bias
+    the relative-distance prior gives the key one step back, its nearest closed entry (its diagonal
+    starts at -0.69, keys further back at -20, -30, ...). Returns float32 logits of attn's shape."""
     n = attn.shape[-1]
     i = torch.arange(n, device=attn.device)
     keys_seen = (i + 1 if causal else torch.full_like(i, n)).float()   # (N,) n_i
@@ -801,55 +671,40 @@ def open_fraction(pattern, causal=False):
     entries = pattern[..., counted]                                     # (..., #counted)
     return (entries > 0).float().mean().item() if entries.numel() else 0.0
 
-
-# ----------------------------------------------------------------------------------------------
-# 4. Query-key initialisation baselines (Sections 2.1 and 5.1; following the public code of
-#    Zheng et al., github.com/osiriszjq/structured_initialization)
-# ----------------------------------------------------------------------------------------------
-# The paper's comparison: put the SAME pattern into W_Q / W_K instead of into M. Every function
-# below takes a model built from MaskedSelfAttention (mode="none") and the (depth, heads, N, N)
-# pattern logits the mask constructors above return; an entry > 0 counts as open. Each writes
-# the head's rows of the q and k projections in place and returns the model.
-# Public code these follow (file timm/models/vision_transformer.py of each timm fork):
+# === 4. Query-key initialisation baselines (Sections 2.1 and 5.1; Zheng et al.'s public code) ====
+# The paper's comparison: the SAME pattern in W_Q / W_K instead of in M. Each function takes a
+# model of MaskedSelfAttention (mode="none") and (depth, heads, N, N) pattern logits (> 0 is open),
+# writes each head's q and k rows in place and returns the model. Public code followed
+# (github.com/<repo>, timm/models/vision_transformer.py of each timm fork):
 #   osiriszjq/structured_initialization (Zheng et al. 2025, the code Appendix "Experiment Details"
 #     points to): impulse_init (closed-form SVD solve), get_ortho_like (mimetic factors),
 #     VisionTransformer.post_init_weights (how they are written into the model).
-#   osiriszjq/structured_init (Zheng et al. 2024): impulse_init there fits Q, K by Adam; it is
-#     the only public code of the optimisation variant ("Structured (Opt)"; the 2025 repository
-#     has the SVD solve only).
-
+#   osiriszjq/structured_init (Zheng et al. 2024): its impulse_init fits Q, K by Adam, the only
+#     public code of "Structured (Opt)" (the 2025 repository has the SVD solve only).
 def pattern_targets(pattern):
     """Binary target (1 = open, 0 = closed) from mask logits, any shape."""
     return (pattern > 0).to(torch.float32)
 
 def pseudo_input(model, skip=0):
-    """The pseudo-input P of structured initialisation: layer_norm(positional embedding) without
-    affine parameters, one row per position from `skip` on, (N - skip, D).
-
-    Both Zheng et al. codes solve on layer_norm(positions): the rows of the positional embedding
-    are the "inputs" whose attention the solve shapes. The 2025 code drops the CLS row
-    (pos_embed[1:] in post_init_weights) because its impulse targets cover patches only: the ViT
-    passes skip=1 (structured_svd_init_ does that by itself for a ViT). Our Boolean and arithmetic
-    patterns have a row and a column for every position, the CLS slot included, so they keep
-    every row (skip=0)."""
+    """The pseudo-input P of structured initialisation, as in both Zheng et al. codes: the
+    positions, the "inputs" whose attention the solve shapes, under layer_norm without affine
+    parameters, one row per position from `skip` on, (N - skip, D) (skip: see _prefix_tokens)."""
     pos = model.pos.detach()[0, skip:]                             # (N - skip, D)
     return F.layer_norm(pos, pos.shape[-1:])
 
-def _head_rows(attn, h):
-    """Row slice of head h inside the stacked q (or k) projection of attn.qkv."""
-    return slice(h * attn.head_dim, (h + 1) * attn.head_dim)
+def _write_padded(weight, rows, w):
+    """weight[rows] = w (a, b) in its top-left corner, zeros elsewhere, without autograd."""
+    with torch.no_grad():
+        block = torch.zeros_like(weight[rows])
+        block[:w.shape[0], :w.shape[1]] = w
+        weight[rows] = block
 
 def _write_qk(attn, h, w_q, w_k):
-    """Write W_Q,h (r, D) and W_K,h (r, D) into head h so that q_h k_h^T = x w_q^T w_k x^T.
-    Rows beyond r (when the rank is below head_dim) are zeroed."""
-    inner = attn.heads * attn.head_dim
-    rows = _head_rows(attn, h)
-    with torch.no_grad():
-        weight = attn.qkv.weight                                   # (3 inner, D): q, k, v stacked
-        for offset, w in ((0, w_q), (inner, w_k)):
-            block = torch.zeros(attn.head_dim, weight.shape[1])
-            block[:len(w)] = w
-            weight[offset + rows.start:offset + rows.stop] = block.to(weight)
+    """Write W_Q,h (r, D) and W_K,h (r, D) into head h so that q_h k_h^T = x w_q^T w_k x^T; rows
+    beyond r (when the rank is below head_dim) are zeroed."""
+    inner, hd = attn.heads * attn.head_dim, attn.head_dim
+    for offset, w in ((0, w_q), (inner, w_k)):    # qkv.weight (3 inner, D): q, k, v stacked
+        _write_padded(attn.qkv.weight, slice(offset + h * hd, offset + (h + 1) * hd), w)
 
 def _factor(a, rank):
     """a (D, D) ~ L R with L = U sqrt(S) (D, rank) and R = sqrt(S) V^T (rank, D), by SVD
@@ -859,36 +714,27 @@ def _factor(a, rank):
     return u[:, :rank] * root, root[:, None] * vh[:rank]
 
 def mimetic_noise(dim, generator=None):
-    """Z of mimetic initialisation: (dim, dim) entries uniform on [-sqrt(3 / dim), sqrt(3 / dim)],
-    i.e. mean 0 and variance 1 / dim. get_ortho_like (osiriszjq/structured_initialization) draws
-    uniform with exactly these bounds by default (dist='uniform'); its 'normal' option, N(0, 1/dim),
-    has the same variance but is not what the mimetic and impulse paths use."""
-    bound = math.sqrt(3 / dim)
-    return (torch.rand(dim, dim, generator=generator) * 2 - 1) * bound
+    """Z of mimetic initialisation: (dim, dim), uniform on +-sqrt(3 / dim) (variance 1 / dim), the
+    default (dist='uniform') of get_ortho_like (osiriszjq/structured_initialization); its 'normal'
+    option, N(0, 1/dim), has the same variance but is not what the mimetic and impulse paths use."""
+    return (torch.rand(dim, dim, generator=generator) * 2 - 1) * math.sqrt(3 / dim)
 
 def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator=None):
     """Mimetic initialisation (Trockman and Kolter 2023), the baseline of Tables "Best Top-1
-    accuracy" and "Perplexity (PPL) comparison". It mimics the identity-plus-noise attention of
-    trained Transformers and takes no task pattern.
-
-    Per head:  W_Q,h W_K,h^T ~ alpha1 Z1 + beta1 I, factored by SVD and truncated to head_dim:
-               q rows = L[:, :r]^T, k rows = R[:r] (as post_init_weights' mimetic branch writes
-               Q.T and K.T, osiriszjq/structured_initialization); a fresh Z1 for every head.
-    Per layer: W_V W_O ~ alpha2 Z2 - beta2 I, one fresh Z2 per layer.
-    Z: mimetic_noise, uniform with variance 1 / D, as that code's get_ortho_like draws it
-    (alpha = beta = 0.7 and 0.4 are its values too).
-
-    Where we differ from that code: its mimetic branch writes V and Proj into qkv / proj
-    untransposed, which (nn.Linear computes x W^T) makes the layer's value-output map
-    x -> x L^T R^T = x (R L)^T instead of x L R = x (alpha2 Z2 - beta2 I). R L is similar to L R
-    (same eigenvalues, same trace) but is not alpha2 Z2 - beta2 I; its -beta2 I part is lost. We
-    write v rows = L^T and proj = R^T, so W_V W_O = L R: the formula of Trockman and Kolter that
-    the paper cites, and what the same code's impulse branch writes (V.T, Proj.T). Also: our draws
-    come from a torch.Generator, the reference's from NumPy's global generator.
-    """
+    accuracy" and "Perplexity (PPL) comparison": it mimics the identity-plus-noise attention of
+    trained Transformers and takes no task pattern. Per head, W_Q,h W_K,h^T ~ alpha1 Z1 + beta1 I
+    (fresh Z1), factored by SVD and truncated to head_dim: q rows = L[:, :r]^T, k rows = R[:r], as
+    post_init_weights' mimetic branch (osiriszjq/structured_initialization) writes Q.T and K.T. Per
+    layer, W_V W_O ~ alpha2 Z2 - beta2 I (fresh Z2). Z: mimetic_noise, as that code's
+    get_ortho_like draws it (alpha = beta = 0.7 and 0.4 are its values too).
+    Where we differ: that code's mimetic branch writes V and Proj into qkv / proj untransposed, so
+    (nn.Linear computes x W^T) the value-output map is x -> x L^T R^T = x (R L)^T, not x L R =
+    x (alpha2 Z2 - beta2 I): R L is similar to L R (same eigenvalues and trace) but loses the
+    -beta2 I part. We write v rows = L^T and proj = R^T, so W_V W_O = L R, the formula of Trockman
+    and Kolter that the paper cites and what that code's impulse branch writes (V.T, Proj.T). Our
+    draws come from a torch.Generator, the reference's from NumPy's global one."""
     for attn in attention_modules(model):
-        dim = attn.qkv.weight.shape[1]
-        inner = attn.heads * attn.head_dim
+        dim, inner = attn.qkv.weight.shape[1], attn.heads * attn.head_dim
         eye = torch.eye(dim)
         for h in range(attn.heads):
             z1 = mimetic_noise(dim, generator)
@@ -896,58 +742,41 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
             _write_qk(attn, h, left.T, right)            # W_Q,h^T W_K,h = L R
         z2 = mimetic_noise(dim, generator)
         left, right = _factor(alpha2 * z2 - beta2 * eye, min(inner, dim))
-        with torch.no_grad():
-            w_v = torch.zeros(inner, dim)
-            w_v[:left.shape[1]] = left.T                 # v = x W_V: nn.Linear stores W_V^T
-            attn.qkv.weight[2 * inner:] = w_v
-            w_o = torch.zeros(dim, inner)
-            w_o[:, :right.shape[0]] = right.T            # y = o W_O: nn.Linear stores W_O^T
-            attn.proj.weight.copy_(w_o)
+        _write_padded(attn.qkv.weight, slice(2 * inner, None), left.T)  # v = x W_V: stores W_V^T
+        _write_padded(attn.proj.weight, slice(None), right.T)           # y = o W_O: stores W_O^T
     return model
 
 def scale_positions_(model, factor=NORM_P):
-    """Multiply the learned positional embedding by factor (norm_p = 18 of the impulse branch of
-    post_init_weights, osiriszjq/structured_initialization). The structured inits write the
-    pattern into how positions meet through W_Q W_K^T; at the usual 0.02 scale the positions would
-    be invisible beside the token embeddings."""
+    """Multiply the learned positions by factor (norm_p = 18 of post_init_weights' impulse branch,
+    osiriszjq/structured_initialization): the structured inits write the pattern into how positions
+    meet through W_Q W_K^T, and at the usual 0.02 they would be invisible beside the tokens."""
     with torch.no_grad():
         model.pos.mul_(factor)
     return model
 
 def _prefix_tokens(model, skip):
-    """How many leading positions the structured solves leave out: skip if given, else 1 for a ViT
-    (its CLS token; the 2025 code solves on pos_embed[1:]) and 0 for the Boolean / arithmetic
-    encoders, whose patterns cover every position."""
-    if skip is not None:
-        return skip
-    return 1 if isinstance(model, ViT) else 0
+    """Leading positions the structured solves leave out: skip if given, else 1 for a ViT (its CLS:
+    the 2025 code solves on pos_embed[1:] in post_init_weights, its impulse targets covering patches
+    only) and 0 for the Boolean / arithmetic encoders, whose patterns cover every position."""
+    return skip if skip is not None else int(isinstance(model, ViT))
 
 def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_norm=7.0,
                          pos_scale=NORM_P, generator=None, skip=None):
-    """Structured initialisation, SVD variant (Zheng et al. 2025), solved per layer and head.
-
-    Follows impulse_init and post_init_weights' impulse branch of
-    osiriszjq/structured_initialization:
-      - positions multiplied by pos_scale (norm_p = 18) before anything else;
-      - P = layer_norm(positions[skip:]) (pseudo_input); for a ViT skip = 1: the solve sees the
-        patch positions only (pos_embed[1:]) and the patches-only target pattern[..., 1:, 1:], so
-        the CLS row and column of W_Q W_K^T are whatever the solve on patches makes of the CLS
-        position. skip=None picks 1 for a ViT and 0 otherwise (_prefix_tokens);
-      - target logits T_h = open_logit * target + noise_scale * eps * (target == 0), eps a normal
-        truncated at +-2 with std 0.6 (1000 and 3 in that code; the paper's arithmetic runs quote
-        open = 10000, close = 0), fresh noise for every layer;
-      - P+ = V diag(1 / s) U^T P^T from the SVD of P^T P, kept to the r = head_dim largest
-        singular values; M_h = P+ T_h P+^T, factored by SVD into Q_h = U sqrt(S), K_h = sqrt(S) V^T
-        (first r), so that P Q_h K_h P^T ~ T_h;
-      - Q_h, K_h scaled to unit Frobenius norm and then by qk_norm (norm_q = 7); q rows = Q_h^T,
-        k rows = K_h; the forward pass keeps its 1/sqrt(head_dim);
-      - V and the output projection get mimetic values (0.4, 0.4), fresh in every layer.
+    """Structured initialisation, SVD variant (Zheng et al. 2025), per layer and head, step for step
+    as impulse_init and post_init_weights' impulse branch of osiriszjq/structured_initialization:
+    positions times pos_scale (norm_p = 18) first; P = pseudo_input; P+ from the SVD of P^T P, kept
+    to the r = head_dim largest singular values; M_h = P+ T_h P+^T factored by SVD (first r), so
+    that P Q_h K_h P^T ~ T_h; Q_h, K_h at Frobenius norm qk_norm (norm_q = 7), q rows = Q_h^T, k
+    rows = K_h (forward keeps its 1/sqrt(head_dim)); V and O mimetic (0.4, 0.4), fresh per layer.
+    T_h = open_logit * target + noise_scale * eps on closed entries, eps a normal truncated at +-2
+    with std 0.6, fresh for every layer (1000 and 3 in that code; the paper's arithmetic runs quote
+    open = 10000, close = 0). skip=None means _prefix_tokens: a ViT solves on the patch positions
+    (pos_embed[1:]) and pattern[..., 1:, 1:], so its CLS row and column of W_Q W_K^T are whatever
+    that makes of the CLS position.
     Where we differ: r is capped by the numerical rank of P^T P (the Boolean models have N = 16
-    positions, fewer than head_dim; the reference would divide by zero singular values there);
-    the Boolean / arithmetic patterns include the CLS (or first) position, which the reference's
-    vision patterns do not; the ViT's CLS row of the impulse mask (open to every key) is therefore
-    not part of the QK solve.
-    """
+    positions, fewer than head_dim; the reference would divide by zero singular values there); the
+    Boolean / arithmetic patterns include the CLS (or first) position, the reference's vision
+    patterns do not (the ViT's CLS row of the impulse mask, open to every key, is not solved)."""
     skip = _prefix_tokens(model, skip)
     scale_positions_(model, pos_scale)
     mimetic_init_(model, generator=generator)  # V / O (its Q / K are overwritten below)
@@ -959,8 +788,7 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
         p_plus = vh[:rank].T @ torch.diag(1 / s[:rank]) @ u[:, :rank].T @ p.T   # (D, N - skip)
         for h in range(attn.heads):
             target = pattern_targets(pattern[layer, h, skip:, skip:])            # (n, n)
-            eps = torch.nn.init.trunc_normal_(torch.empty(n, n), std=0.6, a=-2, b=2,
-                                              generator=generator)
+            eps = nn.init.trunc_normal_(torch.empty(n, n), std=0.6, a=-2, b=2, generator=generator)
             logits = open_logit * target + noise_scale * eps * (target == 0)
             q, k = _factor(p_plus @ logits @ p_plus.T, rank)                    # (D, r), (r, D)
             q, k = qk_norm * q / q.norm(), qk_norm * k / k.norm()
@@ -968,8 +796,9 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
     return model
 
 def opt_norm_reset_(q, k, nq):
-    """The norm reset of Structured (Opt), in place: every column of Q (H, D, r) over D and every
-    column of K (H, r, D) over r rescaled to norm nq (impulse_init, osiriszjq/structured_init)."""
+    """The norm reset of Structured (Opt), in place (impulse_init, osiriszjq/structured_init): every
+    column of Q (H, D, r) over D and every column of K (H, r, D) over r (a length-r vector per input
+    feature, not K's rows over D) rescaled to norm nq, Q's mean column norm at the initial draw."""
     with torch.no_grad():
         q.div_(q.norm(dim=1, keepdim=True) / nq)
         k.div_(k.norm(dim=1, keepdim=True) / nq)
@@ -996,31 +825,23 @@ def _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator):
 
 def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, pos_scale=NORM_P,
                          generator=None, scale=None):
-    """Structured initialisation, optimisation variant (Zheng et al. 2024): "Structured (Opt)".
-
-    Follows impulse_init of osiriszjq/structured_init (and its call in _init_weights):
-      - Q (H, D, r) and K (H, r, D), r = head_dim, uniform on +-sqrt(1 / (r H)), Q drawn first;
-      - A_h = softmax(scale * P Q_h K_h P^T) with P = layer_norm(positions) (pseudo_input) and
-        scale = head_dim ** -0.5, the value its caller passes (the function's own default is 1;
-        scale=None here means head_dim ** -0.5). Because the model's forward pass also divides
-        by sqrt(head_dim), the written Q, K reproduce A_h on P exactly; with scale=1 they would
-        not (the model would show softmax of the fitted logits / sqrt(head_dim));
-      - loss MSE(A_h, binary target), the 0/1 pattern itself (not row-normalised); Adam at lr;
-      - norm reset BEFORE steps 0, renorm_every, 2 renorm_every, ... (step % renorm_every == 0),
-        so the first one acts on the fresh draw and the last renorm_every steps run without one.
-        nq = mean over (head, column) of Q's column norms over D, taken once from the initial
-        draw; each reset divides Q by Q.norm(dim=1) / nq (every column of Q_h, over D, gets norm
-        nq) and K by K.norm(dim=1) / nq: for K (H, r, D) dim 1 is r, so every column of K_h (a
-        length-r vector per input feature) gets Q's norm nq, not K's rows over D;
-      - written with no extra factor: q rows = Q_h^T, k rows = K_h; one solution reused by every
-        layer that has the same pattern (init_once there; all its layers share one pattern).
-    Where we differ: steps = 2000 by default (Table "Arithmetic task setup": 2000 steps at
-    lr 1e-4; that code runs 10000); P comes from the model's learned positions multiplied by
-    pos_scale (18, the norm_p of the 2025 code) where that code's usage uses fixed 2-D sin-cos
-    positions and no CLS token; P keeps every position (our Boolean patterns have a CLS row and
-    column); layers with different patterns (cyclic3's build and readout layers) get separate
-    fits; random draws come from a torch.Generator.
-    """
+    """Structured initialisation, optimisation variant (Zheng et al. 2024): "Structured (Opt)",
+    after impulse_init of osiriszjq/structured_init (and its call in _init_weights):
+    Q (H, D, r) and K (H, r, D), r = head_dim, uniform on +-sqrt(1 / (r H)), Q drawn first, are
+    fitted by Adam at lr: MSE of A_h = softmax(scale * P Q_h K_h P^T) (P = pseudo_input) to the 0/1
+    pattern itself (not row-normalised). scale=None means head_dim ** -0.5, the value its caller
+    passes (the function's own default is 1): as forward also divides by sqrt(head_dim), the
+    written Q, K (q rows = Q_h^T, k rows = K_h, no extra factor) reproduce A_h on P exactly (with
+    scale=1 the model would show softmax of the fitted logits / sqrt(head_dim)).
+    opt_norm_reset_ runs BEFORE steps 0, renorm_every, 2 renorm_every, ...: the first acts on the
+    fresh draw, the last renorm_every steps run without one (nq over (head, column), from the first
+    draw). One solution serves every layer with the same pattern (init_once there; all its layers
+    share one pattern).
+    Where we differ: steps = 2000 by default (Table "Arithmetic task setup": 2000 steps at lr 1e-4;
+    that code runs 10000); P: the model's learned positions times pos_scale (18, the 2025 code's
+    norm_p), where that code's usage has fixed 2-D sin-cos positions and no CLS token, all kept
+    (our Boolean patterns have a CLS row and column); layers with different patterns (cyclic3's
+    build and readout layers) get separate fits; random draws come from a torch.Generator."""
     scale_positions_(model, pos_scale)
     p = pseudo_input(model)
     attns = attention_modules(model)
@@ -1038,15 +859,11 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
             _write_qk(attn, h, q[h].T, k[h])
     return model
 
-
-# ----------------------------------------------------------------------------------------------
-# 5. Measuring the prior (Section 6.1; Figure "Comparison of attention patterns before and after
-#    training"): where attention goes
-# ----------------------------------------------------------------------------------------------
-
+# === 5. Measuring the prior: where attention goes (Section 6.1) ==================================
 @torch.no_grad()
 def mean_attention(model, inputs, device, batch=4096):
-    """Each layer's and head's attention map averaged over the inputs, (L, H, N, N)."""
+    """Each layer's and head's attention map averaged over the inputs, (L, H, N, N) (the maps of
+    Figure "Comparison of attention patterns before and after training")."""
     model.eval()
     total = 0
     for i in range(0, len(inputs), batch):
@@ -1076,9 +893,8 @@ def centre_patch_maps(vit, image, device):
             "bias": None if bias is None else on_grid(bias)}
 
 def prior_stats(mean_attn, pattern):
-    """Per layer and head (L, H): the attention mass on the pattern's open entries (mean over
-    query rows; 1 = all mass where the prior says) and the Pearson correlation of the mean map
-    with the binary pattern."""
+    """Per layer and head (L, H): the attention mass on the pattern's open entries (mean over query
+    rows; 1 = all mass where the prior says) and the mean map's Pearson correlation with it."""
     target = pattern_targets(pattern)                              # (L, H, N, N)
     mass = (mean_attn * target).sum(-1).mean(-1)
     a = mean_attn.flatten(2) - mean_attn.flatten(2).mean(-1, keepdim=True)
@@ -1087,19 +903,18 @@ def prior_stats(mean_attn, pattern):
     return mass, corr
 
 def bias_by_distance(bias):
-    """Mean causal bias log sigmoid(s M) at each distance d = i - j >= 0 (over layers, heads and
-    query rows): (L, H, N, N) -> N numbers, the profile of Figure "Relative mask bias
-    before and after training"."""
+    """The causal bias log sigmoid(s M) (L, H, N, N) at each distance d = i - j >= 0, averaged over
+    layers, heads and query rows: the N numbers of Figure "Relative mask bias before and after
+    training"."""
     n = bias.shape[-1]
     return [bias[..., torch.arange(d, n), torch.arange(0, n - d)].mean().item() for d in range(n)]
 
 def persistence_fields(before, after, pattern, true_pattern=None):
     """Section 6.1's persistence numbers: prior mass and pattern correlation at init and final
-    (mean and per head), the drift ||log sig(M_T) - log sig(M_0)||_F / ||log sig(M_0)||_F, and
-    for the GPT's causal prior its bias by distance i - j (Figure "Relative mask bias before and
-    after training"). With a true_pattern (the task's exact pattern, of which pattern may be an
-    edit: edit_pattern) also the mean mass on that, true_prior_mass_init / _final (equal to
-    prior_mass_* when pattern is not edited)."""
+    (mean and per head), the drift ||log sig(M_T) - log sig(M_0)||_F / ||log sig(M_0)||_F, and for
+    the GPT's causal prior bias_by_distance. With a true_pattern (the task's exact pattern, of which
+    pattern may be an edit_pattern) also the mean mass on that, true_prior_mass_init / _final
+    (equal to prior_mass_* when pattern is not edited)."""
     fields = {"mask_drift": None}
     if pattern is not None:
         mass0, corr0 = prior_stats(before["attn"], pattern)
@@ -1119,31 +934,22 @@ def persistence_fields(before, after, pattern, true_pattern=None):
                           bias_by_distance_final=bias_by_distance(b1))
     return fields
 
-
-# ----------------------------------------------------------------------------------------------
-# 6. Appendix: the same prior inside an existing model's nn.MultiheadAttention (Section 4.1)
-# ----------------------------------------------------------------------------------------------
+# === 6. Appendix: the same prior inside an existing model's nn.MultiheadAttention (Section 4.1) ===
 # add_mask_prior gives every nn.MultiheadAttention of a model a parameter `mask` M (heads, N, N)
-# and a forward pre-hook that adds log sigmoid(s * M) to the attention logits: nn.MultiheadAttention
-# adds a float attn_mask to Q K^T / sqrt(d) before its softmax, so the module then computes
-# softmax(Q K^T / sqrt(d) + log sigmoid(s M)) V, the attention of Section 4.1, and nothing else in
-# the model changes. The hook passes the bias as attn_mask (B * heads, N, N), added to any mask the
-# caller gave. Two PyTorch shortcuts would bypass it, and neither runs on a patched module:
-#   - nn.MultiheadAttention's own fused path (torch._native_multi_head_attention, eval mode) is
-#     never taken with a float attn_mask;
-#   - nn.TransformerEncoderLayer's fused path (torch._transformer_encoder_layer_fwd) is never taken
-#     while any of its sub-modules has a forward hook, and the hook is one.
-# nn.TransformerEncoder's nested-tensor path (eval with a padding mask) would feed the layers
-# nested tensors, which nn.MultiheadAttention refuses off its fused path; add_mask_prior turns it
-# off (use_nested_tensor = False) on every nn.TransformerEncoder of the model.
-
-# nn.MultiheadAttention.forward's arguments in order, to read positional arguments by name.
+# and a forward pre-hook passing log sigmoid(s * M) (+ the caller's mask) as attn_mask (B * heads,
+# N, N), which the module adds to Q K^T / sqrt(d) before its softmax: it computes the attention of
+# Section 4.1, and nothing else in the model changes. Neither PyTorch shortcut that would bypass
+# it runs on a patched module: nn.MultiheadAttention's fused path
+# (torch._native_multi_head_attention, eval mode) is never taken with a float attn_mask, nor
+# nn.TransformerEncoderLayer's (torch._transformer_encoder_layer_fwd) while a sub-module has a
+# forward hook. nn.TransformerEncoder's nested-tensor path (eval with a padding mask) would feed the
+# layers nested tensors, which nn.MultiheadAttention refuses off its fused path: add_mask_prior
+# sets use_nested_tensor = False on every nn.TransformerEncoder of the model.
 _MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
-                  "average_attn_weights", "is_causal")
+                  "average_attn_weights", "is_causal")   # nn.MultiheadAttention.forward's, in order
 
 def _as_logits(mask, dtype):
-    """An attention mask as additive logits of dtype: Boolean (True = blocked) becomes 0 / -inf,
-    float is kept, None stays None."""
+    """Mask as additive logits of dtype: Boolean (True = blocked) -> 0 / -inf; float, None kept."""
     if mask is None:
         return None
     if mask.dtype == torch.bool:
@@ -1192,17 +998,13 @@ def _add_mask_prior_to_call(attn, args, kwargs):
 
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     """Put the Section 4.1 mask prior log sigmoid(scale * M) into every nn.MultiheadAttention of
-    model; returns the patched modules in model.named_modules() order.
-
-    mask_init: (heads, N, N), the same M for every module, or (layers, heads, N, N), one per module
-      in that order. N must equal the sequence length the module sees (checked at forward time).
-    mode: "learnable" (M is trained) or "fixed" (M has requires_grad=False), as in
-      MaskedSelfAttention. M is registered as the parameter `mask`, so it is in the state_dict.
-    Every nn.MultiheadAttention is patched, so each must be used as self-attention: a call whose
-    query or key length is not N raises ValueError (a cross-attention with N keys and queries would
-    get the prior too; patch only the encoder of such a model). batch_first True and False and
-    unbatched inputs all work.
-    """
+    model; returns the patched modules in model.named_modules() order. mask_init: (heads, N, N) for
+    every module or (layers, heads, N, N), one per module in that order, N the sequence length the
+    module sees (checked at forward time). mode: "learnable" or "fixed" (requires_grad=False), as
+    in MaskedSelfAttention; M is the parameter `mask`, in the state_dict. Each patched module must
+    be self-attention: a query or key length other than N raises ValueError (a cross-attention with
+    N keys and queries would get the prior too; patch only the encoder of such a model).
+    batch_first True and False and unbatched inputs all work."""
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
     named = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
@@ -1226,4 +1028,3 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
         if isinstance(encoder, nn.TransformerEncoder):
             encoder.use_nested_tensor = False
     return [attn for _, attn in named]
-
