@@ -15,6 +15,7 @@
 Imports torch and the standard library (torchvision, PIL, tiktoken only in the functions that need
 them); never imports train.py.
 """
+
 import base64
 import ctypes
 import hashlib
@@ -171,8 +172,7 @@ def fourier_coefficients(pred, x, variables=(0, 1, 2)):
 
 @torch.no_grad()
 def boolean_predictions(model, x, batch=8192):
-    """The model's predictions for bits x (P, d), float32 on the CPU, in aryol/GOTU's test
-    batches."""
+    """Predictions for bits x (P, d), float32 on the CPU, in batches of aryol/GOTU's test size."""
     model.eval()
     device = model_device(model)
     out = [model(boolean_tokens(x[i:i + batch]).to(device)).squeeze(-1).float().cpu()
@@ -287,8 +287,7 @@ def encode_documents(encoding, documents):
     return torch.tensor(ids, dtype=torch.long)
 
 def _decoder(encoding):
-    """ids -> text, never failing: an id the ranks file lacks (a larger model's sample) is
-    U+FFFD."""
+    """ids -> text that never fails: an id the ranks file lacks (a larger model's) is U+FFFD."""
     def piece(i):
         try:
             return encoding.decode_single_token_bytes(i)
@@ -330,27 +329,25 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
         tokens = byte_tokens(embedded_corpus())
         return {**split_tokens(tokens), "vocab_size": 256, "decode": decode_bytes,
                 "test_is_val": False, "fingerprint": {"pydoc_data.topics": tensors_sha256(tokens)}}
+    if name == "text":
+        return text_dataset(data_dir, bpe_file)
     if name == "tinystories":
         train_text = _read(data_dir, TINYSTORIES_FILES[0], "TinyStories training stories")
         val_text = _read(data_dir, TINYSTORIES_FILES[1], "TinyStories validation stories")
-        enc = gpt2_encoding(bpe_file)
-        val = encode_documents(enc, _stories(val_text, val_stories))
-        return {"train": encode_documents(enc, _stories(train_text, train_stories)), "val": val,
-                "test": val, "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": True,
-                "fingerprint": corpus_fingerprint(
-                    data_dir, [os.path.join(data_dir, f) for f in TINYSTORIES_FILES], bpe_file)}
-    if name == "wikitext2":
+        enc, files = gpt2_encoding(bpe_file), TINYSTORIES_FILES
+        val = encode_documents(enc, _stories(val_text, val_stories))   # also the test split
+        streams = [encode_documents(enc, _stories(train_text, train_stories)), val, val]
+    elif name == "wikitext2":
         texts = [_read(data_dir, rel, f"WikiText-2 raw {split}") for rel, split in
                  zip(WIKITEXT2_FILES, ("train", "validation", "test"))]
-        enc = gpt2_encoding(bpe_file)
+        enc, files = gpt2_encoding(bpe_file), WIKITEXT2_FILES
         streams = [torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for t in texts]
-        return {"train": streams[0], "val": streams[1], "test": streams[2],
-                "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": False,
-                "fingerprint": corpus_fingerprint(
-                    data_dir, [os.path.join(data_dir, f) for f in WIKITEXT2_FILES], bpe_file)}
-    if name == "text":
-        return text_dataset(data_dir, bpe_file)
-    raise ValueError(f"unknown language task {name!r}")
+    else:
+        raise ValueError(f"unknown language task {name!r}")
+    return {**dict(zip(("train", "val", "test"), streams)), "vocab_size": enc.n_vocab,
+            "decode": _decoder(enc), "test_is_val": name == "tinystories",
+            "fingerprint": corpus_fingerprint(data_dir, [os.path.join(data_dir, f) for f in files],
+                                              bpe_file)}
 
 def check_lm_splits(data, block_size):
     """DataError for a context longer than a split: every split must hold a window and its
@@ -457,9 +454,8 @@ def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
             "eval_pairs": len(held_out), "held_out_pairs": ALL_PAIRS - len(train_ids)}
 
 def arithmetic_metrics(logits, answers):
-    """Table "Performance of arithmetic tasks": sequence accuracy (all digits right) and digit
-    accuracy (%), mean cross-entropy per digit, accuracy per answer position; logits (P, K, 10),
-    answers (P, K)."""
+    """Table "Performance of arithmetic tasks": sequence (all digits right) and digit accuracy (%),
+    cross-entropy per digit, accuracy per answer position; logits (P, K, 10), answers (P, K)."""
     right = logits.argmax(-1) == answers                                  # (P, K)
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), answers.flatten())
     return {"test_loss": loss.item(), "seq_acc": 100.0 * right.all(1).float().mean().item(),
@@ -518,13 +514,13 @@ NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 RESIZED_CROP_TASKS = ("imagenet100", "images")   # images of any size: timm's ImageNet crops
 
 def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scale=0.08, channels=3):
-    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S), C =
-    channels (1 for grey --task images, normalised by the means of ImageNet's three means and stds).
-    train: random crop (CIFAR: resize to image_size, then a crop padded by image_size / 8, the usual
-    4-pixel CIFAR crop; ImageNet100, images: RandomResizedCrop of crop_scale to all of the area,
-    timm's default scale (0.08, 1) at the paper preset), horizontal flip, RandAugment at magnitude 9
-    (the tables' "RandAug (m9)"). test: resize (ImageNet100, images: to image_size / 0.875, then
-    centre crop, timm's crop_pct). MixUp / CutMix act on whole batches (mixup_cutmix)."""
+    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S); C =
+    1 for grey --task images (normalised by the means of ImageNet's means and stds). train: random
+    crop (CIFAR: resize to image_size, crop padded by image_size / 8, the usual 4-pixel CIFAR crop;
+    ImageNet100, images: RandomResizedCrop of crop_scale to all the area, timm's default scale
+    (0.08, 1) at the paper preset), horizontal flip, RandAugment at magnitude 9 (the tables'
+    "RandAug (m9)"). test: resize (ImageNet100, images: to image_size / 0.875, centre crop, timm's
+    crop_pct). MixUp / CutMix: mixup_cutmix."""
     from torchvision.transforms import v2
     mean, std = NORMALIZATION[name]
     if channels == 1:
@@ -544,11 +540,10 @@ def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scal
                        v2.Normalize(mean, std)])
 
 def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
-    """Batch augmentation of the tables, "Mixup / CutMix 0.8 / 1.0": each batch gets MixUp
-    (Beta(0.8, 0.8)) or CutMix (Beta(1, 1)) with equal chance, as timm's Mixup with switch
-    probability 0.5: images, soft_targets = mix(images (B, C, H, W), labels (B,)). As in timm, an
-    alpha of 0 turns that one off; with both at 0 the batch stays as it is (one-hot targets; the cpu
-    preset's small-data setting for ImageNet100)."""
+    """Batch augmentation of the tables, "Mixup / CutMix 0.8 / 1.0": per batch MixUp (Beta(0.8,
+    0.8)) or CutMix (Beta(1, 1)), equal chance, as timm's Mixup with switch probability 0.5: images,
+    soft_targets = mix(images (B, C, H, W), labels (B,)). As in timm, an alpha of 0 turns one off;
+    both 0 leave the batch as it is (one-hot targets; the cpu preset's small-data ImageNet100)."""
     from torchvision.transforms import v2
     mixers = ([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []) + \
              ([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else [])
@@ -794,9 +789,8 @@ def mean_std(values):
 
 def run_name(task, init, seed, variant=None, train_frac=None, magnitude=None, decay=None,
              error=None, mask_lr=None, threshold=None, source=None):
-    """<task>-<init>-seed<seed>, then each setting the command gave (defaults unnamed, so not from
-    Settings): -frac<f> -<mask variant> -A<A> -wd<W> -err-<kind><p> -mlr<lr> -from-<source>-tau<TAU>
-    (a prior learned from the run folder <source>)."""
+    """<task>-<init>-seed<seed>, then each setting given (defaults unnamed, so not from Settings):
+    -frac<f> -<variant> -A<A> -wd<W> -err-<kind><p> -mlr<lr> -from-<source folder>-tau<TAU>."""
     kind, fraction = edit_order(error)
     given = [train_frac and f"frac{train_frac:g}", variant, magnitude and f"A{magnitude:g}",
              decay is not None and f"wd{decay:g}", error and f"err-{kind}{fraction:g}",
@@ -820,8 +814,8 @@ SWEEPS = {"train_frac": "train frac", "magnitude": "A", "decay": "mask decay", "
 class Settings(namedtuple("Settings", "task variant init train_frac magnitude decay error mask_lr "
                                       "prior rest")):
     """A run's settings but its seed (settings_of): variant, the Boolean mask variant; decay 0
-    without --mask-decay; prior, learned_prior's label; rest, the other config keys as sorted
-    (key, value as JSON) pairs."""
+    without --mask-decay; prior, learned_prior's label; rest: other config keys (key, JSON),
+    sorted."""
     label = property(lambda s: s.task + (f" ({s.variant})" if s.variant else ""))  # cyclic3 (direct)
     def text(self, field):
         """A field as tables and legends write it: error "none" = the exact prior, "—" = not set (a
@@ -902,10 +896,9 @@ SUMMARY = {"boolean": ("test_loss", "test_acc", "unseen_loss", "unseen_mse_to_md
            "vision": ("top1", "best_top1", "test_loss", "images_per_second")}
 
 def markdown_table(results, columns, init_order):
-    """A row per Settings, mean ± std over seeds; a column for each of train fraction, A, W, mask
-    error and mask lr that the grid varies (data efficiency, mask magnitude, imperfect priors), for
-    train fraction, mask error, mask lr and prior whenever set, and "config" when runs differ in
-    other config keys (config_differences)."""
+    """A row per Settings, mean ± std over seeds; a column per Settings field the grid varies (train
+    fraction, A, W, mask error, mask lr) or sets (train fraction, mask error, mask lr, prior), and
+    "config" when runs differ in other config keys (config_differences)."""
     groups = group_runs(results, init_order)
     differences = config_differences(groups)
     shown = [f for f in ("train_frac", "init", "magnitude", "decay", "error", "mask_lr", "prior")
@@ -956,17 +949,15 @@ DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, das
 colour = lambda init, init_order: COLOURS[init_order.index(init) % len(COLOURS)]
 # {x: the seeds' values} -> [(x, mean, lowest, highest)], x rising
 seed_band = lambda values: [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(values.items())]
-# lines [(label, colour, dash, [(x, mean, lowest, highest)])]; x: "linear" (from 0), "log"
-# (ticks at the data's x values, written by tick) or category names (x indexes them, "\n" breaks a
-# name); y: (lo, hi) or None: 0 to 100 for a y label with "(%)", else the data's range (log when it
-# spans a factor of ten).
+# lines [(label, colour, dash, [(x, mean, lowest, highest)])]; x: "linear" (from 0), "log" (ticks at
+# the data's x, written by tick) or category names (x indexes them, "\n" breaks one); y: (lo, hi) or
+# None (0 to 100 for a "(%)" label, else the data's range, log across a factor of ten).
 Panel = namedtuple("Panel", "lines x_label y_label title x y tick",
                    defaults=("", "linear", None, "{:g}".format))
 
 def nice_ticks(lo, hi, log=False, whole=False):
-    """Round ticks in [lo, hi]: steps of 1, 2 or 5 x 10^k, about five ticks (whole: steps of 1 or
-    more, for epochs and iterations); on a log axis the powers of ten (and 2 and 5 times them across
-    fewer than three decades)."""
+    """Round ticks in [lo, hi]: steps of 1, 2 or 5 x 10^k, about five (whole: steps >= 1, for epochs
+    and iterations); log: powers of ten (and 2, 5 times them across < 3 decades)."""
     if log:
         decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
         mantissas = (1,) if len(decades) > 3 else (1, 2, 5)
@@ -1135,11 +1126,11 @@ def sweep_figure(groups, init_order, field, x_label, keys, tick="{:g}".format):
     return line_chart(rows) if swept else None
 
 def imperfect_figure(groups, init_order):
-    """imperfect_prior.svg, the figure of "Imperfect priors" (Appendix "Why Not Just Fix the Mask?":
-    can a learnable mask "refine or correct imperfect initial patterns"?): a column per task, per A
-    two rows, the accuracy and the true prior mass (attention on the exact pattern) after training
-    against the edit of the prior (--mask-error), learnable M (mask, a dash per mask lr) vs fixed
-    (mask-fixed); grey: the true prior mass at init. None unless the runs hold an edited prior."""
+    """imperfect_prior.svg, figure of "Imperfect priors" (Appendix "Why Not Just Fix the Mask?":
+    can a learnable mask "refine or correct imperfect initial patterns"?): a column per task, per
+    A two rows, accuracy and true prior mass after training against the prior's edit
+    (--mask-error), learnable (mask, a dash per mask lr) vs fixed M (mask-fixed); grey: at init.
+    None without edits."""
     groups = {s: runs for s, runs in groups.items()
               if s.init in ("mask", "mask-fixed") and not (s.decay or s.prior)}
     if not any(s.error for s in groups):
@@ -1227,10 +1218,9 @@ def heatmap_png(grid, lo, hi, gap=4):
         return bytes(encode_png((image * 255).round().to(torch.uint8)).tolist())
 
 def heatmap_svg(bands, notes, gap=4, left=64):
-    """The one heat-map writer (a run's attention.svg, the persistence and learned-prior figures):
-    bands of blocks, one under the other; a block (title, grid (R, C, n, n), lo, hi, meaning) is R x C
-    panels (layers down, heads across) coloured by heatmap_png, embedded as a PNG, over a colour bar
-    from lo to hi and what it means; notes: lines of text at the bottom."""
+    """The one heat-map writer (attention.svg, persistence, learned priors): bands of blocks, one
+    under another; a block (title, grid (R, C, n, n), lo, hi, meaning): R x C panels (layers down,
+    heads across) by heatmap_png over a colour bar lo to hi and its meaning; notes: bottom lines."""
     stops = "".join(f'<stop offset="{i / 4}" stop-color="rgb{tuple(int(255 * c) for c in rgb.tolist())}"/>'
                     for i, rgb in enumerate(VIRIDIS))   # colormap's anchors, linearly between
     parts, y, width = [f'<defs><linearGradient id="viridis">{stops}</linearGradient></defs>'], 0, 0
@@ -1271,9 +1261,8 @@ def persistence_figure(runs):
     return heatmap_svg([blocks], [f"{PANEL_NOTE}; token 0 is CLS."])
 
 def learned_prior_figure(runs):
-    """Priors side by side: per (label, run folder) of a mask init the bias log sigmoid(s M) it
-    started from (attention_before.pt), e.g. a hand-made mask beside priors learned with --mask-from;
-    each block from its lowest bias (purple) to 0 (yellow, open)."""
+    """Priors side by side: per (label, run folder) of a mask init its first bias log sigmoid(s M)
+    (attention_before.pt), e.g. hand-made beside --mask-from's; lowest purple, 0 yellow."""
     blocks = []
     for label, folder in runs:
         bias = torch.load(os.path.join(folder, "attention_before.pt"), weights_only=True)["bias"]
