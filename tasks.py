@@ -287,7 +287,7 @@ def encode_documents(encoding, documents):
     return torch.tensor(ids, dtype=torch.long)
 
 def _decoder(encoding):
-    """ids -> text that never fails: an id the ranks file lacks (a larger model's) is U+FFFD."""
+    """ids -> text that never fails: an id a small ranks file lacks (a larger model's) is U+FFFD."""
     def piece(i):
         try:
             return encoding.decode_single_token_bytes(i)
@@ -424,8 +424,8 @@ def digits(n, count):
     return torch.div(n[:, None], 10 ** torch.arange(count), rounding_mode="floor") % 10
 
 def arithmetic_split(train_frac, seed):
-    """(train ids, held-out ids): a seeded permutation of the 10^6 pair ids, cut at round(train_frac
-    * 10^6)."""
+    """(train ids, held-out ids): a seeded permutation of all 10^6 pair ids, the first
+    round(train_frac * 10^6) of it for training."""
     if not 0 < train_frac < 1:
         raise ValueError(f"train_frac must lie in (0, 1), got {train_frac}")
     perm = torch.randperm(ALL_PAIRS, generator=torch.Generator().manual_seed(seed))
@@ -514,13 +514,13 @@ NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 RESIZED_CROP_TASKS = ("imagenet100", "images")   # images of any size: timm's ImageNet crops
 
 def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scale=0.08, channels=3):
-    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S); C =
-    1 for grey --task images (normalised by the means of ImageNet's means and stds). train: random
-    crop (CIFAR: resize to image_size, crop padded by image_size / 8, the usual 4-pixel CIFAR crop;
-    ImageNet100, images: RandomResizedCrop of crop_scale to all the area, timm's default scale
-    (0.08, 1) at the paper preset), horizontal flip, RandAugment at magnitude 9 (the tables'
+    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S);
+    C = 1 for grey --task images (normalised by the means of ImageNet's means and stds). train:
+    random crop (CIFAR: resize to image_size, crop padded by image_size / 8, the usual 4-pixel CIFAR
+    crop; ImageNet100, images: RandomResizedCrop of crop_scale to all the area, timm's default
+    scale (0.08, 1) at the paper preset), horizontal flip, RandAugment at magnitude 9 (the tables'
     "RandAug (m9)"). test: resize (ImageNet100, images: to image_size / 0.875, centre crop, timm's
-    crop_pct). MixUp / CutMix: mixup_cutmix."""
+    crop_pct). MixUp / CutMix act on whole batches (mixup_cutmix)."""
     from torchvision.transforms import v2
     mean, std = NORMALIZATION[name]
     if channels == 1:
@@ -540,10 +540,11 @@ def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scal
                        v2.Normalize(mean, std)])
 
 def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
-    """Batch augmentation of the tables, "Mixup / CutMix 0.8 / 1.0": per batch MixUp (Beta(0.8,
-    0.8)) or CutMix (Beta(1, 1)), equal chance, as timm's Mixup with switch probability 0.5: images,
-    soft_targets = mix(images (B, C, H, W), labels (B,)). As in timm, an alpha of 0 turns one off;
-    both 0 leave the batch as it is (one-hot targets; the cpu preset's small-data ImageNet100)."""
+    """Batch augmentation of the tables, "Mixup / CutMix 0.8 / 1.0": per batch MixUp
+    (Beta(0.8, 0.8)) or CutMix (Beta(1, 1)), equal chance, as timm's Mixup with switch probability
+    0.5: images, soft_targets = mix(images (B, C, H, W), labels (B,)). As in timm, an alpha of 0
+    turns one off; both 0 leave the batch as it is (one-hot targets; the cpu preset's small-data
+    setting for ImageNet100)."""
     from torchvision.transforms import v2
     mixers = ([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []) + \
              ([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else [])
@@ -789,8 +790,9 @@ def mean_std(values):
 
 def run_name(task, init, seed, variant=None, train_frac=None, magnitude=None, decay=None,
              error=None, mask_lr=None, threshold=None, source=None):
-    """<task>-<init>-seed<seed>, then each setting given (defaults unnamed, so not from Settings):
-    -frac<f> -<variant> -A<A> -wd<W> -err-<kind><p> -mlr<lr> -from-<source folder>-tau<TAU>."""
+    """A run's folder name: <task>-<init>-seed<seed>, then each setting the command gave (a default
+    goes unnamed, so not from Settings): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>,
+    -mlr<lr>, and for a prior learned from the run folder <source> -from-<source>-tau<TAU>."""
     kind, fraction = edit_order(error)
     given = [train_frac and f"frac{train_frac:g}", variant, magnitude and f"A{magnitude:g}",
              decay is not None and f"wd{decay:g}", error and f"err-{kind}{fraction:g}",
@@ -813,9 +815,8 @@ SWEEPS = {"train_frac": "train frac", "magnitude": "A", "decay": "mask decay", "
 
 class Settings(namedtuple("Settings", "task variant init train_frac magnitude decay error mask_lr "
                                       "prior rest")):
-    """A run's settings but its seed (settings_of): variant, the Boolean mask variant; decay 0
-    without --mask-decay; prior, learned_prior's label; rest: other config keys (key, JSON),
-    sorted."""
+    """A run's settings but its seed (settings_of): variant, Boolean mask variant; decay 0 without
+    --mask-decay; prior, learned_prior's label; rest: other config keys, sorted (key, JSON)."""
     label = property(lambda s: s.task + (f" ({s.variant})" if s.variant else ""))  # cyclic3 (direct)
     def text(self, field):
         """A field as tables and legends write it: error "none" = the exact prior, "—" = not set (a
@@ -865,27 +866,26 @@ paper = lambda table, i=None: lambda done, s: fmt(
     None if s.error or s.prior or s.train_frac != ARITHMETIC_TRAIN_FRAC.get(s.task) else
     (cell := table.get((s.label, s.init))) and (cell if i is None else cell[i]))
 closer = lambda final: final["unseen_loss"] < final["unseen_mse_to_mdi"]   # to the target than to the MDI
-PRIOR_MASS_COLUMNS = [("prior mass init", "prior_mass_init"), ("prior mass final", "prior_mass_final")]
-PERSISTENCE_COLUMNS = PRIOR_MASS_COLUMNS + [
-    ("pattern corr init", "pattern_corr_init"), ("pattern corr final", "pattern_corr_final"),
-    ("mask drift", "mask_drift")]
+plain = lambda *keys: [(key.replace("_", " "), key) for key in keys]     # header: the key, spaced
+PRIOR_MASS_COLUMNS = plain("prior_mass_init", "prior_mass_final")
+PERSISTENCE_COLUMNS = PRIOR_MASS_COLUMNS + plain("pattern_corr_init", "pattern_corr_final",
+                                                 "mask_drift")
 # With an edited or learned prior: the attention mass on the task's exact pattern as well.
-TRUE_MASS_COLUMNS = [("true prior mass init", "true_prior_mass_init"),
-                     ("true prior mass final", "true_prior_mass_final")]
+TRUE_MASS_COLUMNS = plain("true_prior_mass_init", "true_prior_mass_final")
 BOOLEAN_COLUMNS = [
-    ("train loss", "train_loss"), ("test loss", "test_loss"), ("test acc (%)", "test_acc"),
+    *plain("train_loss", "test_loss"), ("test acc (%)", "test_acc"),
     ("unseen MSE to target", "unseen_loss"), ("unseen MSE to MDI", "unseen_mse_to_mdi"),
     ("learned target", lambda done, s: f"{sum(map(closer, done))}/{len(done)}"),   # seeds
     ("paper loss", paper(PAPER_BOOLEAN, 0)), ("paper acc (%)", paper(PAPER_BOOLEAN, 1))]
 ARITHMETIC_COLUMNS = [
-    ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), ("test loss", "test_loss"),
-    ("train loss", "train_loss"), *PRIOR_MASS_COLUMNS, ("paper seq acc", paper(PAPER_ARITHMETIC, 0)),
+    ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), *plain("test_loss", "train_loss"),
+    *PRIOR_MASS_COLUMNS, ("paper seq acc", paper(PAPER_ARITHMETIC, 0)),
     ("paper digit acc", paper(PAPER_ARITHMETIC, 1)), ("paper loss", paper(PAPER_ARITHMETIC, 2))]
-LM_COLUMNS = [("val ppl", "val_ppl"), ("test ppl", "test_ppl"), ("train tokens/s", "tokens_per_second"),
-              ("mask drift", "mask_drift"), ("paper val ppl", paper(PAPER_LM, 0)),
+LM_COLUMNS = [*plain("val_ppl", "test_ppl"), ("train tokens/s", "tokens_per_second"),
+              *plain("mask_drift"), ("paper val ppl", paper(PAPER_LM, 0)),
               ("paper test ppl", paper(PAPER_LM, 1))]
 VISION_COLUMNS = [("best top-1 (%)", "best_top1"), ("final top-1 (%)", "top1"), *PRIOR_MASS_COLUMNS,
-                  ("mask drift", "mask_drift"), ("train images/s", "images_per_second"),
+                  *plain("mask_drift"), ("train images/s", "images_per_second"),
                   ("paper best top-1 (%)", paper(PAPER_VISION))]
 HEADER = {key: header for columns in (BOOLEAN_COLUMNS, ARITHMETIC_COLUMNS, LM_COLUMNS, VISION_COLUMNS)
           for header, key in columns if isinstance(key, str)}
@@ -948,7 +948,7 @@ COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
 colour = lambda init, init_order: COLOURS[init_order.index(init) % len(COLOURS)]
 # {x: the seeds' values} -> [(x, mean, lowest, highest)], x rising
-seed_band = lambda values: [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(values.items())]
+seed_band = lambda by_x: [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(by_x.items())]
 # lines [(label, colour, dash, [(x, mean, lowest, highest)])]; x: "linear" (from 0), "log" (ticks at
 # the data's x, written by tick) or category names (x indexes them, "\n" breaks one); y: (lo, hi) or
 # None (0 to 100 for a "(%)" label, else the data's range, log across a factor of ten).
@@ -1126,11 +1126,11 @@ def sweep_figure(groups, init_order, field, x_label, keys, tick="{:g}".format):
     return line_chart(rows) if swept else None
 
 def imperfect_figure(groups, init_order):
-    """imperfect_prior.svg, figure of "Imperfect priors" (Appendix "Why Not Just Fix the Mask?":
-    can a learnable mask "refine or correct imperfect initial patterns"?): a column per task, per
-    A two rows, accuracy and true prior mass after training against the prior's edit
-    (--mask-error), learnable (mask, a dash per mask lr) vs fixed M (mask-fixed); grey: at init.
-    None without edits."""
+    """imperfect_prior.svg, the figure of "Imperfect priors" (Appendix "Why Not Just Fix the Mask?":
+    can a learnable mask "refine or correct imperfect initial patterns"?): a column per task, per A
+    two rows, the accuracy and the true prior mass (attention on the exact pattern) after training
+    against the edit of the prior (--mask-error), learnable M (mask, a dash per mask lr) vs fixed
+    (mask-fixed); grey: the true prior mass at init. None unless the runs hold an edited prior."""
     groups = {s: runs for s, runs in groups.items()
               if s.init in ("mask", "mask-fixed") and not (s.decay or s.prior)}
     if not any(s.error for s in groups):
@@ -1157,10 +1157,11 @@ def imperfect_figure(groups, init_order):
             for task, label in dict.fromkeys(p[:2] for p in acc):
                 lines = sweep.get((task, label, a))
                 y_label = accuracy(task)[1] if sweep is acc else "true prior mass"
-                y = lines and sweep is mass and (min(0.9, math.floor(10 * lowest(lines)) / 10), 1.0)
+                y = None if not lines or sweep is acc else \
+                    (min(0.9, math.floor(10 * lowest(lines)) / 10), 1.0)
                 panels.append(lines and Panel([(name(k), *looks[k], pts) for k, pts in lines.items()],
                                               "edit of the prior (--mask-error)", y_label,
-                                              f"{label}, A = {a:g}", names, y or None))
+                                              f"{label}, A = {a:g}", names, y))
             rows.append(("", panels, None if rows else legend))
     return line_chart(rows, width=400, height=270)
 
@@ -1261,8 +1262,9 @@ def persistence_figure(runs):
     return heatmap_svg([blocks], [f"{PANEL_NOTE}; token 0 is CLS."])
 
 def learned_prior_figure(runs):
-    """Priors side by side: per (label, run folder) of a mask init its first bias log sigmoid(s M)
-    (attention_before.pt), e.g. hand-made beside --mask-from's; lowest purple, 0 yellow."""
+    """Priors side by side: per (label, run folder) of a mask init the bias log sigmoid(s M) it
+    started from (attention_before.pt), e.g. a hand-made mask beside priors learned with --mask-from;
+    each block from its lowest bias (purple) to 0 (yellow, open)."""
     blocks = []
     for label, folder in runs:
         bias = torch.load(os.path.join(folder, "attention_before.pt"), weights_only=True)["bias"]
