@@ -169,7 +169,7 @@ class Interrupted(BaseException):
 
 def write_atomic(path, data):
     """Write bytes or text so no reader sees half a file: a temporary file beside it, fsync, rename.
-    On a failure (full disk, signal) it is removed, the old file kept; OSError: WriteError."""
+    On any failure (full disk, signal) it is removed, the old file kept; OSError -> WriteError."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
