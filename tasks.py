@@ -1,25 +1,22 @@
-"""Tasks and their metrics: the data side of every experiment in the paper.
+"""Tasks and their metrics, the data side of every experiment in the paper, then its reports:
 
-  1. Boolean GOTU tasks (Section 5.1, Table 1; Abbe et al. "Generalization on the Unseen"):
-     target, seen domain, minimum-degree interpolator (MDI), metrics, Fourier coefficients.
+  1. Boolean GOTU tasks (Section 5.1, Table 1; Abbe et al. "Generalization on the Unseen"): target,
+     seen domain, minimum-degree interpolator (MDI), metrics, Fourier coefficients.
   2. Language modelling (Appendix "Wiki-text and Tiny-stories"): the offline corpus, TinyStories,
-     WikiText-2, the user's own text files, GPT-2 tokens through tiktoken, batches and
-     whole-split windows.
+     WikiText-2, the user's own text files, GPT-2 tokens through tiktoken, batches and windows.
   3. Three-digit arithmetic (Section 5.2): all 10^6 pairs, the seeded split, the digit layout the
      masks assume, and the metrics of Table "Performance of arithmetic tasks".
-  4. Image classification (Section 5.3): CIFAR-10/100 and ImageNet100 through torchvision, the
-     augmentation of Tables "Experimental setup for CIFAR10 / CIFAR100 / ImageNet100", and the
-     user's own ImageFolder tree.
-  5. Result tables: the markdown of table.md, ours beside the paper's numbers, the one-line
-     summary of a run, and the line charts: training curves and the sweeps (data efficiency,
-     mask magnitude, imperfect priors).
-  6. Pictures: heat maps of attention maps and mask biases, layers by heads, as SVG: a run's
-     attention.svg, the persistence figure and learned priors beside hand-made ones.
-
-Imports torch and the standard library (torchvision, PIL, tiktoken only inside the functions that
-need them); never imports train.py.
+  4. Image classification (Section 5.3): CIFAR-10/100 and ImageNet100 through torchvision with the
+     tables' augmentation, and the user's own ImageFolder tree.
+  5. Result tables: table.md (ours beside the paper's numbers), a run's one-line summary, line
+     charts of training curves and sweeps (data efficiency, mask magnitude, imperfect priors).
+  6. Pictures: heat maps of attention maps and mask biases, layers by heads: a run's attention.svg,
+     the persistence figure, learned priors beside hand-made ones.
+Imports torch and the standard library (torchvision, PIL, tiktoken only in the functions that need
+them); never imports train.py.
 """
 
+import base64
 import ctypes
 import hashlib
 import itertools
@@ -27,9 +24,11 @@ import json
 import math
 import os
 import statistics
+import warnings
 from collections import namedtuple
 from dataclasses import dataclass
 from typing import Callable, Optional
+from xml.sax.saxutils import escape
 
 import torch
 
@@ -40,12 +39,14 @@ def autocast(device):
 def model_device(model):
     return next(model.parameters()).device
 
-# Fingerprints of a run's data: train.py stores them in checkpoint.pt and result.json, and --resume
-# refuses to continue a run on other data. Generated data (Boolean, arithmetic) is hashed as the
-# tensors the run trains and scores on; a corpus by the content of each file read and of the
-# tokenizer's ranks file; an image tree, whose files can number 10^5, by each file's name, size
-# and modification time (a changed, added, removed or touched image changes it), unread.
+def paper_table(inits, rows):
+    """{(task, init): numbers} of a table of the paper written as {task: [its numbers per init]}."""
+    return {(t, i): cell for t, cells in rows.items() for i, cell in zip(inits, cells, strict=True)}
 
+# Fingerprints of a run's data, kept in checkpoint.pt and result.json (--resume refuses other data):
+# generated data (Boolean, arithmetic) as the tensors trained and scored on; a corpus by the content
+# of every file read and of the ranks file; an image tree (up to 10^5 files) by each file's name,
+# size and modification time, unread (a changed, added, removed or touched image changes it).
 def tensors_sha256(*tensors):
     """sha256 of the tensors' dtypes, shapes and bytes, as "sha256 <hex>"."""
     digest = hashlib.sha256()
@@ -64,8 +65,7 @@ def file_sha256(path):
     return f"sha256 {digest.hexdigest()}"
 
 def files_listing(paths, root):
-    """The files as "<count> files, <bytes> bytes, sha256 <hex>", the hash of each file's path
-    below root, size and modification time (ns), in the order given."""
+    """"<count> files, <bytes> bytes, sha256 <hex>" of each path below root, size and mtime (ns)."""
     digest, total = hashlib.sha256(), 0
     for path in paths:
         st = os.stat(path)
@@ -78,14 +78,10 @@ def corpus_fingerprint(data_dir, paths, bpe_file):
     found = {os.path.relpath(path, data_dir): file_sha256(path) for path in dict.fromkeys(paths)}
     return {**found, "--bpe-file": bpe_file and file_sha256(bpe_file)}
 
-
-# ----------------------------------------------------------------------------------------------
-# 1. Boolean GOTU tasks (Section 5.1; the tasks of aryol/GOTU, Abbe et al. 2023)
-# ----------------------------------------------------------------------------------------------
-# Inputs are bits in {-1, +1}^d with d = 15. Training uses every seen point of the cube
-# (enumerated, not sampled); testing uses the whole cube, 2^15 = 32768 points, and reports the
-# unseen part on its own as well. x has shape (P, d) throughout; every function returns (P,).
-
+# === 1. Boolean GOTU tasks (Section 5.1; the tasks of aryol/GOTU, Abbe et al. 2023) ===============
+# Inputs are bits in {-1, +1}^d, d = 15. Training uses every seen point of the cube (enumerated, not
+# sampled); testing the whole cube, 2^15 = 32768 points, and the unseen part on its own as well.
+# x has shape (P, d) throughout; every function returns (P,).
 BOOLEAN_DIM = 15
 
 @dataclass(frozen=True)
@@ -101,8 +97,7 @@ def _cyclic3(x):
     return (x * x.roll(-1, dims=1) * x.roll(-2, dims=1)).sum(1)
 
 def _cyclic3_mdi(x):
-    """cyclic3 with its first term x0 x1 x2 replaced by the quadratic that equals it on the seen
-    domain: x0x1 + x1x2 + x2x0 - x0 - x1 - x2 + 1 (Section 5.1)."""
+    """cyclic3 with x0 x1 x2 replaced by the quadratic equal on the seen domain (Section 5.1)."""
     x0, x1, x2 = x[:, 0], x[:, 1], x[:, 2]
     quadratic = x0 * x1 + x1 * x2 + x2 * x0 - x0 - x1 - x2 + 1
     return _cyclic3(x) - x0 * x1 * x2 + quadratic
@@ -110,38 +105,28 @@ def _cyclic3_mdi(x):
 BOOLEAN_TASKS = {
     # f = x0 x1; unseen: x0 = x1 = -1 (1/4 of the cube). MDI x0 + x1 - 1.
     "2parity": BooleanTask(
-        "2parity",
-        target=lambda x: x[:, 0] * x[:, 1],
-        seen=lambda x: (x[:, 0] == 1) | (x[:, 1] == 1),
-        mdi=lambda x: x[:, 0] + x[:, 1] - 1,
-        values=(-1.0, 1.0)),
+        "2parity", target=lambda x: x[:, 0] * x[:, 1], values=(-1.0, 1.0),
+        seen=lambda x: (x[:, 0] == 1) | (x[:, 1] == 1), mdi=lambda x: x[:, 0] + x[:, 1] - 1),
     # f = sign(x0 + x1 + x2); unseen: x0 = x1 = -1. MDI (x0 + x1 + 2 x2 - x0 x2 - x1 x2) / 2.
     "majority": BooleanTask(
-        "majority",
-        target=lambda x: torch.sign(x[:, 0] + x[:, 1] + x[:, 2]),
-        seen=lambda x: (x[:, 0] == 1) | (x[:, 1] == 1),
+        "majority", target=lambda x: torch.sign(x[:, 0] + x[:, 1] + x[:, 2]), values=(-1.0, 1.0),
         mdi=lambda x: (x[:, 0] + x[:, 1] + 2 * x[:, 2] - x[:, 0] * x[:, 2] - x[:, 1] * x[:, 2]) / 2,
-        values=(-1.0, 1.0)),
+        seen=lambda x: (x[:, 0] == 1) | (x[:, 1] == 1)),
     # f = sum_i x_i x_{i+1} x_{i+2}; unseen: x0 = x1 = x2 = -1 (1/8). A sum of 15 signs is odd.
     "cyclic3": BooleanTask(
-        "cyclic3",
-        target=_cyclic3,
+        "cyclic3", target=_cyclic3, mdi=_cyclic3_mdi,
         seen=lambda x: ~((x[:, 0] == -1) & (x[:, 1] == -1) & (x[:, 2] == -1)),
-        mdi=_cyclic3_mdi,
         values=tuple(float(v) for v in range(-BOOLEAN_DIM, BOOLEAN_DIM + 1, 2))),
     # f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0; unseen: x0 x1 x2 = -1 (1/2). MDI x2 - 1.25 x0 + 1.5 x1.
     "threesym": BooleanTask(
-        "threesym",
+        "threesym", seen=lambda x: x[:, 0] * x[:, 1] * x[:, 2] == 1, values=None,
         target=lambda x: x[:, 0] * x[:, 1] - 1.25 * x[:, 1] * x[:, 2] + 1.5 * x[:, 2] * x[:, 0],
-        seen=lambda x: x[:, 0] * x[:, 1] * x[:, 2] == 1,
-        mdi=lambda x: x[:, 2] - 1.25 * x[:, 0] + 1.5 * x[:, 1],
-        values=None),
+        mdi=lambda x: x[:, 2] - 1.25 * x[:, 0] + 1.5 * x[:, 1]),
 }
 
 def boolean_cube(d=BOOLEAN_DIM):
     """Every point of {-1, +1}^d, (2^d, d) float; row r holds the bits of r (bit i = column i)."""
-    r = torch.arange(2 ** d)[:, None]
-    bits = (r >> torch.arange(d)) & 1
+    bits = (torch.arange(2 ** d)[:, None] >> torch.arange(d)) & 1
     return (2 * bits - 1).float()
 
 def boolean_tokens(x):
@@ -150,8 +135,7 @@ def boolean_tokens(x):
 
 def boolean_dataset(name, d=BOOLEAN_DIM):
     """Train = every seen point; test = the whole cube. Returns a dict of tensors."""
-    task = BOOLEAN_TASKS[name]
-    cube = boolean_cube(d)
+    task, cube = BOOLEAN_TASKS[name], boolean_cube(d)
     seen = task.seen(cube)
     return {"x_train": cube[seen], "y_train": task.target(cube[seen]),
             "x_test": cube, "y_test": task.target(cube), "unseen": ~seen}
@@ -174,28 +158,21 @@ def boolean_metrics(name, pred, x):
     task = BOOLEAN_TASKS[name]
     y, unseen, mdi = task.target(x), ~task.seen(x), task.mdi(x)
     mse = lambda a, b: ((a - b) ** 2).mean().item()
-    return {
-        "test_loss": mse(pred, y),
-        "test_acc": boolean_accuracy(pred, y, task.values),
-        "unseen_loss": mse(pred[unseen], y[unseen]),
-        "unseen_acc": boolean_accuracy(pred[unseen], y[unseen], task.values),
-        "unseen_mse_to_mdi": mse(pred[unseen], mdi[unseen]),
-    }
+    return {"test_loss": mse(pred, y), "test_acc": boolean_accuracy(pred, y, task.values),
+            "unseen_loss": mse(pred[unseen], y[unseen]),
+            "unseen_acc": boolean_accuracy(pred[unseen], y[unseen], task.values),
+            "unseen_mse_to_mdi": mse(pred[unseen], mdi[unseen])}
 
 def fourier_coefficients(pred, x, variables=(0, 1, 2)):
     """hat f(S) = mean over the cube of f(x) prod_{i in S} x_i for every monomial S over the given
     variables (exact when x is the whole cube). Keys like "1", "x0", "x0x2"."""
-    coeffs = {}
-    for size in range(len(variables) + 1):
-        for subset in itertools.combinations(variables, size):
-            chi = x[:, list(subset)].prod(1) if subset else torch.ones(len(x))
-            coeffs["".join(f"x{i}" for i in subset) or "1"] = (pred * chi).mean().item()
-    return coeffs
+    chi = lambda subset: x[:, list(subset)].prod(1) if subset else torch.ones(len(x))
+    subsets = [s for k in range(len(variables) + 1) for s in itertools.combinations(variables, k)]
+    return {"".join(f"x{i}" for i in s) or "1": (pred * chi(s)).mean().item() for s in subsets}
 
 @torch.no_grad()
 def boolean_predictions(model, x, batch=8192):
-    """The model's scalar predictions for bits x (P, d), in no-grad batches (the aryol/GOTU
-    code's test batch), float32 on the CPU."""
+    """Predictions for bits x (P, d), float32 on the CPU, in batches of aryol/GOTU's test size."""
     model.eval()
     device = model_device(model)
     out = [model(boolean_tokens(x[i:i + batch]).to(device)).squeeze(-1).float().cpu()
@@ -205,25 +182,13 @@ def boolean_predictions(model, x, batch=8192):
 
 # The paper's Table 1 and Table "Ablation on mask initialization" (test loss, test acc %; threesym
 # has no accuracy), printed by train.py beside ours.
-PAPER_BOOLEAN = {
-    ("2parity", "default"): (1.379, 75.00), ("2parity", "structured-svd"): (1.737, 75.00),
-    ("2parity", "structured-opt"): (1.746, 75.00), ("2parity", "mask"): (0.0029, 100.00),
-    ("2parity", "mask-zero"): (1.38, 75.00),
-    ("cyclic3", "default"): (5.648, 87.45), ("cyclic3", "structured-svd"): (3.257, 87.48),
-    ("cyclic3", "structured-opt"): (3.230, 87.47), ("cyclic3", "mask"): (0.0034, 99.98),
-    ("cyclic3", "mask-zero"): (2.53, 87.46),
-    ("majority", "default"): (0.509, 87.40), ("majority", "structured-svd"): (0.516, 87.40),
-    ("majority", "structured-opt"): (0.495, 87.40), ("majority", "mask"): (0.0051, 100.00),
-    ("majority", "mask-zero"): (0.50, 87.4),
-    ("threesym", "default"): (7.621, None), ("threesym", "structured-svd"): (7.616, None),
-    ("threesym", "structured-opt"): (7.635, None), ("threesym", "mask"): (2.9745, None),
-    ("threesym", "mask-zero"): (7.62, None),
-}
+PAPER_BOOLEAN = paper_table(("default", "structured-svd", "structured-opt", "mask", "mask-zero"), {
+    "2parity": [(1.379, 75.00), (1.737, 75.00), (1.746, 75.00), (0.0029, 100.00), (1.38, 75.00)],
+    "cyclic3": [(5.648, 87.45), (3.257, 87.48), (3.230, 87.47), (0.0034, 99.98), (2.53, 87.46)],
+    "majority": [(0.509, 87.40), (0.516, 87.40), (0.495, 87.40), (0.0051, 100.00), (0.50, 87.4)],
+    "threesym": [(7.621, None), (7.616, None), (7.635, None), (2.9745, None), (7.62, None)]})
 
-
-# ----------------------------------------------------------------------------------------------
-# 2. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup")
-# ----------------------------------------------------------------------------------------------
+# === 2. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup") ========
 # Four corpora, each returned as a dict of 1-D int64 token tensors {"train", "val", "test"}:
 #   lm           English prose shipped with Python (pydoc_data.topics, about 465k characters),
 #                byte-level tokens (vocab 256): runs on a fresh machine with nothing downloaded.
@@ -232,14 +197,11 @@ PAPER_BOOLEAN = {
 #   wikitext2    WikiText-2 raw, its train / validation / test splits. GPT-2 tokens.
 #   text         the user's own UTF-8 text files (TEXT_FILES): byte-level tokens (vocab 256), or
 #                GPT-2 tokens with --bpe-file; without test.txt, test falls back to validation.
-
 LM_TASKS = ("lm", "tinystories", "wikitext2", "text")
 GPT2_VOCAB = 50257
 END_OF_TEXT = "<|endoftext|>"
-
 TINYSTORIES_FILES = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
-WIKITEXT2_FILES = ("wikitext-2-raw/wiki.train.raw", "wikitext-2-raw/wiki.valid.raw",
-                   "wikitext-2-raw/wiki.test.raw")
+WIKITEXT2_FILES = tuple(f"wikitext-2-raw/wiki.{split}.raw" for split in ("train", "valid", "test"))
 TEXT_FILES = ("train.txt", "valid.txt", "test.txt")    # --task text: the last one optional
 TEXT_LAYOUT = ("DIR/train.txt and DIR/valid.txt (DIR/test.txt optional), UTF-8 text; byte tokens, "
                "or GPT-2's with --bpe-file")
@@ -248,7 +210,7 @@ BPE_HELP = ("GPT-2's ranks file: r50k_base.tiktoken (the same ids as 'gpt2'; sha
             "tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR set, then copy the cached file")
 
 class DataError(Exception):
-    """A dataset or tokenizer file that is missing or unreadable; the message says what to put where."""
+    """A missing or unreadable dataset or tokenizer file; the message says what to put where."""
 
 def embedded_corpus():
     """pydoc_data.topics joined in key order: English technical prose from the standard library."""
@@ -317,38 +279,27 @@ def _read(data_dir, relative, what):
 
 def _stories(text, count):
     """The first count stories of a TinyStories file (stories separated by <|endoftext|>)."""
-    stories = [s.strip() for s in text.split(END_OF_TEXT)]
-    return [s for s in stories if s][:count]
+    return [s for s in map(str.strip, text.split(END_OF_TEXT)) if s][:count]
 
 def encode_documents(encoding, documents):
     """GPT-2 ids of the documents, each followed by <|endoftext|>, as one stream."""
-    eot = encoding.eot_token
-    ids = []
-    for doc in documents:
-        ids.extend(encoding.encode_ordinary(doc))
-        ids.append(eot)
+    ids = [i for doc in documents for i in (*encoding.encode_ordinary(doc), encoding.eot_token)]
     return torch.tensor(ids, dtype=torch.long)
 
 def _decoder(encoding):
-    """ids -> text that never fails: an id the ranks file does not know (a sample of a model whose
-    vocabulary is larger than a small ranks file) becomes U+FFFD."""
-    def decode(ids):
-        pieces = []
-        for i in ids:
-            try:
-                pieces.append(encoding.decode_single_token_bytes(i))
-            except KeyError:
-                pieces.append("\ufffd".encode())
-        return b"".join(pieces).decode("utf-8", "replace")
-    return decode
+    """ids -> text that never fails: an id a small ranks file lacks (a larger model's) is U+FFFD."""
+    def piece(i):
+        try:
+            return encoding.decode_single_token_bytes(i)
+        except KeyError:
+            return "\ufffd".encode()
+    return lambda ids: b"".join(map(piece, ids)).decode("utf-8", "replace")
 
 def text_dataset(data_dir, bpe_file=None):
-    """--task text: the user's train.txt, valid.txt and optional test.txt in data_dir as token
-    streams: UTF-8 bytes (vocab 256, nothing to download), or GPT-2 tokens with a bpe_file.
-    DataError for a missing, empty, binary or non-UTF-8 file. "files" names each split's file
-    (check_lm_splits quotes it); "info" goes into result.json as "data"."""
-    files = {split: os.path.join(data_dir, name)
-             for split, name in zip(("train", "val", "test"), TEXT_FILES)}
+    """--task text: train.txt, valid.txt and optional test.txt in data_dir as UTF-8 bytes (vocab
+    256) or GPT-2 tokens with a bpe_file; DataError for a missing, empty, binary or non-UTF-8 file.
+    "files": each split's file (check_lm_splits quotes it); "info": result.json's "data"."""
+    files = {s: os.path.join(data_dir, n) for s, n in zip(("train", "val", "test"), TEXT_FILES)}
     if not os.path.exists(files["test"]):
         files["test"] = files["val"]
     texts = {}
@@ -358,13 +309,12 @@ def text_dataset(data_dir, bpe_file=None):
             raise DataError(f"text: {path} is empty (or white space only)")
         if "\0" in texts[split]:
             raise DataError(f"text: {path} holds NUL bytes: a binary file (or UTF-16), not UTF-8 text")
-    if bpe_file is None:
-        streams, vocab, decode = {k: byte_tokens(t) for k, t in texts.items()}, 256, decode_bytes
-        tokenizer = "UTF-8 bytes"
-    else:
-        enc = gpt2_encoding(bpe_file)
-        streams = {k: torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for k, t in texts.items()}
-        vocab, decode, tokenizer = enc.n_vocab, _decoder(enc), f"GPT-2 BPE ({bpe_file})"
+    enc = None if bpe_file is None else gpt2_encoding(bpe_file)
+    encode = lambda t: byte_tokens(t) if enc is None else \
+        torch.tensor(enc.encode_ordinary(t), dtype=torch.long)
+    streams = {k: encode(t) for k, t in texts.items()}
+    vocab, decode, tokenizer = (256, decode_bytes, "UTF-8 bytes") if enc is None else \
+        (enc.n_vocab, _decoder(enc), f"GPT-2 BPE ({bpe_file})")
     test_is_val = files["test"] == files["val"]
     info = {"files": files, "tokenizer": tokenizer, "test_is_val": test_is_val,
             "tokens": {k: len(v) for k, v in streams.items()}}
@@ -379,27 +329,25 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
         tokens = byte_tokens(embedded_corpus())
         return {**split_tokens(tokens), "vocab_size": 256, "decode": decode_bytes,
                 "test_is_val": False, "fingerprint": {"pydoc_data.topics": tensors_sha256(tokens)}}
+    if name == "text":
+        return text_dataset(data_dir, bpe_file)
     if name == "tinystories":
         train_text = _read(data_dir, TINYSTORIES_FILES[0], "TinyStories training stories")
         val_text = _read(data_dir, TINYSTORIES_FILES[1], "TinyStories validation stories")
-        enc = gpt2_encoding(bpe_file)
-        val = encode_documents(enc, _stories(val_text, val_stories))
-        return {"train": encode_documents(enc, _stories(train_text, train_stories)), "val": val,
-                "test": val, "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": True,
-                "fingerprint": corpus_fingerprint(
-                    data_dir, [os.path.join(data_dir, f) for f in TINYSTORIES_FILES], bpe_file)}
-    if name == "wikitext2":
+        enc, files = gpt2_encoding(bpe_file), TINYSTORIES_FILES
+        val = encode_documents(enc, _stories(val_text, val_stories))   # also the test split
+        streams = [encode_documents(enc, _stories(train_text, train_stories)), val, val]
+    elif name == "wikitext2":
         texts = [_read(data_dir, rel, f"WikiText-2 raw {split}") for rel, split in
                  zip(WIKITEXT2_FILES, ("train", "validation", "test"))]
-        enc = gpt2_encoding(bpe_file)
+        enc, files = gpt2_encoding(bpe_file), WIKITEXT2_FILES
         streams = [torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for t in texts]
-        return {"train": streams[0], "val": streams[1], "test": streams[2],
-                "vocab_size": enc.n_vocab, "decode": _decoder(enc), "test_is_val": False,
-                "fingerprint": corpus_fingerprint(
-                    data_dir, [os.path.join(data_dir, f) for f in WIKITEXT2_FILES], bpe_file)}
-    if name == "text":
-        return text_dataset(data_dir, bpe_file)
-    raise ValueError(f"unknown language task {name!r}")
+    else:
+        raise ValueError(f"unknown language task {name!r}")
+    return {**dict(zip(("train", "val", "test"), streams)), "vocab_size": enc.n_vocab,
+            "decode": _decoder(enc), "test_is_val": name == "tinystories",
+            "fingerprint": corpus_fingerprint(data_dir, [os.path.join(data_dir, f) for f in files],
+                                              bpe_file)}
 
 def check_lm_splits(data, block_size):
     """DataError for a context longer than a split: every split must hold a window and its
@@ -415,14 +363,12 @@ def check_lm_splits(data, block_size):
 def lm_batch(tokens, block_size, batch_size, generator):
     """nanoGPT's get_batch: batch_size random windows; inputs (B, T) and next-token targets (B, T)."""
     starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator)
-    offsets = torch.arange(block_size)
-    x = tokens[starts[:, None] + offsets]
-    return x, tokens[starts[:, None] + offsets + 1]
+    index = starts[:, None] + torch.arange(block_size)                      # (B, T)
+    return tokens[index], tokens[index + 1]
 
 def lm_windows(tokens, block_size):
-    """The whole split cut into consecutive windows: inputs (W, T) and targets (W, T), every token
-    after the first predicted exactly once (the last window is shorter, so it is padded on the right with
-    targets of -100, which cross-entropy ignores)."""
+    """The whole split in consecutive windows, inputs (W, T) and targets (W, T), every token after
+    the first predicted once (targets of -100, which cross-entropy ignores, pad the last window)."""
     n = len(tokens) - 1
     windows = -(-n // block_size)
     x = torch.zeros(windows * block_size, dtype=torch.long)
@@ -448,20 +394,15 @@ def lm_loss(model, tokens, block_size, batch=64):
     return total / count
 
 # The paper's Table "Perplexity (PPL) comparison" (val, test).
-PAPER_LM = {("wikitext2", "default"): (172.78, 181.91), ("wikitext2", "mask"): (166.76, 179.70),
-            ("wikitext2", "mimetic"): (178.34, 188.87),
-            ("tinystories", "default"): (10.42, 10.49), ("tinystories", "mask"): (10.40, 10.48),
-            ("tinystories", "mimetic"): (10.64, 10.60)}
+PAPER_LM = paper_table(("default", "mask", "mimetic"), {
+    "wikitext2": [(172.78, 181.91), (166.76, 179.70), (178.34, 188.87)],
+    "tinystories": [(10.42, 10.49), (10.40, 10.48), (10.64, 10.60)]})
 
-
-# ----------------------------------------------------------------------------------------------
-# 3. Three-digit arithmetic (Section 5.2, Tables "Arithmetic task setup" and "Performance of
-#    arithmetic tasks")
-# ----------------------------------------------------------------------------------------------
-# Every pair (a, b) with 0 <= a, b <= 999 (10^6 pairs), three digits each with leading zeros; a
-# seeded fraction trains, the rest is held out. An encoder predicts the whole answer in one
-# forward pass. One input row is the six operand digits, then one placeholder per answer digit,
-# every number least significant digit first:
+# === 3. Three-digit arithmetic (Section 5.2) ======================================================
+# Tables "Arithmetic task setup" and "Performance of arithmetic tasks". Every pair (a, b) with
+# 0 <= a, b <= 999 (10^6 pairs), three digits each with leading zeros; a seeded fraction trains, the
+# rest is held out. An encoder predicts the whole answer in one forward pass. One input row is the
+# six operand digits, then one placeholder per answer digit, every number least significant first:
 #
 #   position   0   1   2   3   4   5   6   7  ...  6+K-1
 #   token     a0  a1  a2  b0  b1  b2   _   _  ...   _        a0 = units digit of a, _ = token 10
@@ -471,7 +412,6 @@ PAPER_LM = {("wikitext2", "default"): (172.78, 181.91), ("wikitext2", "mask"): (
 # number's start, and the digit a carry comes from (c_{k-1}) sits right before the one it changes;
 # the masks in maskprior.py are written in this order. K = 4 for addition (999 + 999 = 1998) and
 # 6 for multiplication (999 * 999 = 998001). Pair id = 1000 a + b.
-
 ARITHMETIC_TASKS = {"addition": 4, "multiplication": 6}          # task -> answer digits K
 ARITHMETIC_TRAIN_FRAC = {"addition": 0.004, "multiplication": 0.03}  # the paper's Table
 OPERAND_DIGITS = 3
@@ -502,9 +442,8 @@ def arithmetic_examples(task, ids):
     return tokens, digits(value, k)
 
 def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
-    """Train and evaluation tensors of one run. The evaluation set is a fixed (seeded) random
-    sample of eval_size held-out pairs, or every held-out pair when eval_size is None; it never
-    overlaps the training pairs."""
+    """Train and evaluation tensors of one run; the evaluation set, never overlapping the training
+    pairs, is a fixed (seeded) random sample of eval_size held-out pairs, all of them for None."""
     train_ids, held_out = arithmetic_split(train_frac, seed)
     if eval_size is not None and eval_size < len(held_out):
         pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed + 1))
@@ -515,13 +454,11 @@ def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
             "eval_pairs": len(held_out), "held_out_pairs": ALL_PAIRS - len(train_ids)}
 
 def arithmetic_metrics(logits, answers):
-    """Table "Performance of arithmetic tasks": sequence accuracy (every answer digit right),
-    digit accuracy and mean cross-entropy per digit (percent for the accuracies), plus the
-    accuracy of each answer position, least significant first. logits (P, K, 10), answers (P, K)."""
+    """Table "Performance of arithmetic tasks": sequence (all digits right) and digit accuracy (%),
+    cross-entropy per digit, accuracy per answer position; logits (P, K, 10), answers (P, K)."""
     right = logits.argmax(-1) == answers                                  # (P, K)
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), answers.flatten())
-    return {"test_loss": loss.item(),
-            "seq_acc": 100.0 * right.all(1).float().mean().item(),
+    return {"test_loss": loss.item(), "seq_acc": 100.0 * right.all(1).float().mean().item(),
             "digit_acc": 100.0 * right.float().mean().item(),
             "position_acc": (100.0 * right.float().mean(0)).tolist()}
 
@@ -544,21 +481,15 @@ def arithmetic_logits(model, x, batch=512):
 
 # The paper's Table "Performance of arithmetic tasks" (seq acc %, digit acc %, loss), at its
 # train fractions (ARITHMETIC_TRAIN_FRAC).
-PAPER_ARITHMETIC = {
-    ("multiplication", "default"): (5.01, 70.78, 2.27),
-    ("multiplication", "structured-svd"): (11.13, 74.57, 1.77),
-    ("multiplication", "structured-opt"): (27.82, 82.37, 0.85),
-    ("multiplication", "mask"): (69.49, 94.13, 0.20),
-    ("addition", "default"): (1.19, 40.59, 4.51), ("addition", "structured-svd"): (0.87, 38.56, 4.59),
-    ("addition", "structured-opt"): (3.39, 49.87, 3.40), ("addition", "mask"): (77.49, 93.86, 0.23),
-}
+PAPER_ARITHMETIC = paper_table(("default", "structured-svd", "structured-opt", "mask"), {
+    "multiplication": [(5.01, 70.78, 2.27), (11.13, 74.57, 1.77), (27.82, 82.37, 0.85),
+                       (69.49, 94.13, 0.20)],
+    "addition": [(1.19, 40.59, 4.51), (0.87, 38.56, 4.59), (3.39, 49.87, 3.40),
+                 (77.49, 93.86, 0.23)]})
 
-
-# ----------------------------------------------------------------------------------------------
-# 4. Image classification (Section 5.3; Tables "Experimental setup for CIFAR10", "... for
-#    CIFAR100", "... for ImageNet100")
-# ----------------------------------------------------------------------------------------------
-# torchvision reads the data and does the augmentation; nothing here re-implements it.
+# === 4. Image classification (Section 5.3) ========================================================
+# Tables "Experimental setup for CIFAR10", "... for CIFAR100", "... for ImageNet100". torchvision
+# reads the data and does the augmentation; nothing here re-implements it.
 #   cifar10, cifar100  torchvision.datasets.CIFAR10 / CIFAR100 from --data-dir, the standard
 #                      python-pickle layout (cifar-10-batches-py/, cifar-100-python/). torchvision
 #                      checks every file's MD5 sum; files that fail it are refused.
@@ -568,33 +499,28 @@ PAPER_ARITHMETIC = {
 #   images             the user's own images (image_folder_dataset below): any ImageFolder tree,
 #                      grey or colour, any number of classes, ImageNet100's augmentation.
 # --download is opt-in (CIFAR only); without it a missing dataset raises DataError at once.
-
 VISION_TASKS = ("cifar10", "cifar100", "imagenet100", "images")
 VISION_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet100": 100}
 CIFAR_LAYOUT = {  # folder torchvision expects under --data-dir, and the files in it
     "cifar10": ("cifar-10-batches-py",
                 tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")),
-    "cifar100": ("cifar-100-python", ("train", "test", "meta")),
-}
+    "cifar100": ("cifar-100-python", ("train", "test", "meta"))}
 IMAGENET100_FOLDER = "imagenet100"
 # Per-channel mean and std for Normalize: CIFAR's own (as timm's CIFAR recipes) and ImageNet's.
 NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
                  "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-                 "imagenet100": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-                 "images": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+                 **dict.fromkeys(("imagenet100", "images"),
+                                 ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))}
 RESIZED_CROP_TASKS = ("imagenet100", "images")   # images of any size: timm's ImageNet crops
 
 def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scale=0.08, channels=3):
-    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S),
-    C = channels (1 for grey-scale images of --task images, normalised by the means of ImageNet's
-    three channel means and stds).
-
-    train: random crop (CIFAR: resize to image_size, then a crop padded by image_size / 8 as in
-    the usual 4-pixel CIFAR crop; ImageNet100 and images: RandomResizedCrop of crop_scale to all
-    of the image's area, timm's default scale (0.08, 1) at the paper preset), horizontal flip,
-    RandAugment at magnitude 9 (the tables' "RandAug (m9)"). test: resize (ImageNet100 and
-    images: resize to image_size / 0.875 and centre crop, timm's crop_pct). MixUp / CutMix act
-    on whole batches (mixup_cutmix below)."""
+    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S);
+    C = 1 for grey --task images (normalised by the means of ImageNet's means and stds). train:
+    random crop (CIFAR: resize to image_size, crop padded by image_size / 8, the usual 4-pixel CIFAR
+    crop; ImageNet100, images: RandomResizedCrop of crop_scale to all the area, timm's default
+    scale (0.08, 1) at the paper preset), horizontal flip, RandAugment at magnitude 9 (the tables'
+    "RandAug (m9)"). test: resize (ImageNet100, images: to image_size / 0.875, centre crop, timm's
+    crop_pct). MixUp / CutMix act on whole batches (mixup_cutmix)."""
     from torchvision.transforms import v2
     mean, std = NORMALIZATION[name]
     if channels == 1:
@@ -614,11 +540,11 @@ def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scal
                        v2.Normalize(mean, std)])
 
 def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
-    """Batch augmentation of the tables, "Mixup / CutMix 0.8 / 1.0": each batch gets MixUp
-    (Beta(0.8, 0.8)) or CutMix (Beta(1, 1)) with equal chance, as timm's Mixup with switch
-    probability 0.5. Called as images, soft_targets = mix(images (B, C, H, W), labels (B,)).
-    As in timm, an alpha of 0 turns that one off, and with both at 0 the batch is left as it is
-    (one-hot targets; the cpu preset's small-data setting for ImageNet100)."""
+    """Batch augmentation of the tables, "Mixup / CutMix 0.8 / 1.0": per batch MixUp
+    (Beta(0.8, 0.8)) or CutMix (Beta(1, 1)), equal chance, as timm's Mixup with switch probability
+    0.5: images, soft_targets = mix(images (B, C, H, W), labels (B,)). As in timm, an alpha of 0
+    turns one off; both 0 leave the batch as it is (one-hot targets; the cpu preset's small-data
+    setting for ImageNet100)."""
     from torchvision.transforms import v2
     mixers = ([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []) + \
              ([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else [])
@@ -658,16 +584,15 @@ def _imagenet100(data_dir, split, transform):
         raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
 
 # --task images: the user's own images, an ImageFolder tree in one of two layouts (IMAGES_LAYOUT).
-# Class folders are sorted by name (label = position, as torchvision's ImageFolder); hidden
-# folders and files, and files without an image extension, are skipped. Every image's header is
-# read once up front (PIL's Image.verify), so a damaged file is named before training starts,
-# and gives the channels: 1 when every image is grey-scale, else 3 (grey images turned RGB).
-# The one-folder layout holds out IMAGE_HOLD_OUT of each class by a generator seeded with the
-# fixed IMAGE_SPLIT_SEED, not the run's seed: every init and seed of a comparison trains and
-# tests on the same images, and a grid reads the tree once. Images are resized to the preset's
-# image size (cpu 32, paper 224; --image-size to change it), not used at their own size: an
-# ImageFolder tree may mix sizes and aspect ratios, and the ViT's patch grid, hence its prior's
-# N x N pattern and its cost, must be one fixed size.
+# Class folders are sorted by name (label = position, as torchvision's ImageFolder); hidden folders
+# and files, and files without an image extension, are skipped. Every image's header is read once
+# up front (PIL's Image.verify), so a damaged file is named before training starts, and gives the
+# channels: 1 when every image is grey-scale, else 3 (grey images turned RGB). The one-folder
+# layout holds out IMAGE_HOLD_OUT of each class by a generator seeded with the fixed
+# IMAGE_SPLIT_SEED, not the run's seed: every init and seed of a comparison trains and tests on the
+# same images, and a grid reads the tree once. Images are resized to the preset's image size (cpu
+# 32, paper 224; --image-size), not used at their own: an ImageFolder tree may mix sizes and aspect
+# ratios, and the ViT's patch grid, hence its prior's N x N pattern and its cost, must be fixed.
 IMAGES_LAYOUT = ("DIR/train/<class>/<image> and DIR/val/<class>/<image> (or validation/, test/), "
                  "or DIR/<class>/<image> with 10 % of each class held out")
 OWN_DATA_HELP = (f"your own data:\n  --task images --data-dir DIR  {IMAGES_LAYOUT}\n"
@@ -680,13 +605,10 @@ GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")     # PIL modes of one-channel i
 class ImageFiles(torch.utils.data.Dataset):
     """(path, label) samples read by PIL as `mode` ("L" or "RGB") and transformed: torchvision's
     ImageFolder over a list of files (the same .samples and .classes)."""
-
     def __init__(self, samples, classes, mode, transform):
         self.samples, self.classes, self.mode, self.transform = samples, classes, mode, transform
-
     def __len__(self):
         return len(self.samples)
-
     def __getitem__(self, i):
         from PIL import Image
         path, label = self.samples[i]
@@ -698,8 +620,8 @@ class ImageFiles(torch.utils.data.Dataset):
         return self.transform(image), label
 
 def _class_files(folder, layout_hint):
-    """{class: sorted image paths below folder/<class>}, or DataError: no such folder, fewer than
-    two class folders, or a class folder without images."""
+    """{class: sorted image paths below folder/<class>}; DataError for no folder, < 2 classes or an
+    empty class."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
     if not os.path.isdir(folder):
         raise DataError(f"images: no folder {folder} ({layout_hint})")
@@ -719,8 +641,8 @@ def _class_files(folder, layout_hint):
     return files
 
 def _hold_out(files, folder):
-    """(train, held-out) {class: paths}: IMAGE_HOLD_OUT of each class, at least one image, drawn
-    by one generator seeded with IMAGE_SPLIT_SEED, the classes in sorted order."""
+    """(train, held-out) {class: paths}: IMAGE_HOLD_OUT of each class (at least one image), drawn by
+    one generator seeded with IMAGE_SPLIT_SEED."""
     generator = torch.Generator().manual_seed(IMAGE_SPLIT_SEED)
     train, held = {}, {}
     for name, paths in files.items():
@@ -747,9 +669,8 @@ def _image_header(path):
     return mode, size
 
 def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_scale=0.08):
-    """--task images: {"train", "test", "classes", "channels", "info", "fingerprint"} from the
-    user's ImageFolder tree (IMAGES_LAYOUT); "info" goes into result.json as "data": the layout,
-    folders, classes, image counts, channels, the images' own sizes and the split seed."""
+    """--task images from the user's ImageFolder tree (IMAGES_LAYOUT); "info" (result.json's
+    "data"): layout, folders, classes, image counts, channels, the images' own sizes, split seed."""
     hint = f"--data-dir DIR: {IMAGES_LAYOUT}"
     train_dir = os.path.join(data_dir, "train")
     eval_name = next((n for n in IMAGE_EVAL_FOLDERS if os.path.isdir(os.path.join(data_dir, n))), None)
@@ -779,11 +700,11 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
                            vision_transform("images", image_size, is_train, randaugment_magnitude,
                                             crop_scale, channels))
                 for files, is_train in ((train, True), (held, False))]
-    sizes = [size for _, size in headers]
+    widths, heights = zip(*(size for _, size in headers))
     info = {**layout, "classes": classes, "train_images": len(datasets[0]),
             "eval_images": len(datasets[1]), "channels": channels, "resized_to": image_size,
-            "source_size_min": [min(w for w, _ in sizes), min(h for _, h in sizes)],
-            "source_size_max": [max(w for w, _ in sizes), max(h for _, h in sizes)]}
+            "source_size_min": [min(widths), min(heights)],
+            "source_size_max": [max(widths), max(heights)]}
     listing = lambda dataset: files_listing([p for p, _ in dataset.samples], data_dir)
     return {"train": datasets[0], "test": datasets[1], "classes": len(classes),
             "channels": channels, "info": {"data": info},
@@ -791,9 +712,8 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
 
 def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9,
                    crop_scale=0.08):
-    """{"train", "test", "classes", "fingerprint"} (images: also "channels", "info"): torchvision
-    datasets with the train / test pipelines; "fingerprint" lists the image files (files_listing)
-    for --resume to check."""
+    """{"train", "test", "classes", "fingerprint"} (images: also "channels", "info"); "fingerprint"
+    lists the image files (files_listing) for --resume to check."""
     if name == "imagenet100" and download:
         raise DataError("ImageNet100 has no --download; build the ImageFolder tree "
                         f"{data_dir}/{IMAGENET100_FOLDER}/{{train,val}}/<class>/<image>")
@@ -817,10 +737,9 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
     return {"train": train, "test": test, "classes": VISION_CLASSES[name], "fingerprint": fingerprint}
 
 def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
-    """Training loader over this process's share of each shuffled epoch (a DistributedSampler,
-    also with one process) and a test loader over every world-th test image, so that the ranks'
-    sums add up to the whole test set. The training loader gets a generator of its own, which
-    seeds its worker processes."""
+    """Training loader over this process's share of each shuffled epoch (a DistributedSampler, also
+    with one process), with a generator of its own that seeds its worker processes, and a test
+    loader over every world-th test image, so that the ranks' sums add up to the whole test set."""
     from torch.utils.data import DataLoader, DistributedSampler, Subset
     sampler = DistributedSampler(data["train"], world, rank, shuffle=True, seed=seed, drop_last=True)
     train = DataLoader(data["train"], batch_size // world, sampler=sampler, num_workers=workers,
@@ -849,24 +768,14 @@ def vision_scores(model, loader):
 # (Section 5.3); mask-fixed from Appendix A.2's Table "Best Top-1 accuracy (%) on vision
 # benchmarks. Values in parentheses denote improvement over Default.", which prints ImageNet100's
 # mask init as 85.82 where the Section 5.3 table has 85.92.
-PAPER_VISION = {
-    ("cifar10", "default"): 94.20, ("cifar10", "mimetic"): 94.80, ("cifar10", "impulse"): 95.12,
-    ("cifar10", "mask-fixed"): 94.16, ("cifar10", "mask"): 95.66,
-    ("cifar100", "default"): 74.00, ("cifar100", "mimetic"): 76.80, ("cifar100", "impulse"): 76.47,
-    ("cifar100", "mask-fixed"): 78.77, ("cifar100", "mask"): 77.95,
-    ("imagenet100", "default"): 83.38, ("imagenet100", "mimetic"): 84.38,
-    ("imagenet100", "impulse"): 83.16, ("imagenet100", "mask-fixed"): 81.78,
-    ("imagenet100", "mask"): 85.92,
-}
+PAPER_VISION = paper_table(("default", "mimetic", "impulse", "mask-fixed", "mask"), {
+    "cifar10": [94.20, 94.80, 95.12, 94.16, 95.66], "cifar100": [74.00, 76.80, 76.47, 78.77, 77.95],
+    "imagenet100": [83.38, 84.38, 83.16, 81.78, 85.92]})
 
-
-# ----------------------------------------------------------------------------------------------
-# 5. Result tables: ours beside the paper's numbers above (printed by train.py into table.md)
-# ----------------------------------------------------------------------------------------------
-# A run is read through its Settings: what the command set besides the seed. A table has a row per
-# Settings, mean ± std over its seeds; runs that differ in another config key (epochs, lr, ...) are
-# other experiments, never averaged: rows of their own, with a "config" column naming the keys.
-# The charts group runs the same way.
+# === 5. Result tables: ours beside the paper's numbers above (table.md, by train.py) ==============
+# A table's row is a Settings (what the command set besides the seed), mean ± std over its seeds;
+# runs that differ in another config key (epochs, lr, ...) are other experiments, never averaged:
+# rows of their own, with a "config" column naming the keys. The charts group runs the same way.
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
 MASK_PRIOR_INITS = ("mask", "mask-fixed", "mask-hadamard")   # train.py's INITS whose M is the prior
@@ -884,14 +793,14 @@ def run_name(task, init, seed, variant=None, train_frac=None, magnitude=None, de
     """A run's folder name: <task>-<init>-seed<seed>, then each setting the command gave (a default
     goes unnamed, so not from Settings): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>,
     -mlr<lr>, and for a prior learned from the run folder <source> -from-<source>-tau<TAU>."""
-    kind, _, fraction = (error or "").partition(":")
+    kind, fraction = edit_order(error)
     given = [train_frac and f"frac{train_frac:g}", variant, magnitude and f"A{magnitude:g}",
-             decay is not None and f"wd{decay:g}", error and f"err-{kind}{float(fraction):g}",
+             decay is not None and f"wd{decay:g}", error and f"err-{kind}{fraction:g}",
              mask_lr and f"mlr{mask_lr:g}", source and f"from-{source}-tau{threshold or 1:g}"]
     return "-".join([f"{task}-{init}-seed{seed}", *filter(None, given)])
 
 def edit_order(error):
-    """Sort key of a mask error: the exact prior (None) first, then by kind and fraction."""
+    """(kind, fraction) of a mask error, its sort key: the exact prior (None) first."""
     kind, _, fraction = (error or "").partition(":")
     return kind, float(fraction or 0)
 
@@ -906,11 +815,9 @@ SWEEPS = {"train_frac": "train frac", "magnitude": "A", "decay": "mask decay", "
 
 class Settings(namedtuple("Settings", "task variant init train_frac magnitude decay error mask_lr "
                                       "prior rest")):
-    """A run's settings but its seed, read by settings_of: variant, the Boolean mask variant; decay
-    0 without --mask-decay; prior, learned_prior's label; rest, every other config key as sorted
-    (key, value as JSON) pairs."""
+    """A run's settings but its seed (settings_of): variant, Boolean mask variant; decay 0 without
+    --mask-decay; prior, learned_prior's label; rest: other config keys, sorted (key, JSON)."""
     label = property(lambda s: s.task + (f" ({s.variant})" if s.variant else ""))  # cyclic3 (direct)
-
     def text(self, field):
         """A field as tables and legends write it: error "none" = the exact prior, "—" = not set (a
         mask lr: the model's), prior "hand-made" = the task's own."""
@@ -919,12 +826,11 @@ class Settings(namedtuple("Settings", "task variant init train_frac magnitude de
             return value or ("hand-made" if self.init in MASK_PRIOR_INITS else "—")
         return value if isinstance(value, str) else f"{value:g}" if value is not None else \
             "none" if field == "error" else "—"
-
     def order(self, init_order):
         """The tables' order: task, train fraction, A, W, mask error, init, prior, mask lr, rest."""
-        return (list(FAMILY_OF).index(self.task), self.train_frac or 0, self.magnitude or 0, self.decay,
-                edit_order(self.error), init_order.index(self.init), self.prior or "", self.mask_lr or 0,
-                self.rest)
+        return (list(FAMILY_OF).index(self.task), self.train_frac or 0, self.magnitude or 0,
+                self.decay, edit_order(self.error), init_order.index(self.init), self.prior or "",
+                self.mask_lr or 0, self.rest)
 
 def settings_of(result):
     c = result["config"]
@@ -942,8 +848,8 @@ def group_runs(results, init_order):
     return groups
 
 def config_differences(settings):
-    """{Settings: "epochs 2 lr 0.001"}: the keys of rest in which Settings alike in every other field
-    differ, with each one's values; {} when none do."""
+    """{Settings: "epochs 2 lr 0.001"}: the keys of rest in which Settings alike in every other
+    field differ, with each one's values; {} when none do."""
     rests = {}
     for s in settings:
         rests.setdefault(s._replace(rest=()), []).append(dict(s.rest))
@@ -956,32 +862,30 @@ def config_differences(settings):
 # Each family's columns: (header, key of the runs' "final" dicts: mean ± std over the row's seeds;
 # or a function (the finished runs' "final" dicts, Settings) -> text). The paper's numbers stand
 # beside its own prior only (and arithmetic's beside its train fraction).
-paper = lambda table, i=None: lambda done, s: fmt(None if s.error or s.prior else
-    (table.get((s.label, s.init)) or (None,) * 3)[i] if i is not None else table.get((s.label, s.init)))
+paper = lambda table, i=None: lambda done, s: fmt(
+    None if s.error or s.prior or s.train_frac != ARITHMETIC_TRAIN_FRAC.get(s.task) else
+    (cell := table.get((s.label, s.init))) and (cell if i is None else cell[i]))
 closer = lambda final: final["unseen_loss"] < final["unseen_mse_to_mdi"]   # to the target than to the MDI
-PRIOR_MASS_COLUMNS = [("prior mass init", "prior_mass_init"), ("prior mass final", "prior_mass_final")]
-PERSISTENCE_COLUMNS = PRIOR_MASS_COLUMNS + [
-    ("pattern corr init", "pattern_corr_init"), ("pattern corr final", "pattern_corr_final"),
-    ("mask drift", "mask_drift")]
+plain = lambda *keys: [(key.replace("_", " "), key) for key in keys]     # header: the key, spaced
+PRIOR_MASS_COLUMNS = plain("prior_mass_init", "prior_mass_final")
+PERSISTENCE_COLUMNS = PRIOR_MASS_COLUMNS + plain("pattern_corr_init", "pattern_corr_final",
+                                                 "mask_drift")
 # With an edited or learned prior: the attention mass on the task's exact pattern as well.
-TRUE_MASS_COLUMNS = [("true prior mass init", "true_prior_mass_init"),
-                     ("true prior mass final", "true_prior_mass_final")]
+TRUE_MASS_COLUMNS = plain("true_prior_mass_init", "true_prior_mass_final")
 BOOLEAN_COLUMNS = [
-    ("train loss", "train_loss"), ("test loss", "test_loss"), ("test acc (%)", "test_acc"),
+    *plain("train_loss", "test_loss"), ("test acc (%)", "test_acc"),
     ("unseen MSE to target", "unseen_loss"), ("unseen MSE to MDI", "unseen_mse_to_mdi"),
     ("learned target", lambda done, s: f"{sum(map(closer, done))}/{len(done)}"),   # seeds
     ("paper loss", paper(PAPER_BOOLEAN, 0)), ("paper acc (%)", paper(PAPER_BOOLEAN, 1))]
 ARITHMETIC_COLUMNS = [
-    ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), ("test loss", "test_loss"),
-    ("train loss", "train_loss"), *PRIOR_MASS_COLUMNS] + [
-    (h, lambda done, s, i=i: paper(PAPER_ARITHMETIC, i)(done, s)
-     if s.train_frac == ARITHMETIC_TRAIN_FRAC[s.task] else "n/a")
-    for i, h in enumerate(("paper seq acc", "paper digit acc", "paper loss"))]
-LM_COLUMNS = [("val ppl", "val_ppl"), ("test ppl", "test_ppl"), ("train tokens/s", "tokens_per_second"),
-              ("mask drift", "mask_drift"), ("paper val ppl", paper(PAPER_LM, 0)),
+    ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), *plain("test_loss", "train_loss"),
+    *PRIOR_MASS_COLUMNS, ("paper seq acc", paper(PAPER_ARITHMETIC, 0)),
+    ("paper digit acc", paper(PAPER_ARITHMETIC, 1)), ("paper loss", paper(PAPER_ARITHMETIC, 2))]
+LM_COLUMNS = [*plain("val_ppl", "test_ppl"), ("train tokens/s", "tokens_per_second"),
+              *plain("mask_drift"), ("paper val ppl", paper(PAPER_LM, 0)),
               ("paper test ppl", paper(PAPER_LM, 1))]
 VISION_COLUMNS = [("best top-1 (%)", "best_top1"), ("final top-1 (%)", "top1"), *PRIOR_MASS_COLUMNS,
-                  ("mask drift", "mask_drift"), ("train images/s", "images_per_second"),
+                  *plain("mask_drift"), ("train images/s", "images_per_second"),
                   ("paper best top-1 (%)", paper(PAPER_VISION))]
 HEADER = {key: header for columns in (BOOLEAN_COLUMNS, ARITHMETIC_COLUMNS, LM_COLUMNS, VISION_COLUMNS)
           for header, key in columns if isinstance(key, str)}
@@ -992,10 +896,9 @@ SUMMARY = {"boolean": ("test_loss", "test_acc", "unseen_loss", "unseen_mse_to_md
            "vision": ("top1", "best_top1", "test_loss", "images_per_second")}
 
 def markdown_table(results, columns, init_order):
-    """A row per Settings, mean ± std over seeds. Columns for the train fraction, A, W, mask error
-    and mask lr when a grid varies them (a data-efficiency, mask-magnitude or imperfect-prior
-    sweep); for train fraction, mask error, mask lr and prior whenever one is set; "config"
-    (config_differences) when runs differ in other config keys."""
+    """A row per Settings, mean ± std over seeds; a column per Settings field the grid varies (train
+    fraction, A, W, mask error, mask lr) or sets (train fraction, mask error, mask lr, prior), and
+    "config" when runs differ in other config keys (config_differences)."""
     groups = group_runs(results, init_order)
     differences = config_differences(groups)
     shown = [f for f in ("train_frac", "init", "magnitude", "decay", "error", "mask_lr", "prior")
@@ -1030,10 +933,11 @@ def summary_line(result):
             for k in SUMMARY[family]]
     if "warmup_shortened_from" in c:
         said.append(f"warmup shortened from {c['warmup_shortened_from']} to {c['warmup_epochs']} epochs")
+    mass = lambda key: f"{key.replace('_', ' ')} {f[key + '_init']:.2f} -> {f[key + '_final']:.2f}"
     if f.get("prior_mass_init") is not None:
-        said.append(f"prior mass {f['prior_mass_init']:.2f} -> {f['prior_mass_final']:.2f}")
+        said.append(mass("prior_mass"))
     if f.get("true_prior_mass_init") is not None and (c.get("mask_error") or c.get("mask_from")):
-        said.append(f"true prior mass {f['true_prior_mass_init']:.2f} -> {f['true_prior_mass_final']:.2f}")
+        said.append(mass("true_prior_mass"))
     sample = f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else ""
     return f"{head}: {', '.join(said)}, {result['seconds']:.0f} s{sample}"
 
@@ -1043,16 +947,17 @@ COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
            "#17becf", "#bcbd22"]   # one per init of train.py's INITS
 DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
 colour = lambda init, init_order: COLOURS[init_order.index(init) % len(COLOURS)]
+# {x: the seeds' values} -> [(x, mean, lowest, highest)], x rising
+seed_band = lambda by_x: [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(by_x.items())]
 # lines [(label, colour, dash, [(x, mean, lowest, highest)])]; x: "linear" (from 0), "log" (ticks at
-# the data's x values, written by tick) or category names (x indexes them, "\n" breaks a name);
-# y: "percent" (0 to 100), (lo, hi) or None (the data's range, log when it spans a factor of ten).
+# the data's x, written by tick) or category names (x indexes them, "\n" breaks one); y: (lo, hi) or
+# None (0 to 100 for a "(%)" label, else the data's range, log across a factor of ten).
 Panel = namedtuple("Panel", "lines x_label y_label title x y tick",
                    defaults=("", "linear", None, "{:g}".format))
 
 def nice_ticks(lo, hi, log=False, whole=False):
-    """Round tick values in [lo, hi]: steps of 1, 2 or 5 x 10^k giving about five ticks (whole:
-    steps of 1 or more, for epochs and iterations), or on a log axis the powers of ten (and 2
-    and 5 times them across fewer than three decades)."""
+    """Round ticks in [lo, hi]: steps of 1, 2 or 5 x 10^k, about five (whole: steps >= 1, for epochs
+    and iterations); log: powers of ten (and 2, 5 times them across < 3 decades)."""
     if log:
         decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
         mantissas = (1,) if len(decades) > 3 else (1, 2, 5)
@@ -1061,8 +966,7 @@ def nice_ticks(lo, hi, log=False, whole=False):
     base = 10 ** math.floor(math.log10(raw))
     step = next(m * base for m in (1, 2, 5, 10) if m * base >= raw * 0.999)
     first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
-    ticks = (round(k * step, 10) for k in range(first, last + 1))
-    return [t for t in ticks if lo <= t <= hi]
+    return [t for t in (round(k * step, 10) for k in range(first, last + 1)) if lo <= t <= hi]
 
 def scale(lo, hi, start, end, log=False):
     """The pixel of a value: [lo, hi] onto [start, end], on a linear or a log scale."""
@@ -1073,16 +977,14 @@ def line_chart(rows, caption="", width=360, height=250):
     """The one line-chart writer: an SVG of rows (heading, Panels, legend) under a caption. heading:
     "" or (name, note), written above the row; Panels side by side (None: an empty place); legend:
     None or (title, [(colour, dash, text)]), right of the row, a line sample before each text."""
-    from xml.sax.saxutils import escape
-
     def panel(p, x0, y0, left=64, right=width - 14, bottom=height - 46):
         """A Panel at (x0, y0), an SVG group: its title, axes, grey lines at the ticks, labels, lines."""
         top, points = 24 if p.title else 8, [point for *_, pts in p.lines for point in pts]
-        ys = [v for point in points for v in point[1:]]
-        log = p.y is None and min(ys) > 0 and max(ys) >= 10 * min(ys)
+        ys, percent = [v for point in points for v in point[1:]], "(%)" in p.y_label
+        log = p.y is None and not percent and min(ys) > 0 and max(ys) >= 10 * min(ys)
         pad = (max(ys) - min(ys)) * 0.06 or abs(max(ys)) * 0.1 or 1.0
-        lo, hi = ((0.0, 100.0) if p.y == "percent" else p.y if p.y else (min(ys) / 1.15, max(ys) * 1.15)
-                  if log else (min(ys) - pad if min(ys) < 0 else max(min(ys) - pad, 0.0), max(ys) + pad))
+        lo, hi = p.y or ((0.0, 100.0) if percent else (min(ys) / 1.15, max(ys) * 1.15) if log else
+                         (min(ys) - pad if min(ys) < 0 else max(min(ys) - pad, 0.0), max(ys) + pad))
         py, y_ticks = scale(lo, hi, bottom, top, log), nice_ticks(lo, hi, log)
         if isinstance(p.x, list):            # categories, evenly spaced
             x_ticks, tick = range(len(p.x)), p.x.__getitem__
@@ -1117,7 +1019,6 @@ def line_chart(rows, caption="", width=360, height=250):
             parts += [f'<circle cx="{px(x):.1f}" cy="{py(m):.1f}" r="2.5" fill="{colour}"/>'
                       for x, m, *_ in pts if len(pts) <= 30]   # every evaluation, and a line of one point
         return "".join(parts) + "</g>"
-
     parts, y, figure_width = [f'<text x="10" y="20" font-size="13">{escape(caption)}</text>'], 0, 0
     y += 34 if caption else 0
     for heading, panels, legend in rows:
@@ -1153,16 +1054,14 @@ def main_metric(task):
             "vision": ("test_top1", "test top-1 accuracy (%)")}[FAMILY_OF[task]]
 
 def mean_band(histories, key):
-    """[(x, mean, lowest, highest)] over the seeds' finite values of key, at each epoch or
-    iteration where some seed's history has one (anything else is left out)."""
+    """seed_band of key over the seeds' finite values, at each epoch or iteration where some seed's
+    history has one (anything else is left out)."""
     number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     values = {}
-    for history in histories:
-        for entry in history:
-            x, value = entry.get("iter", entry.get("epoch")), entry.get(key)
-            if number(x) and number(value):
-                values.setdefault(x, []).append(value)
-    return [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(values.items())]
+    for x, value in ((e.get("iter", e.get("epoch")), e.get(key)) for h in histories for e in h):
+        if number(x) and number(value):
+            values.setdefault(x, []).append(value)
+    return seed_band(values)
 
 def curves_svg(results, init_order):
     """curves.svg: a row per task (and mask variant), a line per Settings: a colour per init, a dash
@@ -1184,8 +1083,8 @@ def curves_svg(results, init_order):
         family, charts = FAMILY_OF[row[0].task], []
         for key, y_label in (("train_loss", LOSS_LABELS[family]), main_metric(row[0].task)):
             drawn = [(label, c, dash, mean_band(hs, key)) for label, c, dash, hs in lines]
-            charts.append(Panel([line for line in drawn if line[3]], "iteration (optimizer steps)" if
-                                iterations else "epoch", y_label, y="percent" if "(%)" in y_label else None))
+            charts.append(Panel([line for line in drawn if line[3]],
+                                "iteration (optimizer steps)" if iterations else "epoch", y_label))
         legend = [(c, dash, f"{label} ({len(hs)} seed{'s' * (len(hs) > 1)})") for label, c, dash, hs in lines]
         rows.append(((task, f"{'Boolean' if family == 'boolean' else family} task"),
                      [chart for chart in charts if chart.lines], ("", legend)))
@@ -1193,18 +1092,16 @@ def curves_svg(results, init_order):
                "lowest to highest seed")
     return line_chart(rows, caption, width=380) if rows else None
 
-
 # The sweep figures: a number of the finished runs' "final" dicts against a swept setting.
 def sweep_points(groups, x, y, panel, line):
-    """{panel(s): {line(s): [(x(s), mean, lowest, highest)]}} of y(s, final) over the finished runs
-    of groups {Settings: runs}, x rising; runs without x or y are left out."""
+    """{panel(s): {line(s): seed_band of y(s, final) against x(s)}} over the finished runs of groups
+    {Settings: runs}; runs without x or y are left out."""
     values = {}
     for s, runs in groups.items():
         for v in [y(s, r["final"]) for r in runs if r["status"] == "done" and x(s) is not None]:
             if v is not None:
                 values.setdefault(panel(s), {}).setdefault(line(s), {}).setdefault(x(s), []).append(v)
-    return {p: {key: [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(by_x.items())]
-                for key, by_x in lines.items()} for p, lines in values.items()}
+    return {p: {key: seed_band(by_x) for key, by_x in lines.items()} for p, lines in values.items()}
 
 def accuracy(task):
     """(key of "final", axis label) of a task's accuracy in the sweep figures: Boolean test accuracy
@@ -1218,13 +1115,12 @@ def sweep_figure(groups, init_order, field, x_label, keys, tick="{:g}".format):
     against the Settings field on a log axis; None unless a line has two values of it."""
     rows, inits = [], [i for i in init_order if i in {s.init for s in groups}]
     for key in keys:
-        label = lambda task: HEADER.get(key, key) if key else accuracy(task)[1]
         y = lambda s, final: final.get(key or accuracy(s.task)[0])
         sweep = sweep_points(groups, lambda s: getattr(s, field), y, lambda s: (s.task, s.label),
                              lambda s: s.init)
-        rows.append(("", [Panel([(i, colour(i, init_order), "", pts) for i, pts in lines.items()], x_label,
-                                label(task), title, "log", "percent" if "(%)" in label(task) else None, tick)
-                          for (task, title), lines in sweep.items()],
+        rows.append(("", [Panel([(i, colour(i, init_order), "", pts) for i, pts in lines.items()],
+                                x_label, HEADER.get(key, key) if key else accuracy(task)[1], title,
+                                "log", tick=tick) for (task, title), lines in sweep.items()],
                      None if rows else ("", [(colour(i, init_order), "", i) for i in inits])))
     swept = any(len(pts) > 1 for _, panels, _ in rows for p in panels for *_, pts in p.lines)
     return line_chart(rows) if swept else None
@@ -1261,15 +1157,13 @@ def imperfect_figure(groups, init_order):
             for task, label in dict.fromkeys(p[:2] for p in acc):
                 lines = sweep.get((task, label, a))
                 y_label = accuracy(task)[1] if sweep is acc else "true prior mass"
-                y = (min(0.9, math.floor(10 * lowest(lines)) / 10), 1.0) if lines and sweep is mass else \
-                    "percent" if "(%)" in y_label else None
+                y = None if not lines or sweep is acc else \
+                    (min(0.9, math.floor(10 * lowest(lines)) / 10), 1.0)
                 panels.append(lines and Panel([(name(k), *looks[k], pts) for k, pts in lines.items()],
                                               "edit of the prior (--mask-error)", y_label,
                                               f"{label}, A = {a:g}", names, y))
             rows.append(("", panels, None if rows else legend))
     return line_chart(rows, width=400, height=270)
-
-
 
 def result_tables(results, init_order):
     """table.md's markdown, per family its tables, and {file name: SVG} of the figures: curves.svg
@@ -1299,9 +1193,7 @@ def result_tables(results, init_order):
                "imperfect_prior.svg": imperfect_figure(groups, init_order)}
     return "\n".join(sections), {name: svg for name, svg in figures.items() if svg}
 
-# ----------------------------------------------------------------------------------------------
-# 6. Pictures: heat maps of attention maps and mask biases (attention.svg, persistence figure)
-# ----------------------------------------------------------------------------------------------
+# === 6. Pictures: heat maps of attention maps and mask biases (attention.svg, persistence figure) =
 VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
                        dtype=torch.float32) / 255    # five anchors of the viridis colour map
 
@@ -1315,24 +1207,21 @@ def colormap(t):
 def heatmap_png(grid, lo, hi, gap=4):
     """PNG bytes of a (rows, cols, n, n) grid of matrices, colour from lo (purple) to hi (yellow),
     white gutters of gap pixels: torchvision's make_grid and encode_png."""
-    import warnings
     from torchvision.io import encode_png
     from torchvision.utils import make_grid
-    rows, cols, n, _ = grid.shape
-    cell = max(1, 128 // n)
+    cell = max(1, 128 // grid.shape[-1])
     rgb = colormap((grid.detach().float().cpu() - lo) / (hi - lo))       # (R, C, n, n, 3)
     rgb = rgb.repeat_interleave(cell, 2).repeat_interleave(cell, 3)       # (R, C, n*cell, n*cell, 3)
-    image = make_grid(rgb.flatten(0, 1).permute(0, 3, 1, 2), nrow=cols, padding=gap, pad_value=1.0)
+    image = make_grid(rgb.flatten(0, 1).permute(0, 3, 1, 2), nrow=grid.shape[1], padding=gap,
+                      pad_value=1.0)
     with warnings.catch_warnings():   # torchvision 0.29 marks its image codecs as deprecated
         warnings.simplefilter("ignore", DeprecationWarning)
         return bytes(encode_png((image * 255).round().to(torch.uint8)).tolist())
 
 def heatmap_svg(bands, notes, gap=4, left=64):
-    """The one heat-map writer (a run's attention.svg, the persistence and learned-prior figures):
-    bands of blocks, one under the other; a block (title, grid (R, C, n, n), lo, hi, meaning) is R x C
-    panels (layers down, heads across) coloured by heatmap_png, embedded as a PNG, over a colour bar
-    from lo to hi and what it means; notes: lines of text at the bottom."""
-    import base64
+    """The one heat-map writer (attention.svg, persistence, learned priors): bands of blocks, one
+    under another; a block (title, grid (R, C, n, n), lo, hi, meaning): R x C panels (layers down,
+    heads across) by heatmap_png over a colour bar lo to hi and its meaning; notes: bottom lines."""
     stops = "".join(f'<stop offset="{i / 4}" stop-color="rgb{tuple(int(255 * c) for c in rgb.tolist())}"/>'
                     for i, rgb in enumerate(VIRIDIS))   # colormap's anchors, linearly between
     parts, y, width = [f'<defs><linearGradient id="viridis">{stops}</linearGradient></defs>'], 0, 0
@@ -1362,6 +1251,8 @@ def heatmap_svg(bands, notes, gap=4, left=64):
             f'font-family="sans-serif" font-size="11">' + "".join(parts) + "</svg>\n")
 
 PANEL_NOTE = "In each panel row = query, column = key"
+BLOCKS_NOTE = f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
+COLOURS_NOTE = "Colours: purple = the left end of the bar under the block, yellow = "
 
 def persistence_figure(runs):
     """The persistence figure (Figure "Comparison of attention patterns before and after training"):
@@ -1381,8 +1272,7 @@ def learned_prior_figure(runs):
             raise ValueError(f"{folder}: a run without a mask has no prior to draw")
         blocks.append((f"{label}: log σ(s M) at init", bias, min(bias.min().item(), -1e-6), 0.0,
                        "bias added to the logits"))
-    return heatmap_svg([blocks], [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}.", "Colours: purple "
-                                  "= the left end of the bar under the block, yellow = 0 (an open entry)."])
+    return heatmap_svg([blocks], [f"{BLOCKS_NOTE}.", f"{COLOURS_NOTE}0 (an open entry)."])
 
 def attention_figure(snapshots, cls_token, causal=False):
     """A run's attention.svg: per snapshot ("before", "after" training, train.snapshot) the mean
@@ -1406,10 +1296,9 @@ def attention_figure(snapshots, cls_token, causal=False):
              blocks(centre("bias"), "centre patch: mask bias", "bias on each patch")]
     bands = [band for band in ([p[when] for when in snapshots for p in pair if when in p]
                                for pair in (parts[:2], parts[2:])) if band]
-    notes = [f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
-             f"{'; position 0 is CLS' if cls_token else ''}.",
+    notes = [f"{BLOCKS_NOTE}{'; position 0 is CLS' if cls_token else ''}.",
              causal and "Causal: above the diagonal (key after query) the hard mask hides every key, "
                         "whatever the bias there.",
              parts[2] and "Centre patch: its row of the map, CLS left out, laid out on the patch grid.",
-             "Colours: purple = the left end of the bar under the block, yellow = the right end."]
+             f"{COLOURS_NOTE}the right end."]
     return heatmap_svg(bands, [note for note in notes if note]) if bands else None

@@ -7,11 +7,11 @@
     python train.py --task images --data-dir DIR                   # your own images (text: --help)
     python train.py --summarize runs/grid                          # tables of finished runs
 
-Read top to bottom: presets (the paper's setup tables), command line, utilities, the four
-experiment families (each a small setup: model, batches, loss, evaluation), THE training loop
-(one for every family), one run (prior before -> train -> prior after -> result.json), main, and
-the pictures. Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, metrics,
-tables); neither imports this file.
+Read top to bottom: presets (the paper's setup tables), utilities, command line, the four experiment
+families (each a small setup: model, batches, loss, evaluation), THE training loop (one for every
+family), one run (prior before -> train -> prior after -> result.json and the pictures), tables and
+main. Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, metrics, tables); neither
+imports this file.
 """
 
 import argparse
@@ -41,20 +41,16 @@ from tqdm import tqdm
 import maskprior
 import tasks
 
-
-# ----------------------------------------------------------------------------------------------
-# 1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu")
-# ----------------------------------------------------------------------------------------------
+# === 1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu") ======
 # Boolean GOTU, Table "Training setup for Boolean tasks": 4 layers, 3 heads, Adam, lr 1e-3, batch
 # 256, 90 epochs, a schedule the paper does not name (cosine here). The rest is the aryol/GOTU
 # code's model, which the paper builds on: width 256, the optimizer's coupled weight decay 1e-3 on
-# every parameter (M excepted: its decay is --mask-decay), and positions and CLS drawn from
-# N(0, 1) (pos_std, cls_std; nanoGPT's and timm's 0.02 and zero otherwise). "cpu" shrinks the
-# width to 64 (heads of 21) and the epochs, and keeps the small starts without weight decay: with
-# the GOTU starts and decay, 2parity's mask model predicts a constant at widths 64 and 128 (the
-# README's Boolean section has the numbers). cyclic3 gets 20 epochs and the GOTU code's N(0, 1)
-# positions, with which its vanilla model fits its training set (with 0.02 it stays at a training
-# loss of 6 even after 60).
+# every parameter (M excepted: its decay is --mask-decay), positions and CLS drawn from N(0, 1)
+# (pos_std, cls_std; nanoGPT's and timm's 0.02 and zero otherwise). "cpu" shrinks the width to 64
+# (heads of 21) and the epochs, and keeps the small starts without weight decay: with the GOTU
+# starts and decay, 2parity's mask model predicts a constant at widths 64 and 128 (numbers: the
+# README's Boolean section). cyclic3 gets 20 epochs and the GOTU code's N(0, 1) positions, with
+# which its vanilla model fits its training set (at 0.02 its training loss stays 6 after 60).
 BOOLEAN_PRESETS = {
     "paper": {"epochs": 90, "lr": 1e-3, "batch_size": 256, "layers": 4, "heads": 3, "dim": 256,
               "head_dim": 64, "mlp_dim": 256, "optimizer": "adam", "weight_decay": 1e-3,
@@ -64,42 +60,38 @@ BOOLEAN_PRESETS = {
 }
 
 # Three-digit arithmetic, Table "Arithmetic task setup": 6 layers, 4 heads of 64, width 256, MLP
-# 256, AdamW lr 1e-3, weight decay 1e-3, batch 256, 50 epochs, cosine. "cpu" drops to 4 layers
-# and width 128 (heads of 32), and gives multiplication 20 epochs.
-ARITHMETIC_PRESETS = {
-    "paper": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256, "layers": 6,
-              "heads": 4, "dim": 256, "head_dim": 64, "mlp_dim": 256, "optimizer": "adamw"},
-    "cpu": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256, "layers": 4,
-            "heads": 4, "dim": 128, "head_dim": None, "mlp_dim": 128, "optimizer": "adamw"},
-}
+# 256, AdamW lr 1e-3, weight decay 1e-3, batch 256, 50 epochs, cosine. "cpu" drops to 4 layers and
+# width 128 (heads of 32), and gives multiplication 20 epochs.
+ARITHMETIC_PRESETS = {"paper": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256,
+                                "layers": 6, "heads": 4, "dim": 256, "head_dim": 64, "mlp_dim": 256,
+                                "optimizer": "adamw"}}
+ARITHMETIC_PRESETS["cpu"] = {**ARITHMETIC_PRESETS["paper"], "layers": 4, "dim": 128,
+                             "head_dim": None, "mlp_dim": 128}
 
-# Language, Table "NLP task setup": 12 layers, 12 heads, width 512, block 64, batch 128, AdamW
-# 3e-4, cosine, dropout 0.2, seed 1337, 5000 (TinyStories) / 3000 (WikiText-2) iterations. "cpu":
-# 4 layers, 4 heads, width 128, batch 32, 1000 iterations at lr 1e-3.
-LM_PRESETS = {
-    "paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12, "dim": 512,
-              "block_size": 64, "dropout": 0.2, "weight_decay": 0.01, "optimizer": "adamw"},
-    "cpu": {"iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4, "heads": 4, "dim": 128,
-            "block_size": 64, "dropout": 0.1, "weight_decay": 0.01, "optimizer": "adamw"},
-}
+# Language, Table "NLP task setup": 12 layers, 12 heads, width 512, block 64, batch 128, AdamW 3e-4,
+# cosine, dropout 0.2, seed 1337, 5000 (TinyStories) / 3000 (WikiText-2) iterations. "cpu": 4
+# layers, 4 heads, width 128, batch 32, 1000 iterations at lr 1e-3.
+LM_PRESETS = {"paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12,
+                        "dim": 512, "block_size": 64, "dropout": 0.2, "weight_decay": 0.01,
+                        "optimizer": "adamw"}}
+LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_size": 32,
+                     "layers": 4, "heads": 4, "dim": 128, "dropout": 0.1}
 
 # Vision, Tables "Experimental setup for CIFAR10 / CIFAR100": vit_tiny_patch16_224 (224 x 224 input,
 # patch 16, width 192, depth 12, 3 heads, MLP 768), batch 512, 400 epochs, AdamW lr 2e-3, cosine
 # with 50 warmup epochs, weight decay 0.05, drop path 0.1, label smoothing 0.1, MixUp 0.8 / CutMix
-# 1.0, RandAugment m9, AMP (bf16 here), CLS readout. The warmup start and the cosine floor are not
-# in the tables; osiriszjq/structured_initialization's commands start the warmup at 1e-6 and end the
-# CIFAR cosine at 1e-6 (ImageNet100 at 1e-5). Table "Experimental setup for ImageNet100": 300
-# epochs, base lr 1e-3 scaled by the global batch over 512, 5 warmup and 10 cooldown epochs (after
-# the cosine, at the floor, as timm does), seed 42, global average pool. "cpu": a CIFAR-native ViT,
-# 32 x 32 input, patch 4 (64 patches + CLS), width 96, depth 6, 3 heads, MLP 384, batch 128, 10
-# epochs.
+# 1.0, RandAugment m9, AMP (bf16 here), CLS readout. Warmup start and cosine floor, not in the
+# tables, are those of osiriszjq/structured_initialization's commands: warmup from 1e-6, CIFAR's
+# floor 1e-6 (ImageNet100's 1e-5). Table "Experimental setup for ImageNet100": 300 epochs, base lr
+# 1e-3 scaled by the global batch over 512, 5 warmup and 10 cooldown epochs (after the cosine, at
+# the floor, as timm does), seed 42, global average pool. "cpu": a CIFAR-native ViT, 32 x 32 input,
+# patch 4 (64 patches + CLS), width 96, depth 6, 3 heads, MLP 384, batch 128, 10 epochs.
 VISION_PRESETS = {"paper": {
     "epochs": 400, "lr": 2e-3, "lr_base_size": None, "batch_size": 512, "warmup_epochs": 50,
     "cooldown_epochs": 0, "warmup_lr": 1e-6, "min_lr": 1e-6, "weight_decay": 0.05, "drop_path": 0.1,
     "label_smoothing": 0.1, "mixup": 0.8, "cutmix": 1.0, "randaugment": 9, "image_size": 224,
     "patch_size": 16, "layers": 12, "heads": 3, "dim": 192, "mlp_dim": 768, "pool": "cls",
     "optimizer": "adamw", "crop_scale": 0.08}}   # crop_scale: RandomResizedCrop's least area
-
 VISION_PRESETS["cpu"] = {**VISION_PRESETS["paper"], "epochs": 10, "lr": 1e-3, "batch_size": 128,
                          "warmup_epochs": 1, "warmup_lr": 1e-5, "min_lr": 1e-5, "image_size": 32,
                          "patch_size": 4, "layers": 6, "dim": 96, "mlp_dim": 384}
@@ -119,10 +111,10 @@ TASK_PRESETS = {
 # Table "NLP task setup" fixes seed 1337 and Table "Experimental setup for ImageNet100" seed 42.
 PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 
-# --init -> (attention mode of MaskedSelfAttention, where the prior goes), read by every family
+# --init -> (MaskedSelfAttention's attention mode, where the prior goes), read by every family
 # (mask_inits, add_prior). The prior is always the task's own pattern (vision: the impulse;
 # language: the relative distance), so "the same prior, in M or in W_Q / W_K" holds literally;
-# --mask-from replaces it, for the "mask" inits only, by one learned from a trained run.
+# --mask-from swaps it, for the "mask" inits only, for one learned from a trained run.
 INITS = {
     "default": ("none", None),                  # vanilla Transformer, no prior
     "mask": ("learnable", "mask"),              # the paper: learnable log sigmoid(M), M = pattern
@@ -134,9 +126,7 @@ INITS = {
     "mimetic": ("none", "mimetic"),             # identity-like W_Q W_K^T (Trockman, Kolter 2023)
     "impulse": ("none", "svd"),                 # vision: the impulse pattern in W_Q/W_K by SVD
 }
-
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
-
 trains_mask = lambda init: INITS[init][0] in ("learnable", "hadamard")   # M trained (not mask-fixed)
 
 # The four families: tasks, inits, and the paper's mask magnitude A (open +A, closed -A).
@@ -149,18 +139,15 @@ FAMILIES = {
     "vision": {"tasks": list(tasks.VISION_TASKS), "magnitude": maskprior.OPEN,
                "inits": ("default", "mimetic", "impulse", "mask-fixed", "mask")},
 }
-
+PRESETS = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS, "language": LM_PRESETS,
+           "vision": VISION_PRESETS}
 FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),
                 "mask_variant": ("boolean",), "mask_error": ("boolean", "arithmetic"),
                 "eval_size": ("arithmetic",), **{f: ("language",) for f in ("iters", "block_size",
                 "bpe_file")}, **{f: ("vision",) for f in ("image_size", "patch_size",
                 "warmup_epochs", "workers", "download", "compile")}}
 
-
-# ----------------------------------------------------------------------------------------------
-# 2. Utilities: errors, atomic files, the folder lock, interruptions, checkpoints and what
-#    --resume checks, torchrun, the optimizer
-# ----------------------------------------------------------------------------------------------
+# === 2. Utilities: errors, files, lock, signals, checkpoints, --resume, torchrun, optimizer =======
 class UsageError(Exception):
     """Bad input from the user: one line on stderr, exit code 2."""
 
@@ -168,22 +155,21 @@ class Diverged(Exception):  # the training loss became NaN or infinite
     pass
 
 class WriteError(Exception):
-    """A file the run could not write (disk full, no permission, read-only, name too long): the
-    path and the OS's reason, one line; main exits 1."""
+    """A file the run could not write (disk full, no permission, read-only, name too long): the path
+    and the OS's reason, one line; main exits 1."""
     def __init__(self, path, err):
         super().__init__(f"cannot write {path}: {err.strerror or err}")
 
 class Interrupted(BaseException):
-    """Ctrl-C (SIGINT) or SIGTERM: main prints the message, one line, and exits 128 + the signal's
-    number (130, 143). A BaseException, as KeyboardInterrupt is, so no `except Exception` eats it."""
+    """Ctrl-C (SIGINT) or SIGTERM: main prints the message, one line, and exits 128 + its number
+    (130, 143); a BaseException, as KeyboardInterrupt is, so no `except Exception` eats it."""
     def __init__(self, signum, message):
         super().__init__(message)
         self.exit_code = 128 + signum
 
 def write_atomic(path, data):
-    """Write bytes or text so that a reader never sees a half-written file: a temporary file in
-    the same folder, fsync, then one rename. On any failure (a full disk, a signal) the temporary
-    file is removed, and the file at path is the one from before; an OSError becomes WriteError."""
+    """Write bytes or text so no reader sees half a file: a temporary file beside it, fsync, rename.
+    On any failure (full disk, signal) it is removed, the old file kept; OSError -> WriteError."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -201,8 +187,7 @@ def write_atomic(path, data):
 def write_json(path, obj):
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
-def save_checkpoint(path, state):
-    """torch.save through write_atomic: a kill never leaves half a checkpoint."""
+def save_checkpoint(path, state):  # torch.save through write_atomic: never half a checkpoint
     buffer = io.BytesIO()
     torch.save(state, buffer)
     write_atomic(path, buffer.getvalue())
@@ -225,11 +210,11 @@ def read_result(path, warn=True):
 
 @contextlib.contextmanager
 def folder_lock(folder):
-    """One writer per run folder: an exclusive lock (flock) on folder/.lock, made with the folder,
-    held while the block runs. The OS drops it when the process ends, by kill -9 too; a second run
-    on the folder is refused (UsageError naming the holder's pid), as is a folder that cannot be
-    made or written (exit 2: a bad path). The .lock file holds the pid and is removed at the end,
-    and so is the folder if the lock made it and nothing was written into it."""
+    """One writer per run folder: an exclusive flock on folder/.lock (made with the folder) while
+    the block runs, dropped by the OS when the process ends, by kill -9 too. A second run is refused
+    (UsageError naming the holder's pid), as is a folder that cannot be made or written (exit 2: a
+    bad path). The .lock file holds the pid; it goes at the end, with the folder if the lock made it
+    and nothing was written into it."""
     path, fd, made = os.path.join(folder, ".lock"), None, not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -263,19 +248,16 @@ def folder_lock(folder):
 
 class Stop:
     """The SIGINT / SIGTERM handler, and where the current run is, for the one line that ends an
-    interrupted run or a failed write. While the loop trains, the first signal only sets `signal`:
-    the loop stops after the optimizer step under way and writes a checkpoint of that step. Any
-    other time, and at a second signal, Interrupted is raised at once (write_atomic leaves the
-    last good file in place)."""
+    interrupted run or a failed write. While the loop trains, a first signal only sets `signal`: the
+    loop stops after the optimizer step under way and checkpoints that step. Any other time, and at
+    a second signal, Interrupted is raised at once (write_atomic keeps the last good file)."""
     def __init__(self):
         self.pid, self.signal, self.training = os.getpid(), None, False
         self.start(None, False, False)
-
     def start(self, folder, grid, resuming):
         """A new run in folder: nothing trained yet; its checkpoint kept when it resumes."""
         self.folder, self.grid, self.at = folder, grid, None       # at: "epoch 2 (step 34)"
         self.kept = "its checkpoint" if resuming else None        # what checkpoint.pt holds
-
     def __call__(self, signum, frame):
         if os.getpid() != self.pid:   # a DataLoader worker forked from us: as without this handler
             if signum == signal.SIGINT:
@@ -285,15 +267,12 @@ class Stop:
             self.signal = signum
         else:
             raise self.interrupted(signum)
-
-    def advice(self):
-        """What is on disk, and how to go on."""
+    def advice(self):  # what is on disk, and how to go on
         if self.kept:
             return f"{self.kept} is kept in {self.folder}: rerun with --resume"
         if self.grid:
             return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
         return "no checkpoint was written, nothing to resume: rerun without --resume"
-
     def interrupted(self, signum=None):
         where = f"at {self.at}" if self.at else "before training started"
         return Interrupted(signum or self.signal, f"interrupted {where}; {self.advice()}")
@@ -301,10 +280,8 @@ class Stop:
 @contextlib.contextmanager
 def signals_caught(stop):
     """stop handles SIGINT and SIGTERM inside the block; the handlers from before are put back."""
-    if threading.current_thread() is not threading.main_thread():   # only it may set handlers
-        yield
-        return
-    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    main = threading.current_thread() is threading.main_thread()   # only it may set handlers
+    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         yield
     finally:
@@ -331,8 +308,8 @@ def check_fingerprint(path, theirs, ours):
                              f"the same data, or another --out")
 
 def load_checkpoint(path, meta):
-    """The checkpoint at path, or UsageError saying why it cannot continue this run: unreadable,
-    not one of ours, or written by a run with another task, init, seed, configuration or data."""
+    """The checkpoint at path, or UsageError saying why it cannot continue this run: unreadable, not
+    one of ours, or written by a run with another task, init, seed, configuration or data."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError:
@@ -351,31 +328,28 @@ def load_checkpoint(path, meta):
     return saved
 
 def data_fingerprint(family, task, config, seed, data):
-    """What the run trains and scores on, for --resume to check (tasks.py, "Fingerprints"): the
-    generated Boolean and arithmetic tensors (the split of the seed and train fraction), or the
-    fingerprint of the corpus or image files that tasks.py read."""
-    if family == "boolean":
-        d = tasks.boolean_dataset(task)
-        return {"train set": tasks.tensors_sha256(d["x_train"], d["y_train"])}
-    if family == "arithmetic":
-        d = tasks.arithmetic_dataset(task, config["train_frac"], seed, config["eval_size"])
-        return {"train set": tasks.tensors_sha256(d["x_train"], d["y_train"]),
-                "eval set": tasks.tensors_sha256(d["x_eval"], d["y_eval"])}
-    return data["fingerprint"]
+    """What --resume checks the data against (tasks.py, "Fingerprints"): the generated Boolean and
+    arithmetic tensors (split by seed, train fraction), or the corpus / image files' fingerprint."""
+    if family not in ("boolean", "arithmetic"):
+        return data["fingerprint"]
+    d = tasks.boolean_dataset(task) if family == "boolean" else tasks.arithmetic_dataset(
+        task, config["train_frac"], seed, config["eval_size"])
+    return {name: tasks.tensors_sha256(d[f"x_{part}"], d[f"y_{part}"])
+            for name, part in (("train set", "train"), ("eval set", "eval")) if f"x_{part}" in d}
 
 def finished_run(out_dir, task, init, seed, config, fingerprint):
     """out_dir's result.json if it is this very run, finished (status done, the same task, init,
     seed, config and data); else None. --resume leaves such a run as it is."""
     path = os.path.join(out_dir, "result.json")
     old = os.path.exists(path) and read_result(path)
-    same = old and old["status"] == "done" and (
-        old["task"], old["init"], old["seed"], old["config"], old.get("data_fingerprint")) == (
-        task, init, seed, config, fingerprint)
+    keys = ("task", "init", "seed", "config", "data_fingerprint")
+    same = old and old["status"] == "done" and [old.get(k) for k in keys] == [
+        task, init, seed, config, fingerprint]
     return old if same else None
 
 def rng_states(exp, device):
-    """Every random stream a step draws from: torch's CPU one, the experiment's generators, and
-    on CUDA the device's (dropout, drop path)."""
+    """Every random stream a step draws from: torch's CPU one, the experiment's generators, and on
+    CUDA the device's (dropout, drop path)."""
     states = [torch.get_rng_state(), *[g.get_state() for g in exp.generators]]
     return states + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
 
@@ -403,9 +377,9 @@ def distributed_setup(device):
 
 @contextlib.contextmanager
 def subnormals_flushed(device):
-    """On the CPU, floats below 1.2e-38 read and written as zero while a run trains. Once M shuts
-    pairs, attention there and the gradients through it are such subnormal floats, which x86 cores
-    handle many times slower (tests/bench_denormal.py). The flag is put back as it was after."""
+    """On the CPU, floats below 1.2e-38 read and written as zero while a run trains: once M shuts
+    pairs, attention there and its gradients are such subnormals, which x86 cores handle many times
+    slower (tests/bench_denormal.py). The flag is put back after."""
     was_on = (torch.tensor([torch.finfo(torch.float32).tiny]) / 4).item() == 0   # torch has no getter
     torch.set_flush_denormal(was_on or device.type == "cpu")
     try:
@@ -413,44 +387,42 @@ def subnormals_flushed(device):
     finally:
         torch.set_flush_denormal(was_on)
 
-def gather(obj, world):
-    """Every rank's obj as a list indexed by rank ([obj] without torchrun)."""
-    if world == 1:
-        return [obj]
-    out = [None] * world
-    dist.all_gather_object(out, obj)
+def gather(obj, world):  # every rank's obj as a list indexed by rank ([obj] without torchrun)
+    out = [obj] if world == 1 else [None] * world
+    if world > 1:
+        dist.all_gather_object(out, obj)
     return out
+
+def agreed(values, world, device):
+    """values as every rank sees them: under torchrun each one's maximum over the ranks (one
+    all-reduce): all ranks raise Diverged, or stop, at the same step, even one a signal missed."""
+    if world == 1:
+        return values
+    flags = torch.tensor([float(v) for v in values], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [int(v) for v in flags.tolist()]
 
 def make_optimizer(model, config):
     """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer) or AdamW decaying
-    weight matrices only (nanoGPT, timm). M is a group of its own, decayed by --mask-decay
-    (default 0: decay pulls the prior towards the neutral M = 0) at lr --mask-lr (default: lr)."""
+    weight matrices only (nanoGPT, timm). M is a group of its own, decayed by --mask-decay (default
+    0: decay pulls the prior towards the neutral M = 0) at lr --mask-lr (default: lr)."""
     groups = {"weights": [], "others": [], "mask": []}
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if name.endswith("mask"):
-            groups["mask"].append(p)
-        elif config["optimizer"] == "adam" or (p.dim() >= 2 and name not in ("pos", "cls")):
-            groups["weights"].append(p)
-        else:
-            groups["others"].append(p)
+        decays = config["optimizer"] == "adam" or (p.dim() >= 2 and name not in ("pos", "cls"))
+        if p.requires_grad:
+            groups["mask" if name.endswith("mask") else "weights" if decays else "others"].append(p)
     decay = {"weights": config["weight_decay"], "others": 0.0, "mask": config["mask_decay"]}
     Optimizer = torch.optim.Adam if config["optimizer"] == "adam" else torch.optim.AdamW
     lrs = {"mask": config.get("mask_lr") or config["lr"]}
     return Optimizer([{"params": ps, "weight_decay": decay[g], "lr": lrs.get(g, config["lr"])}
                       for g, ps in groups.items() if ps])
 
-
-# ----------------------------------------------------------------------------------------------
-# 3. Command line: the flags, their checks, and each run's config
-# ----------------------------------------------------------------------------------------------
+# === 3. Command line: the flags, their checks, and each run's config ==============================
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse prints the whole usage block; one line is enough
         raise UsageError(message)
 
-def number(kind, strict=True):
-    """argparse type: a finite kind(text) > 0 (>= 0 when not strict)."""
+def number(kind, strict=True):  # argparse type: a finite kind(text) > 0 (>= 0 when not strict)
     def parse(text):
         try:
             value = kind(text)
@@ -461,14 +433,13 @@ def number(kind, strict=True):
         return value
     return parse
 
-def build_parser():
-    """The command line in five groups; each list of choices is printed once, in its help."""
+def build_parser():  # the command line in five groups, each list of choices printed once
     every_task = [t for f in FAMILIES.values() for t in f["tasks"]]
     p = Parser(prog="train.py", usage="python train.py [--task TASK ...] [--init INIT ...] [options]",
                description=__doc__.split("\n")[0], epilog=tasks.OWN_DATA_HELP,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    count, natural, rate, share = number(int, strict=False), number(int), number(float), \
-        number(float, strict=False)
+    count, natural = number(int, strict=False), number(int)
+    rate, share = number(float), number(float, strict=False)
     g = p.add_argument_group("what to run")
     g.add_argument("--task", nargs="+", default=["majority"], choices=every_task + ["all"],
                    metavar="TASK", help=f"{', '.join(every_task)}; all: the Boolean four")
@@ -506,8 +477,8 @@ def build_parser():
             ("patch-size", natural, "vision: patch side, pixels"),
             ("warmup-epochs", count, "vision: epochs of lr warmup"),
             ("eval-every", natural, "rounds between evaluations and checkpoints")):
-        g.add_argument(f"--{name}", type=kind, metavar="N" if kind is not rate and kind is not share
-                       else "X", help=text)
+        g.add_argument(f"--{name}", type=kind, metavar="X" if kind in (rate, share) else "N",
+                       help=text)
     g = p.add_argument_group("data")
     g.add_argument("--train-frac", type=rate, nargs="+", metavar="F",
                    help="arithmetic: fraction of pairs to train on (a sweep)")
@@ -526,22 +497,6 @@ def build_parser():
     g.add_argument("--compile", action="store_true", help="vision: torch.compile the model")
     g.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     return p
-
-def check_mask_from(args):
-    """--mask-from replaces the hand-made pattern of a mask init: refused with an init that has
-    none (default, the QK inits, vision's impulse), with --mask-error (a learned prior is not
-    edited) and as its own --out. TAU (--mask-threshold) defaults to 1."""
-    wrong = [i for i in args.init if INITS[i][1] != "mask"]
-    if wrong:
-        raise UsageError(f"--mask-from: --init {wrong[0]} has no mask prior to replace (mask, "
-                         f"mask-fixed or mask-hadamard only)")
-    if any(args.mask_error or ()):
-        raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give one "
-                         "of the two")
-    if args.out and os.path.realpath(args.out) == os.path.realpath(args.mask_from):
-        raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite "
-                         f"its source")
-    args.mask_threshold = args.mask_threshold or [1.0]
 
 def check_args(args, task_names):
     """One family per command; family-only flags and inits belong to it. Returns the family."""
@@ -563,12 +518,25 @@ def check_args(args, task_names):
         args.mask_error = args.mask_error and [e and "%s:%s" % e for e in edits]
     except ValueError as err:
         raise UsageError(f"argument --mask-error: {err}")
-    if any(args.mask_error or ()) and any(INITS[i][1] != "mask" for i in args.init):
+    no_mask = [i for i in args.init if INITS[i][1] != "mask"]     # inits without a mask prior
+    if any(args.mask_error or ()) and no_mask:
         raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
     if args.mask_lr and not any(map(trains_mask, args.init)):
         raise UsageError(f"--mask-lr: --init {' '.join(args.init)} has no trainable mask")
     if args.mask_from is not None:
-        check_mask_from(args)
+        # --mask-from replaces the hand-made pattern of a mask init: refused with an init that has
+        # none (default, the QK inits, vision's impulse), with --mask-error (a learned prior is not
+        # edited) and as its own --out. TAU (--mask-threshold) defaults to 1.
+        if no_mask:
+            raise UsageError(f"--mask-from: --init {no_mask[0]} has no mask prior to replace "
+                             f"(mask, mask-fixed or mask-hadamard only)")
+        if any(args.mask_error or ()):
+            raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give "
+                             "one of the two")
+        if args.out and os.path.realpath(args.out) == os.path.realpath(args.mask_from):
+            raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite "
+                             f"its source")
+        args.mask_threshold = args.mask_threshold or [1.0]
     elif args.mask_threshold:
         raise UsageError("--mask-threshold applies with --mask-from only")
     out = args.out and pathlib.Path(args.out)
@@ -581,8 +549,8 @@ def check_args(args, task_names):
         raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
     return family
 
-# Flags whose values make a grid's axes: a value given twice would train the same run twice into
-# one folder and count it twice in the table ("seeds 2/2" with ± 0), so it runs once.
+# Flags whose values make a grid's axes: a value given twice would train the same run twice into one
+# folder and count it twice in the table ("seeds 2/2" with ± 0), so it runs once.
 GRID_FLAGS = ("task", "init", "seeds", "train_frac", "mask_magnitude", "mask_decay", "mask_error",
               "mask_lr", "mask_threshold")
 
@@ -599,43 +567,40 @@ def merge_repeats(args):
 
 # --mask-from names a finished run whose attention maps become M (use_learned_prior below).
 def read_source(folder):
-    """The finished run that --mask-from names: (its result.json, its mean attention after
-    training (L, H, N, N), the sha256 of attention_after.pt); UsageError, one line naming the
-    folder and what is wrong, when it is missing, not finished or damaged."""
-    where = f"--mask-from {folder}"
+    """The finished run --mask-from names: (result.json, mean attention after training (L, H, N, N),
+    sha256 of attention_after.pt); else UsageError, one line naming the folder and what is wrong."""
+    bad = lambda why: UsageError(f"--mask-from {folder}: {why}")
     if not os.path.isdir(folder):
-        raise UsageError(f"{where}: no such folder")
+        raise bad("no such folder")
     path = os.path.join(folder, "result.json")
     if not os.path.isfile(path):
-        raise UsageError(f"{where}: no result.json there: not a run folder of train.py")
+        raise bad("no result.json there: not a run folder of train.py")
     result = read_result(path, warn=False)
     if result is None:
-        raise UsageError(f"{where}: result.json is damaged or not a result of train.py")
+        raise bad("result.json is damaged or not a result of train.py")
     if result["status"] != "done":
-        raise UsageError(f"{where}: not a finished run (status {result['status']!r}): name a "
-                         f"run whose result.json says done")
+        raise bad(f"not a finished run (status {result['status']!r}): name a run whose result.json "
+                  f"says done")
     try:
         with open(os.path.join(folder, "attention_after.pt"), "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        raise UsageError(f"{where}: no attention_after.pt there: it holds the attention maps")
+        raise bad("no attention_after.pt there: it holds the attention maps")
     try:   # a dict of tensors: nothing but tensors needs unpickling (weights_only)
         saved = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as err:
-        raise UsageError(f"{where}: attention_after.pt is damaged or not one of train.py's "
-                         f"({type(err).__name__})")
+        raise bad(f"attention_after.pt is damaged or not one of train.py's ({type(err).__name__})")
     attn = saved.get("attn") if isinstance(saved, dict) else None
     if not isinstance(attn, torch.Tensor) or attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
-        raise UsageError(f"{where}: attention_after.pt holds no mean attention maps (a layers x "
-                         f"heads x N x N tensor under 'attn')")
+        raise bad("attention_after.pt holds no mean attention maps (a layers x heads x N x N "
+                  "tensor under 'attn')")
     if not torch.isfinite(attn).all():
-        raise UsageError(f"{where}: attention_after.pt's mean attention is not finite (NaN or inf)")
+        raise bad("attention_after.pt's mean attention is not finite (NaN or inf)")
     return result, attn.float(), hashlib.sha256(raw).hexdigest()
 
 def learned_prior_config(folder, tau, causal):
-    """result.json config's record of the source: the folder, the hash of its attention maps (a
-    re-trained source is refused by --resume), its task, init, train fraction and seed, TAU and
-    the learned pattern's density (maskprior.open_fraction)."""
+    """result.json config's record of the source: its folder, attention maps' hash (--resume refuses
+    a re-trained source), task, init, train fraction, seed, TAU, learned density (open_fraction)."""
     result, attn, digest = read_source(folder)
     return {"mask_from": os.path.normpath(folder), "mask_from_sha256": digest,
             "mask_from_task": result["task"], "mask_from_init": result["init"],
@@ -657,11 +622,9 @@ def check_vision_config(config):
 
 def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None,
                 mask_lr=None, threshold=None):
-    """The preset, its per-task changes, then every flag the user gave, then derived keys; with
-    --mask-from the source run and its learned pattern (learned_prior_config)."""
-    presets = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS,
-               "language": LM_PRESETS, "vision": VISION_PRESETS}[family]
-    config = {**presets[args.preset], **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
+    """The run's config: the preset, its per-task changes, the flags given, then derived keys."""
+    config = {**PRESETS[family][args.preset],
+              **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
     for key in ("epochs", "iters", "lr", "batch_size", "layers", "heads", "dim", "block_size",
                 "image_size", "patch_size", "warmup_epochs", "weight_decay"):
         if getattr(args, key) is not None and key in config:
@@ -673,10 +636,8 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
         raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
     config.update(preset=args.preset, mask_decay=mask_decay or 0.0, mask_error=error, mask_lr=mask_lr,
                   mask_magnitude=magnitude or FAMILIES[family]["magnitude"])
-    if family == "language":
-        config["eval_every"] = args.eval_every or max(1, config["iters"] // 5)
-    else:
-        config["eval_every"] = args.eval_every or (1 if family == "vision" else 5)
+    config["eval_every"] = args.eval_every or (max(1, config["iters"] // 5) if family == "language"
+                                               else 1 if family == "vision" else 5)
     if args.mask_variant:
         if task not in maskprior.BOOLEAN_MASK_VARIANTS:
             raise UsageError(f"--mask-variant: {task} has one mask pattern only")
@@ -694,8 +655,8 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
 
 def check_fits(family, config):
     """Refuse, before anything is allocated, a model whose float32 weights (with gradients and
-    Adam's two moments) and attention maps (scores, probabilities and their gradient, (batch,
-    heads, N, N) per layer) need more memory than this machine has."""
+    Adam's two moments) and attention maps (scores, probabilities and their gradient, (batch, heads,
+    N, N) per layer) need more memory than this machine has."""
     L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
     N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": 12, "language": config.get("block_size"),
          "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
@@ -720,13 +681,7 @@ def resolve_device(name):
         raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
-
-# ----------------------------------------------------------------------------------------------
-# 4. The experiment families. A Job is one run of a command; each family's setup returns an
-#    Experiment: model with its prior, optimizer, schedule, each round's batches (a round: an
-#    epoch, or eval_every language iterations), the loss of a batch, the evaluation and the
-#    final metrics.
-# ----------------------------------------------------------------------------------------------
+# === 4. The experiment families: each setup returns an Experiment =================================
 @dataclass
 class Job:
     """One run of a command (main builds one per cell of its grid): what to train and where."""
@@ -742,7 +697,6 @@ class Job:
     workers: Optional[int] = None      # vision: loader processes (default 8 on CUDA, 0 on the CPU)
     compile: bool = False              # vision: torch.compile
     progress: bool = True              # tqdm bars (on a terminal)
-
     def meta(self, world):
         """What checkpoint.pt records of the run, for --resume to compare (load_checkpoint)."""
         return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
@@ -750,6 +704,8 @@ class Job:
 
 @dataclass
 class Experiment:
+    """What a setup returns: model with its prior, optimizer, schedule, each round's batches (a
+    round: an epoch, or eval_every language iterations), loss, evaluation, final metrics."""
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     schedule: object
@@ -763,8 +719,8 @@ class Experiment:
     unit: str = "epoch"                # the history's counter: "epoch" or "iter"
     probe: Optional[torch.Tensor] = None    # inputs the persistence numbers average attention over
     probe_batch: int = 4096
-    pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern (edited: --mask-error,
-                                            # learned: --mask-from)
+    pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern (or --mask-error's,
+                                            # --mask-from's)
     true_pattern: Optional[torch.Tensor] = None  # the task's exact pattern (persistence "true_")
     generators: tuple = ()             # random streams besides torch's own, kept by checkpoints
     info: dict = field(default_factory=dict)  # further result.json fields (init_seconds: QK init)
@@ -774,13 +730,10 @@ def scaled_pattern(pattern, config, family):
     return pattern * (config["mask_magnitude"] / FAMILIES[family]["magnitude"])
 
 def add_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NORM_P):
-    """Put the QK prior of a QK init into W_Q / W_K (mask inits carry it in M already); returns
-    the seconds it took. Each init draws from its own generator, seeded by the run's seed.
-    pos_scale multiplies the positions first (the reference's norm_p = 18, meant for positions
-    drawn at 0.02; positions drawn N(0, 1) are visible already and keep their scale)."""
-    prior = INITS[init][1]
-    generator = torch.Generator().manual_seed(seed)
-    start = time.time()
+    """Put a QK init's prior into W_Q / W_K (mask inits carry it in M); returns the seconds it took.
+    Each init draws from a generator seeded by the run's seed. pos_scale first scales the positions
+    (the reference's norm_p = 18, for positions drawn at 0.02; N(0, 1) ones are visible already)."""
+    prior, generator, start = INITS[init][1], torch.Generator().manual_seed(seed), time.time()
     if prior == "svd":
         maskprior.structured_svd_init_(model, pattern, generator=generator, pos_scale=pos_scale,
                                        **(svd_scales or {}))
@@ -795,16 +748,15 @@ def mask_inits(init, pattern):
     return {"mask": pattern, "zero": torch.zeros_like(pattern)}.get(INITS[init][1])
 
 # --- The prior learned from a trained model (--mask-from) ---------------------------------------
-# Every family builds its hand-made prior as usual (the same random draws as a hand-made mask
-# run); run() then swaps M for maskprior.learned_mask of the source run's mean attention after
-# training (attention_after.pt, "attn", (L, H, N, N)) before anything trains. The hand-made
-# pattern stays true_pattern, so true_prior_mass_* measures the learned prior against it.
+# Every family builds its hand-made prior as usual (the same random draws as a hand-made mask run);
+# run() then swaps M for maskprior.learned_mask of the source run's mean attention after training
+# (attention_after.pt, "attn", (L, H, N, N)) before anything trains. The hand-made pattern stays
+# true_pattern, so true_prior_mass_* measures the learned prior against it.
 def use_learned_prior(exp, config):
-    """Replace the hand-made M of exp.model by maskprior.learned_mask of the source's attention:
-    open +A, closed -A with A = --mask-magnitude over the model's scale s (the encoders' s = 1:
-    A itself; the GPT's s = A: M = +-1, bias log sigmoid(+-s)). The learned pattern becomes
-    exp.pattern (prior_mass_*), the hand-made one exp.true_pattern (the GPT has neither: no open
-    / closed pattern). UsageError when the source's shape is not the model's."""
+    """Replace exp.model's hand-made M by maskprior.learned_mask of the source's attention: open +A,
+    closed -A, A = --mask-magnitude over the model's scale s (encoders: s = 1; GPT: s = A, M = +-1,
+    bias log sigmoid(+-s)). exp.pattern (prior_mass_*) becomes the learned pattern, exp.true_pattern
+    the hand-made one (GPT: neither, no open / closed pattern). UsageError if the shapes differ."""
     folder = config["mask_from"]
     _, attn, digest = read_source(folder)
     if digest != config["mask_from_sha256"]:
@@ -817,9 +769,8 @@ def use_learned_prior(exp, config):
         raise UsageError(f"--mask-from {folder}: its attention maps are {shape(attn.shape)}, this "
                          f"model's {shape(ours)}: the source needs the same --layers, --heads and "
                          f"sequence length")
-    first = layers[0]
-    learned = maskprior.learned_mask(attn, config["mask_magnitude"] / first.mask_scale,
-                                     config["mask_threshold"], first.causal)    # (L, H, N, N)
+    learned = maskprior.learned_mask(attn, config["mask_magnitude"] / layers[0].mask_scale,
+                                     config["mask_threshold"], layers[0].causal)    # (L, H, N, N)
     with torch.no_grad():
         for attention, mask in zip(layers, learned):
             attention.mask.copy_(mask)
@@ -827,22 +778,31 @@ def use_learned_prior(exp, config):
         exp.true_pattern = exp.pattern if exp.true_pattern is None else exp.true_pattern
         exp.pattern = learned
 
-def build_encoder(init, pattern, config, seed, svd_scales=None, **shape):
-    """maskprior.Transformer of the config's shape with the init's prior for the (L, H, N, N)
-    pattern, in M (mask inits) or in W_Q / W_K (QK inits). Returns (model, init seconds)."""
+def build_encoder(init, pattern, config, seed, device, svd_scales=None, **shape):
+    """maskprior.Transformer of the config's shape on device with the init's prior for the (L, H, N,
+    N) pattern, in M (mask inits) or in W_Q / W_K (QK inits). Returns (model, init seconds)."""
     pos_std = config.get("pos_std") or 0.02          # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
     model = maskprior.Transformer(
         masks=mask_inits(init, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
         heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
         cls_std=config.get("cls_std", 0.0), **shape)
-    return model, add_prior(model, init, pattern, seed, svd_scales,
-                            maskprior.NORM_P if pos_std == 0.02 else 1.0)
-
-def epoch_batches(x, y, batch_size, generator):  # one epoch of seeded shuffled mini-batches
-    return ((x[idx], y[idx]) for idx in torch.randperm(len(x), generator=generator).split(batch_size))
+    seconds = add_prior(model, init, pattern, seed, svd_scales,
+                        maskprior.NORM_P if pos_std == 0.02 else 1.0)
+    return model.to(device), seconds
 
 def cosine(optimizer, steps, floor=0.0):
     return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps, eta_min=floor)
+
+def encoder_experiment(model, x, y, seed, config, *functions, **fields):
+    """The Boolean or arithmetic Experiment: the optimizer, a cosine over all steps, each epoch
+    every pair (x, y) once in seeded shuffled mini-batches; functions: loss_of, evaluate, final."""
+    steps = math.ceil(len(x) / config["batch_size"]) * config["epochs"]
+    optimizer = make_optimizer(model, config)
+    shuffle = torch.Generator().manual_seed(seed)
+    batches = lambda epoch: ((x[idx], y[idx]) for idx in torch.randperm(
+        len(x), generator=shuffle).split(config["batch_size"]))
+    return Experiment(model, optimizer, cosine(optimizer, steps), config["epochs"], steps, batches,
+                      *functions, eval_every=config["eval_every"], generators=(shuffle,), **fields)
 
 # --- Boolean GOTU (Section 5.1, Table 1): train on the seen points, test on the whole cube -----
 def boolean_setup(task, init, seed, config, device):
@@ -851,14 +811,7 @@ def boolean_setup(task, init, seed, config, device):
                                    config.get("mask_variant"))                    # (L, H, N, N)
     pattern = maskprior.edited_prior(exact, config.get("mask_error"), seed, cls_row=True)
     model, seconds = build_encoder(init, scaled_pattern(pattern, config, "boolean"), config, seed,
-                                   vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1, out_dim=1)
-    model.to(device)
-    x_train, y_train = tasks.boolean_tokens(data["x_train"]), data["y_train"]
-    steps = math.ceil(len(x_train) / config["batch_size"]) * config["epochs"]
-    optimizer = make_optimizer(model, config)
-    shuffle = torch.Generator().manual_seed(seed)
-    def batches(epoch):                          # every seen point once, seeded order
-        return epoch_batches(x_train, y_train, config["batch_size"], shuffle)
+                                   device, vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1, out_dim=1)
     def loss_of(net, batch):                     # the aryol/GOTU loss: MSE of the CLS readout
         return F.mse_loss(net(batch[0].to(device)).squeeze(-1), batch[1].to(device))
     def evaluate():                              # the whole cube, seen and unseen
@@ -869,10 +822,10 @@ def boolean_setup(task, init, seed, config, device):
         return {**tasks.boolean_metrics(task, pred, data["x_test"]),
                 "train_loss": state["history"][-1]["train_loss"],
                 "fourier": tasks.fourier_coefficients(pred, data["x_test"])}
-    return Experiment(
-        model, optimizer, cosine(optimizer, steps), config["epochs"], steps, batches, loss_of,
-        evaluate, final, eval_every=config["eval_every"], probe=tasks.boolean_tokens(data["x_test"]),
-        pattern=pattern, true_pattern=exact, generators=(shuffle,), info={"init_seconds": seconds})
+    return encoder_experiment(
+        model, tasks.boolean_tokens(data["x_train"]), data["y_train"], seed, config, loss_of,
+        evaluate, final, probe=tasks.boolean_tokens(data["x_test"]), pattern=pattern,
+        true_pattern=exact, info={"init_seconds": seconds})
 
 # --- Three-digit arithmetic (Section 5.2): train on a seeded fraction, score held-out pairs ---
 def arithmetic_setup(task, init, seed, config, device):
@@ -882,14 +835,9 @@ def arithmetic_setup(task, init, seed, config, device):
     # Structured SVD on arithmetic opens with 10000 and closes with 0 (Table "Arithmetic task
     # setup"); the encoder reads a 10-way digit at every position, no CLS.
     model, seconds = build_encoder(
-        init, scaled_pattern(pattern, config, "arithmetic"), config, seed,
+        init, scaled_pattern(pattern, config, "arithmetic"), config, seed, device,
         {"open_logit": 1e4, "noise_scale": 0.0}, vocab_size=tasks.ARITHMETIC_VOCAB,
         seq_len=pattern.shape[-1], out_dim=10, cls_token=False, readout="tokens")
-    model.to(device)
-    x, y = data["x_train"], data["y_train"]
-    steps = math.ceil(len(x) / config["batch_size"]) * config["epochs"]
-    optimizer = make_optimizer(model, config)
-    shuffle = torch.Generator().manual_seed(seed)
     def loss_of(net, batch):                     # cross-entropy on the answer digits
         with tasks.autocast(device):
             logits = tasks.answer_logits(net, batch[0].to(device))               # (B, K, 10)
@@ -902,13 +850,11 @@ def arithmetic_setup(task, init, seed, config, device):
         logits = tasks.arithmetic_logits(model, data["x_eval"])
         return {**tasks.arithmetic_metrics(logits, data["y_eval"]),
                 "train_loss": state["history"][-1]["train_loss"]}
-    return Experiment(
-        model, optimizer, cosine(optimizer, steps), config["epochs"], steps,
-        batches=lambda epoch: epoch_batches(x, y, config["batch_size"], shuffle),
-        loss_of=loss_of, evaluate=sample_metrics, final=final, eval_every=config["eval_every"],
-        probe=data["x_eval"][:4096], pattern=pattern, true_pattern=exact, generators=(shuffle,),
-        info={"init_seconds": seconds, "train_pairs": len(x), "eval_pairs": data["eval_pairs"],
-              "held_out_pairs": data["held_out_pairs"]})
+    return encoder_experiment(
+        model, data["x_train"], data["y_train"], seed, config, loss_of, sample_metrics, final,
+        probe=data["x_eval"][:4096], pattern=pattern, true_pattern=exact,
+        info={"init_seconds": seconds, "train_pairs": len(data["x_train"]),
+              "eval_pairs": data["eval_pairs"], "held_out_pairs": data["held_out_pairs"]})
 
 # --- Language (Appendix "Wiki-text and Tiny-stories", Table "Perplexity (PPL) comparison") ---
 def lm_setup(task, init, seed, config, device, data, rank):
@@ -924,7 +870,6 @@ def lm_setup(task, init, seed, config, device, data, rank):
     windows = torch.Generator().manual_seed(seed + 1000 * rank)
     torch.manual_seed(seed + 1000 * rank)        # dropout differs across ranks, as it should
     E, iters = config["eval_every"], config["iters"]
-    rounds = math.ceil(iters / E)
     def batches(r):                              # iterations (r - 1) E + 1 ... min(r E, iters)
         count = min(E, iters - (r - 1) * E)
         return (tasks.lm_batch(data["train"], T, config["batch_size"], windows) for _ in range(count))
@@ -947,19 +892,17 @@ def lm_setup(task, init, seed, config, device, data, rank):
     # Where attention goes (attention_*.pt, attention.svg; what --mask-from reads): the mean over
     # the first 64 whole windows of the validation split.
     probe = torch.stack([data["val"][s:s + T] for s in range(0, len(data["val"]) - T, T)][:64])
-    return Experiment(model, optimizer, cosine(optimizer, iters), rounds, iters, batches, loss_of,
-                      validation, final, unit="iter", probe=probe, generators=(windows,),
-                      info=data.get("info", {}))
+    return Experiment(model, optimizer, cosine(optimizer, iters), math.ceil(iters / E), iters,
+                      batches, loss_of, validation, final, unit="iter", probe=probe,
+                      generators=(windows,), info=data.get("info", {}))
 
 # --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup: Tables "Experimental setup for ..."
 def vision_schedule(optimizer, config, steps_per_epoch):
-    """Per-step lr (Tables "Experimental setup for CIFAR10 / CIFAR100 / ImageNet100"): linear
-    warmup from warmup_lr, cosine to min_lr, cooldown."""
-    lr = optimizer.param_groups[0]["lr"]
-    warmup = config["warmup_epochs"] * steps_per_epoch
+    """Per-step lr (Tables "Experimental setup for CIFAR10 / CIFAR100 / ImageNet100"): linear warmup
+    from warmup_lr, cosine to min_lr, cooldown."""
+    lr, warmup = optimizer.param_groups[0]["lr"], config["warmup_epochs"] * steps_per_epoch
     decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
-    floor = min(config["min_lr"], lr)
-    parts, milestones = [], []
+    floor, parts, milestones = min(config["min_lr"], lr), [], []
     if warmup:
         parts.append(torch.optim.lr_scheduler.LinearLR(
             optimizer, start_factor=min(1.0, config["warmup_lr"] / lr), total_iters=warmup))
@@ -973,8 +916,8 @@ def vision_schedule(optimizer, config, steps_per_epoch):
 
 def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     """A ViT with the 3 x 3 impulse pattern as prior, in M (mask, mask-fixed) or in W_Q / W_K by
-    structured_svd_init_ (impulse); RandAugment, MixUp / CutMix, label smoothing, AdamW with
-    warmup, cosine and cooldown; each epoch's randomness seeded from (seed, epoch, rank)."""
+    structured_svd_init_ (impulse); RandAugment, MixUp / CutMix, label smoothing, AdamW with warmup,
+    cosine and cooldown; each epoch's randomness seeded from (seed, epoch, rank)."""
     from torchvision.ops import StochasticDepth
     L, H = config["layers"], config["heads"]
     pattern = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])
@@ -997,8 +940,8 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     mix = tasks.mixup_cutmix(data["classes"], config["mixup"], config["cutmix"])
     def batches(epoch):
         # Drop path, MixUp / CutMix and (with 0 workers) the augmentations draw from torch's
-        # generator; the loader's generator seeds its workers. Seeding both from (seed, epoch,
-        # rank) makes a run resumed at an epoch boundary repeat the uninterrupted one.
+        # generator; the loader's generator seeds its workers. Seeding both from (seed, epoch, rank)
+        # makes a run resumed at an epoch boundary repeat the uninterrupted one.
         sampler.set_epoch(epoch)
         epoch_seed = (seed * 100_003 + epoch) * 1_009 + rank
         torch.manual_seed(epoch_seed)
@@ -1025,15 +968,12 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
                       eval_every=config["eval_every"], probe=probe, probe_batch=16, pattern=pattern,
                       info={"init_seconds": seconds, **data.get("info", {})})
 
-
-# ----------------------------------------------------------------------------------------------
-# 5. The training loop: the same for every family
-# ----------------------------------------------------------------------------------------------
+# === 5. The training loop: the same for every family ==============================================
 def round_batches(exp, r, partial, device):
-    """(round r's batches, the losses of those already trained, the random states at the round's
-    start). A round a checkpoint cut (partial, see train) is drawn again from the random states of
-    its start, its done batches skipped, and the states of the cut (run() set them) put back: the
-    rest of the round, and every round after it, is the uninterrupted run's."""
+    """(round r's batches, the losses of those already trained, the random states at its start). A
+    round a checkpoint cut (partial) is drawn again from its start's states, done batches skipped,
+    and the cut's states (run() set them) put back: the rest of it, and every round after, is the
+    uninterrupted run's."""
     if partial is None:
         round_start = rng_states(exp, device)
         return iter(exp.batches(r)), [], round_start
@@ -1045,70 +985,43 @@ def round_batches(exp, r, partial, device):
     set_rng_states(exp, device, at_cut)
     return batches, list(partial["losses"]), partial["rngs"]
 
-def step_flags(loss, stop, world):
-    """(the loss is not finite, the signal that asks to stop or 0) as every rank sees them: under
-    torchrun one all-reduce (MAX) of both, so that all ranks raise Diverged, or stop, at the same
-    step, also those the signal did not reach."""
-    flags = torch.stack([(~torch.isfinite(loss.detach())).float(),
-                         torch.tensor(float(stop.signal or 0), device=loss.device)])
-    if world > 1:
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    not_finite, signum = flags.tolist()
-    return bool(not_finite), int(signum)
-
-def agreed_signal(stop, world, device):
-    """The signal that asks to stop on any rank (or 0), on every rank: one all-reduce (MAX)."""
-    if world == 1:
-        return stop.signal or 0
-    flags = torch.tensor([float(stop.signal or 0)], device=device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return int(flags.item())
-
 def position(exp, r, step):
     """Where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for language."""
     return f"iteration {step}" if exp.unit == "iter" else f"epoch {r} (step {step})"
 
-def write_checkpoint(path, exp, state, meta, place, partial=None):
-    """checkpoint.pt (rank 0): model, optimizer, schedule, every rank's random states and the
-    state; partial: a round cut after partial["done"] of its batches (its losses and the random
-    states at its start, per rank). Every rank takes part (the gather)."""
-    device, rank, world = place
-    rngs = gather(rng_states(exp, device), world)
-    if rank == 0:
-        save_checkpoint(path, {"meta": meta, "model": exp.model.state_dict(),
-                               "optimizer": exp.optimizer.state_dict(),
-                               "schedule": exp.schedule.state_dict(), "rng": rngs,
-                               "state": state, "partial": partial})
-    if world > 1:
-        dist.barrier()
-
 def train(exp, state, job, place, stop):
-    """Rounds of optimizer steps; after each round one history entry (mean training loss, lr,
-    and every eval_every rounds exp.evaluate()'s metrics), then a checkpoint from which --resume
-    continues exactly. Under torchrun the gradients are averaged by DistributedDataParallel and
-    rank 0 writes the checkpoint. Raises Diverged, on every rank, on a non-finite loss. A signal
-    (stop, set by SIGINT / SIGTERM) ends it after the optimizer step under way: a checkpoint of
-    that step, mid-round too, then Interrupted."""
+    """Rounds of optimizer steps; after each round one history entry (mean training loss, lr, every
+    eval_every rounds exp.evaluate()'s metrics), then a checkpoint from which --resume continues
+    exactly. Under torchrun DistributedDataParallel averages the gradients. Raises Diverged, on
+    every rank, on a non-finite loss. A signal (stop: SIGINT / SIGTERM) ends it after the optimizer
+    step under way: a checkpoint of that step, mid-round too, then Interrupted."""
     device, rank, world = place
     net = DDP(exp.model) if world > 1 else exp.model
-    if job.compile:
-        net = torch.compile(net)
+    net = torch.compile(net) if job.compile else net
     bar = tqdm(total=exp.steps, initial=state["step"], desc=f"{job.task}/{job.init}/seed{job.seed}",
                leave=False, dynamic_ncols=True,
                disable=None if job.progress and rank == 0 else True)   # None: off unless a terminal
-
-    def keep(r, partial=None):       # checkpoint.pt of this step, and the Stop knows it is there
-        write_checkpoint(os.path.join(job.out_dir, "checkpoint.pt"), exp, state, job.meta(world),
-                         place, partial)
+    def keep(r, partial=None):
+        """checkpoint.pt of this step (rank 0; every rank joins the gather): model, optimizer,
+        schedule, every rank's random states, the state; partial: a round cut after partial["done"]
+        batches (per rank: losses, start's random states). The Stop knows it is there."""
+        rngs = gather(rng_states(exp, device), world)
+        if rank == 0:
+            save_checkpoint(os.path.join(job.out_dir, "checkpoint.pt"), {
+                "meta": job.meta(world), "model": exp.model.state_dict(),
+                "optimizer": exp.optimizer.state_dict(), "schedule": exp.schedule.state_dict(),
+                "rng": rngs, "state": state, "partial": partial})
+        if world > 1:
+            dist.barrier()
         stop.kept = f"the checkpoint of {position(exp, r, state['step'])}"
-
     for r in range(state["round"] + 1, exp.rounds + 1):
         batches, losses, round_start = round_batches(exp, r, state.pop("partial", None), device)
         for batch in batches:
             start = time.time()
             loss = exp.loss_of(net, batch)
             state["step"] += 1
-            diverged, signum = step_flags(loss, stop, world)
+            diverged, signum = agreed([not torch.isfinite(loss.detach()), stop.signal or 0], world,
+                                      device)
             if diverged:
                 raise Diverged(f"loss became {loss.item()} at step {state['step']} "
                                f"({exp.unit} {r})")
@@ -1122,16 +1035,14 @@ def train(exp, state, job, place, stop):
             bar.update()
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
             stop.at = position(exp, r, state["step"])
-            # Alone, the signal as it is now; under torchrun the one the ranks agreed on in
-            # this step, so that all of them stop here, at the same step.
+            # Alone, the signal as it is now; under torchrun the one the ranks agreed on in this
+            # step, so that all of them stop here, at the same step.
             signum = signum if world > 1 else stop.signal
             if signum:
                 keep(r, {"round": r, "done": len(losses),
                          "ranks": gather({"losses": losses, "rngs": round_start}, world)})
                 raise stop.interrupted(signum)
-        train_loss = statistics.fmean(losses)
-        if world > 1:
-            train_loss = statistics.fmean(gather(train_loss, world))
+        train_loss = statistics.fmean(gather(statistics.fmean(losses), world))   # over the ranks
         entry = {exp.unit: state["step"] if exp.unit == "iter" else r, "train_loss": train_loss,
                  "lr": exp.schedule.get_last_lr()[0]}
         state["history"].append(entry)
@@ -1139,7 +1050,7 @@ def train(exp, state, job, place, stop):
         evaluate = r % exp.eval_every == 0 or r == exp.rounds
         if evaluate:
             entry.update(exp.evaluate())         # evaluate and checkpoint every eval_every
-        signum = agreed_signal(stop, world, device)      # one that came since the last step
+        signum = agreed([stop.signal or 0], world, device)[0]   # one that came since the last step
         if evaluate or signum:
             keep(r)
         if signum:
@@ -1148,10 +1059,7 @@ def train(exp, state, job, place, stop):
         raise stop.interrupted()
     bar.close()
 
-
-# ----------------------------------------------------------------------------------------------
-# 6. One run: the prior before, training, the prior after, result.json and the pictures
-# ----------------------------------------------------------------------------------------------
+# === 6. One run: the prior before, training, the prior after, result.json and the pictures ========
 def snapshot(exp, device):
     """The prior as the model holds it now: mean attention maps on the probe inputs and the mask
     bias log sigmoid(s M), both (L, H, N, N) or None; a ViT's centre patch on the first probe."""
@@ -1163,8 +1071,8 @@ def snapshot(exp, device):
     return snap
 
 def save_pictures(out_dir, snapshots, model):
-    """attention_<when>.pt of the newest snapshot, and attention.svg of all so far ("before",
-    then "before" | "after"): tasks.attention_figure, layers down, heads across."""
+    """attention_<when>.pt of the newest snapshot, and attention.svg of all so far ("before", then
+    "before" | "after"): tasks.attention_figure, layers down, heads across."""
     when = list(snapshots)[-1]
     save_checkpoint(os.path.join(out_dir, f"attention_{when}.pt"), snapshots[when])
     svg = tasks.attention_figure(snapshots, cls_token=getattr(model, "cls", None) is not None,
@@ -1173,9 +1081,7 @@ def save_pictures(out_dir, snapshots, model):
         write_atomic(os.path.join(out_dir, "attention.svg"), svg)
 
 def resume_from(checkpoint, meta, exp, place):
-    """Load checkpoint.pt into exp (model, optimizer, schedule, this rank's random states) and
-    return the state it holds; a round cut mid-way comes back as state["partial"], which train()
-    draws again (round_batches)."""
+    """checkpoint.pt loaded into exp; returns its state (a cut round in state["partial"])."""
     saved = load_checkpoint(checkpoint, meta)
     exp.model.load_state_dict(saved["model"])
     exp.optimizer.load_state_dict(saved["optimizer"])
@@ -1188,23 +1094,18 @@ def resume_from(checkpoint, meta, exp, place):
     return state
 
 def run(job, device, stop):
-    """Build the job's experiment, measure where its attention goes (before), train, measure
-    again (after), and write result.json and the pictures to job.out_dir. Under torchrun every
-    rank trains and rank 0 writes; the other ranks return None. stop: the Stop that SIGINT /
-    SIGTERM set."""
-    place = distributed_setup(device)
-    device, rank, world = place
+    """Build the job's experiment, measure where its attention goes (before), train, measure again
+    (after), and write result.json and the pictures to job.out_dir. Under torchrun every rank trains
+    and rank 0 writes; the other ranks return None. stop: the Stop that SIGINT / SIGTERM set."""
+    device, rank, world = place = distributed_setup(device)
     torch.manual_seed(job.seed)                 # the same initial weights on every rank
     task, init, seed, config = job.task, job.init, job.seed, job.config
-    if job.family == "boolean":
-        exp = boolean_setup(task, init, seed, config, device)
-    elif job.family == "arithmetic":
-        exp = arithmetic_setup(task, init, seed, config, device)
-    elif job.family == "language":
-        exp = lm_setup(task, init, seed, config, device, job.data, rank)
-    else:
-        workers = job.workers if job.workers is not None else 8 if device.type == "cuda" else 0
-        exp = vision_setup(task, init, seed, config, device, job.data, rank, world, workers)
+    common = (task, init, seed, config, device)
+    workers = job.workers if job.workers is not None else 8 if device.type == "cuda" else 0
+    exp = {"boolean": lambda: boolean_setup(*common),
+           "arithmetic": lambda: arithmetic_setup(*common),
+           "language": lambda: lm_setup(*common, job.data, rank),
+           "vision": lambda: vision_setup(*common, job.data, rank, world, workers)}[job.family]()
     if config.get("mask_from"):                 # M from a trained run's attention, not by hand
         use_learned_prior(exp, config)
     state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0}
@@ -1244,10 +1145,7 @@ def run(job, device, stop):
     write_json(os.path.join(job.out_dir, "result.json"), result)
     return result
 
-
-# ----------------------------------------------------------------------------------------------
-# 7. Tables, and main: one run, or a grid over tasks x inits x seeds x each setting a sweep gives
-# ----------------------------------------------------------------------------------------------
+# === 7. Tables, and main: one run, or a grid of tasks x inits x seeds x each sweep's settings =====
 def write_tables(root, results):
     """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds."""
     text, figures = tasks.result_tables(results, list(INITS))
@@ -1260,10 +1158,10 @@ def write_tables(root, results):
     print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")
 
 def summarize(root):
-    """--summarize DIR: the tables of every run saved below DIR (several grids into one); exit 1
-    when a damaged result.json was skipped, 2 when nothing could be read. Runs of other configs
-    are rows of their own (tasks.markdown_table); one run (task, init, seed and config) found
-    twice, e.g. a copied folder, is counted once, with a warning."""
+    """--summarize DIR: the tables of every run below DIR (several grids into one); exit 1 when a
+    damaged result.json was skipped, 2 when nothing could be read. Other configs are rows of their
+    own (tasks.markdown_table); a run (task, init, seed, config) found twice, e.g. a copied folder,
+    counts once, with a warning."""
     if not os.path.isdir(root):
         raise UsageError(f"--summarize {root}: "
                          f"{'not a folder' if os.path.exists(root) else 'no such folder'}")
@@ -1272,25 +1170,22 @@ def summarize(root):
     readable = [(path, r) for path in paths for r in [read_result(path)] if r is not None]
     if not readable:
         raise UsageError(f"--summarize: no readable result.json below {root}")
-    results, first = [], {}
+    first = {}                         # run -> (path, result.json) of its first copy
     for path, r in readable:
         run_id = json.dumps([r["task"], r["init"], r["seed"], r["config"]], sort_keys=True)
         if run_id in first:
-            print(f"train.py: warning: {path} is the run of {first[run_id]} again (same task, init, "
-                  f"seed and config): counted once", file=sys.stderr)
-            continue
-        first[run_id] = path
-        results.append(r)
+            print(f"train.py: warning: {path} is the run of {first[run_id][0]} again (same task, "
+                  f"init, seed and config): counted once", file=sys.stderr)
+        first.setdefault(run_id, (path, r))
     try:
-        write_tables(root, results)
+        write_tables(root, [r for _, r in first.values()])
     except WriteError as err:          # DIR itself cannot take the tables: a bad path
         raise UsageError(str(err))
     return 0 if len(readable) == len(paths) else 1
 
 def load_data(family, task, config, args, device, cache):
-    """The language corpus or vision data set, read once per grid (None for the Boolean and
-    arithmetic families, whose setups build their data from the seed). Under torchrun only rank
-    0 downloads."""
+    """The language corpus or vision data set, read once per grid (None for Boolean and arithmetic:
+    their setups build their data from the seed); under torchrun only rank 0 downloads."""
     if family == "language":
         if task not in cache:
             cache[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
@@ -1309,8 +1204,8 @@ def load_data(family, task, config, args, device, cache):
     return cache[key]
 
 def train_all(args, family, task_names, device, stop, grid_lock):
-    """Every run of the command, one after the other, each in its locked folder; a grid's tables.
-    grid_lock: the ExitStack that holds the grid folder's lock until main returns."""
+    """Every run of the command in turn, each in its locked folder, then a grid's tables; grid_lock:
+    the ExitStack holding the grid folder's lock until main returns."""
     if args.threads:
         torch.set_num_threads(args.threads)
     seeds = args.seeds if args.seeds is not None else [args.seed]
@@ -1324,28 +1219,27 @@ def train_all(args, family, task_names, device, stop, grid_lock):
             for i in dict.fromkeys(args.init) for s in seeds   # A only acts on M, --mask-lr on a trained M
             if (INITS[i][1] == "mask" or a == sweep(args.mask_magnitude)[0])
             and (trains_mask(i) or r == sweep(args.mask_lr)[0])]
-    grid = len(runs) > 1
-    root = args.out or "runs/grid"
+    grid, root = len(runs) > 1, args.out or "runs/grid"
+    source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
     results, failed, cache = [], 0, {}
     writer, root_locked = int(os.environ.get("RANK", "0")) == 0, False   # torchrun: rank 0 writes
     for task, init, seed, sweeps in runs:
-        source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
         name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps, source=source)
         out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
         checkpoint = os.path.join(out_dir, "checkpoint.pt")
         # --resume: a grid continues its killed runs and starts the ones that never started
         resume = args.resume and (not grid or os.path.exists(checkpoint))
         stop.start(out_dir, grid, resume)
+        config = make_config(family, task, args, *sweeps)
+        data = load_data(family, task, config, args, device, cache)
+        fingerprint = data_fingerprint(family, task, config, seed, data)
+        check_fits(family, config)
+        if args.resume and not grid and not os.path.isdir(out_dir):
+            raise no_checkpoint(checkpoint)        # said before a folder is made for it
+        if grid and writer and not root_locked:     # held until the grid's tables are written
+            grid_lock.enter_context(folder_lock(root))
+            root_locked = True
         try:
-            config = make_config(family, task, args, *sweeps)
-            data = load_data(family, task, config, args, device, cache)
-            fingerprint = data_fingerprint(family, task, config, seed, data)
-            check_fits(family, config)
-            if args.resume and not grid and not os.path.isdir(out_dir):
-                raise no_checkpoint(checkpoint)        # said before a folder is made for it
-            if grid and writer and not root_locked:     # held until the grid's tables are written
-                grid_lock.enter_context(folder_lock(root))
-                root_locked = True
             with folder_lock(out_dir) if writer else contextlib.nullcontext():
                 finished = args.resume and finished_run(out_dir, task, init, seed, config, fingerprint)
                 if finished:                   # left as it is, every file
@@ -1358,21 +1252,17 @@ def train_all(args, family, task_names, device, stop, grid_lock):
                           args.workers, args.compile, not args.no_progress)
                 with subnormals_flushed(device):
                     result = run(job, device, stop)
-        except (UsageError, tasks.DataError) as err:
-            print(f"train.py: error: {err}", file=sys.stderr)
-            return 2
         except Diverged as err:
             print(f"{task} / {init} / seed {seed}: stopped, {err}; what was saved is in {out_dir}",
                   file=sys.stderr)
             failed += 1
             results += [r for r in [read_result(os.path.join(out_dir, "result.json"))] if r]
             continue
-        if result is None:                     # a torchrun rank other than 0: rank 0 reports
-            continue
-        results.append(result)
-        print(tasks.summary_line(result), flush=True)
-        if not grid:
-            print(f"wrote {os.path.join(out_dir, 'result.json')}")
+        if result is not None:                 # None: a torchrun rank other than 0; rank 0 reports
+            results.append(result)
+            print(tasks.summary_line(result), flush=True)
+            if not grid:
+                print(f"wrote {os.path.join(out_dir, 'result.json')}")
     if dist.is_initialized():
         dist.destroy_process_group()
     if grid and results:
@@ -1382,8 +1272,9 @@ def train_all(args, family, task_names, device, stop, grid_lock):
 
 def main(argv=None):
     """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder
-    that cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM. Each failure is one
-    line on stderr that says what is kept and how to go on."""
+    that cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM. Each failure is one line
+    on stderr that says what is kept and how to go on."""
+    stop = Stop()
     try:
         args = build_parser().parse_args(argv)
         if args.summarize:
@@ -1392,13 +1283,11 @@ def main(argv=None):
         family = check_args(args, list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task)
         merge_repeats(args)
         task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
-    except UsageError as err:
-        print(f"train.py: error: {err}", file=sys.stderr)
-        return 2
-    stop = Stop()
-    try:
         with signals_caught(stop), contextlib.ExitStack() as grid_lock:
             return train_all(args, family, task_names, device, stop, grid_lock)
+    except (UsageError, tasks.DataError) as err:
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
     except Interrupted as err:
         if int(os.environ.get("RANK", "0")) == 0:      # torchrun: every rank stops, rank 0 says so
             print(f"train.py: {err}", file=sys.stderr)
