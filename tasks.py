@@ -862,9 +862,13 @@ def config_differences(settings):
 # Each family's columns: (header, key of the runs' "final" dicts: mean ± std over the row's seeds;
 # or a function (the finished runs' "final" dicts, Settings) -> text). The paper's numbers stand
 # beside its own prior only (and arithmetic's beside its train fraction).
-paper = lambda table, i=None: lambda done, s: fmt(
-    None if s.error or s.prior or s.train_frac != ARITHMETIC_TRAIN_FRAC.get(s.task) else
-    (cell := table.get((s.label, s.init))) and (cell if i is None else cell[i]))
+def paper(table, i=None):
+    """A column of the paper's numbers from table (its i-th number per cell, if i is given)."""
+    def column(done, s):
+        own_setting = not (s.error or s.prior) and s.train_frac == ARITHMETIC_TRAIN_FRAC.get(s.task)
+        number = table.get((s.label, s.init)) if own_setting else None
+        return fmt(number[i] if number and i is not None else number)
+    return column
 closer = lambda final: final["unseen_loss"] < final["unseen_mse_to_mdi"]   # to the target than to the MDI
 plain = lambda *keys: [(key.replace("_", " "), key) for key in keys]     # header: the key, spaced
 PRIOR_MASS_COLUMNS = plain("prior_mass_init", "prior_mass_final")
