@@ -34,18 +34,14 @@ NORM_P = 18.0           # structured init multiplies the positions by 18 before 
 class MaskedSelfAttention(nn.Module):
     """Multi-head self-attention with a learnable additive logit bias per head, Section 4.1:
         A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
-    M (heads, seq_len, seq_len) is the parameter `mask`, one full N x N matrix per head, starting at
-    the task's pattern (open +10, closed -10); s = mask_scale (1; 10 for the GPT prior of Appendix
-    "Wiki-text and Tiny-stories"). log sigmoid(s M) <= 0 only down-weights: entry (i, j) keeps
-    exp(q_i . k_j / sqrt(d)) * sigmoid(s M_ij) before its row is renormalised, so a row whose
-    entries share one M (all open, all closed, or the zero mask of Appendix A.1) is vanilla
-    attention, and in a mixed row an open key outweighs a closed key of equal content score by
-    sigmoid(10) / sigmoid(-10) = e^10 = 22026, while open keys keep their vanilla ratios.
+    M (heads, seq_len, seq_len) is the parameter `mask`, starting at the task's pattern (open +10,
+    closed -10); s = mask_scale (1; 10 for the GPT prior). log sigmoid(s M) <= 0 only down-weights:
+    a row whose entries share one M (e.g. the zero mask of Appendix A.1) is vanilla attention; in a
+    mixed row an open key outweighs a closed one of equal content score by e^10 = 22026.
     mode: "learnable" (the paper: M trains with the model), "fixed" (Appendix A.2: M never moves),
     "hadamard" (Appendix B: sigma(s M) o softmax(Q K^T / sqrt(d)), rows no longer sum to 1), "none"
     (vanilla attention, no M). causal: the hard causal mask on top (the GPT). Inputs shorter than
-    seq_len use the top-left (n, n) block of M. The class needs only math, torch, torch.nn as nn and
-    torch.nn.functional as F: it pastes alone into another file."""
+    seq_len use the top-left (n, n) block of M. Needs only math, torch, nn and F: pastes alone."""
     MODES = ("learnable", "fixed", "hadamard", "none")
     # forward's two paths compute the same function; path "auto" takes the fused one where it is
     # faster, "fused" or "written" forces one (e.g. a backend without the float mask's gradient).
@@ -136,11 +132,9 @@ class MaskedSelfAttention(nn.Module):
         return (y, attn) if return_attn else y
 
 def masked_attention(q, k, v, mask, scale=1.0, causal=False):
-    """The same attention as one function, to read beside Section 4.1 (the class's written-out path
-    with its own logit_bias, without dropout and in-place steps):
+    """The class's written-out path as one function, to read beside Section 4.1:
         Attention(Q, K, V; M) = softmax( Q K^T / sqrt(d) + log sigmoid(s M) [+ causal -inf] ) V
-    q, k, v (..., N, d), e.g. (B, H, N, d), and mask M (H, N, N), broadcast over the batch ->
-    (B, H, N, d); s = scale, 1 in the paper except for the GPT prior, where s = 10."""
+    q, k, v (B, H, N, d) (any leading dims), mask M (H, N, N) broadcast over the batch; s = scale."""
     n = q.shape[-2]
     bias = MaskedSelfAttention.logit_bias(mask, n, scale, causal, q.dtype, q.device)  # (H, n, n)
     logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])      # (B, H, N, N)
@@ -164,8 +158,7 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)). drop_path: None, or a module on
-    each residual branch, e.g. the ViT's torchvision.ops.StochasticDepth(p, "row") (0.1 in Table
-    "Experimental setup for CIFAR10"), built by train.py since this file imports torch only."""
+    each residual branch (the ViT's StochasticDepth, built by train.py: this file imports torch only)."""
     def __init__(self, dim, heads, seq_len, mlp_dim, head_dim=None, mask_init=None,
                  mode="learnable", causal=False, mask_scale=1.0, dropout=0.0, qkv_bias=False,
                  drop_path=None):
@@ -198,10 +191,9 @@ def run_blocks(blocks, x, return_attn=False):
 
 class Transformer(nn.Module):
     """Encoder over discrete tokens: embedding, optional CLS, learned positions, pre-LN blocks.
-    masks: None, or (depth, heads, seq_len, seq_len), one mask_init per layer (Principle 4,
-    layer-wise composition); seq_len counts every position, CLS included. readout: "cls" returns
-    head(LN(x[:, 0])) (B, out_dim), as the GOTU code reads one scalar off the CLS token; "tokens"
-    returns head(LN(x)) at every position, (B, N, out_dim)."""
+    masks: None, or (depth, heads, seq_len, seq_len), one mask_init per layer (Principle 4); seq_len
+    counts every position, CLS included. readout: "cls" returns head(LN(x[:, 0])) (B, out_dim), as
+    the GOTU code reads the CLS token; "tokens" returns head(LN(x)), (B, N, out_dim)."""
     def __init__(self, vocab_size, seq_len, dim, depth, heads, mlp_dim, out_dim, head_dim=None,
                  masks=None, mode="none", cls_token=True, readout="cls", dropout=0.0, pos_std=0.02,
                  cls_std=0.0):
@@ -214,11 +206,9 @@ class Transformer(nn.Module):
         self.readout = readout
         self.embed = nn.Embedding(vocab_size, dim)
         # Positions N(0, pos_std^2), CLS N(0, cls_std^2): 0.02 and 0 by default (nanoGPT, timm);
-        # aryol/GOTU, which the paper's Boolean experiments build on, and `--preset paper` use
-        # N(0, 1): attention then routes by position from the first steps (a vanilla model fits
-        # cyclic3; 2parity's CLS, closed to every bit, reaches them before weight decay shrinks W_Q
-        # and W_K). Drawn in the GOTU model's order (embedding, positions, CLS, each block's
-        # layers), so with cls_std = pos_std = 1 a seed gives the weights its TokenTransformer gets.
+        # aryol/GOTU (the paper's Boolean code) and `--preset paper` use N(0, 1), so attention
+        # routes by position from the first steps. Drawn in the GOTU model's order (embedding,
+        # positions, CLS, blocks): with cls_std = pos_std = 1 a seed gives its TokenTransformer's.
         self.pos = nn.Parameter(pos_std * torch.randn(1, seq_len, dim))
         self.cls = None if not cls_token else nn.Parameter(
             cls_std * torch.randn(1, 1, dim) if cls_std else torch.zeros(1, 1, dim))
@@ -239,9 +229,8 @@ class Transformer(nn.Module):
         return (out, attns) if return_attn else out
 
 def _init_weights(model, truncated):
-    """The GPT-2 / timm init of GPT and ViT: nn.Linear and nn.Embedding (none in the ViT) weights at
-    std 0.02, nn.Linear biases zero; truncated=False draws N(0, 0.02^2) (nn.init.normal_, GPT-2,
-    nanoGPT), True nn.init.trunc_normal_ (timm's ViT; its cut at +-2 lies 100 std out). model.apply
+    """The GPT-2 / timm init: nn.Linear and nn.Embedding weights at std 0.02, nn.Linear biases zero;
+    normal (GPT-2, nanoGPT) or truncated (timm's ViT; its cut at +-2 lies 100 std out). model.apply
     visits the layers in registration order, which fixes the order of the random draws."""
     draw = nn.init.trunc_normal_ if truncated else nn.init.normal_
     def init(module):
@@ -301,13 +290,12 @@ class GPT(nn.Module):
         return idx
 
 class ViT(nn.Module):
-    """A ViT on our Block with drop path, as timm's vit_tiny_patch16_224 (width 192, depth 12, 3
-    heads, MLP 768, patch 16 on 224 x 224; Table "Experimental setup for CIFAR10"). masks: None or
+    """A ViT as timm's vit_tiny_patch16_224 (width 192, depth 12, 3 heads, MLP 768, patch 16 on
+    224 x 224; Table "Experimental setup for CIFAR10"), qkv_bias=True as in timm. masks: None or
     (depth, heads, N, N), one mask_init per layer (impulse_mask for the paper's prior). pool: "cls"
     reads CLS (timm's default, used for CIFAR), "avg" averages the patch tokens ("Global pool avg"
     in Table "Experimental setup for ImageNet100"). drop_paths: None, or one module per block, e.g.
-    torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
-    qkv_bias=True as in timm's ViT; the biases start at zero, so no init below is affected."""
+    torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule)."""
     def __init__(self, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
                  masks=None, mode="none", pool="cls", drop_paths=None, channels=3):
         super().__init__()
@@ -328,8 +316,7 @@ class ViT(nn.Module):
             for layer in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
-        # timm's ViT init: Linear weights trunc-normal(0.02), biases 0, positions trunc-normal(0.02).
-        _init_weights(self, truncated=True)
+        _init_weights(self, truncated=True)                       # timm's ViT init
         nn.init.trunc_normal_(self.pos, std=0.02)
 
     def forward(self, images, return_attn=False):
@@ -359,24 +346,26 @@ def _pattern(open_pairs, n_tokens, open_value=OPEN, close_value=CLOSE):
 def _diagonal(n_tokens):   # every token sees itself: keeps its own value in its residual stream
     return [(i, i) for i in range(n_tokens)]
 
-def _everywhere(open_pairs, n, depth, heads):
-    """(depth, heads, N, N): the diagonal and open_pairs open in every layer and head."""
-    return _pattern(_diagonal(n) + open_pairs, n).expand(depth, heads, n, n).clone()
+def _head_cycle(depth, heads, n, head_pairs, open_value=OPEN, close_value=CLOSE):
+    """(depth, heads, N, N), equal in every layer: head h opens the diagonal and the (query, key)
+    pairs head_pairs[h % len(head_pairs)] (one list: every head alike)."""
+    per_head = [_pattern(_diagonal(n) + head_pairs[h % len(head_pairs)], n, open_value, close_value)
+                for h in range(heads)]                                  # heads x (N, N)
+    return torch.stack(per_head).expand(depth, heads, n, n).clone()
 
 def mask_2parity(depth, heads, d=15):
     """2parity, f = x0 x1. Principles (1) task-aligned interaction and (2) shortcut suppression:
     only x0 and x1 attend to each other (and themselves); every other token, CLS included, sees only
     itself. x0 x1 appears naturally in a bilinear logit q(x0) . k(x1); a CLS reading x0 and x1 would
-    mix them linearly, the minimum-degree shortcut x0 + x1 - 1, so CLS starts closed and learns
-    (through its finite -10 entries and the trainable M) where to read the product from."""
-    return _everywhere([(_bit(0), _bit(1)), (_bit(1), _bit(0))], d + 1, depth, heads)
+    mix them linearly (the minimum-degree shortcut), so CLS starts closed and learns where to read."""
+    return _head_cycle(depth, heads, d + 1, [[(_bit(0), _bit(1)), (_bit(1), _bit(0))]])
 
 def mask_majority(depth, heads, d=15):
     """3-bit majority, f = sign(x0 + x1 + x2), a global sum and a sign, where the MDI uses the
     pairwise products x0 x2 and x1 x2. Principle (2) shortcut suppression: each bit sees only
     itself, so no pairwise product forms in attention; the CLS row opens to x0, x1, x2, so the
     readout token aggregates exactly the three votes."""
-    return _everywhere([(0, _bit(i)) for i in range(3)], d + 1, depth, heads)
+    return _head_cycle(depth, heads, d + 1, [[(0, _bit(i)) for i in range(3)]])
 
 CYCLIC3_BUILD = 2   # cyclic3: the first CYCLIC3_BUILD layers build the triples, the rest read out
 
@@ -385,17 +374,13 @@ def mask_cyclic3(depth, heads, d=15):
     (Appendix "Design of Mask Pattern": the cyclic triples are built "through layer-wise
     composition of structured local connections, rather than encoding them directly").
     Layer 0 (pairs): bit token i sees {x_i, x_{i+1 mod d}}; its MLP can form x_i x_{i+1}.
-    Layer 1 (pairs of pairs): the same +1 window; token i reads its pair (x_i, x_{i+1}) and token
-      i+1's (x_{i+1}, x_{i+2}), whose union is exactly the triple T_i = (x_i, x_{i+1}, x_{i+2}):
-      the window stays one step wide, the span of bits behind it widens 1 -> 2 -> 3 (a window
-      {i, i+1, i+2} would compose 4 bits, x_i .. x_{i+3}). With d = 15 the 15 tokens then hold the
-      15 cyclic triples of f, each once (T_13 = (x13, x14, x0), T_14 = (x14, x0, x1)).
-    Layers 2.. (readout): bit tokens see only themselves (the triples stay put), CLS sees every
-      position and sums the 15 triples, as the majority mask lets CLS aggregate its three votes.
+    Layer 1 (pairs of pairs): the same +1 window; token i reads its pair and token i+1's, whose
+      union is the triple T_i = (x_i, x_{i+1}, x_{i+2}) (a window {i, i+1, i+2} would compose 4
+      bits); with d = 15 the 15 tokens then hold the 15 cyclic triples of f, each once.
+    Layers 2.. (readout): bit tokens see only themselves, CLS sees every position and sums them.
     In layers 0-1 CLS sees only itself: reading raw bits early it could fit the minimum-degree
-    shortcut (Principle 2). Fewer than 3 layers get the build layers only (depth 1: the pairs
-    layer); the paper's Boolean models have 4. mask_cyclic3_direct (--mask-variant direct)
-    encodes each triple within one layer instead."""
+    shortcut (Principle 2). Fewer than 3 layers get the build layers only; the paper's Boolean
+    models have 4. mask_cyclic3_direct (--mask-variant direct) builds each triple in one layer."""
     n = d + 1
     build = _pattern(_diagonal(n) + [(_bit(i), _bit((i + 1) % d)) for i in range(d)], n)
     readout = _pattern(_diagonal(n) + [(0, key) for key in range(n)], n)
@@ -408,20 +393,15 @@ def mask_cyclic3_direct(depth, heads, d=15):
     itself at the start and learns to read the sum. Not composition, so not what Principle (4)
     describes; kept for comparison (BOOLEAN_MASK_VARIANTS["cyclic3"]["direct"])."""
     pairs = [(_bit(i), _bit((i + s) % d)) for i in range(d) for s in (1, 2)]
-    return _everywhere(pairs, d + 1, depth, heads)
+    return _head_cycle(depth, heads, d + 1, [pairs])
 
 def mask_threesym(depth, heads, d=15):
     """threesym, f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0. Principles (2) and (3) multi-head
     specialisation. A sum of three pairwise parities: head h gets a 2parity-style mask for one pair,
     (x0, x1), (x1, x2), (x2, x0) in turn (cycling past three heads); head concatenation then adds
     the three products. Every other token, CLS included, sees only itself."""
-    n = d + 1
-    pairs_of_head = [(0, 1), (1, 2), (2, 0)]
-    masks = torch.empty(depth, heads, n, n)
-    for h in range(heads):
-        a, b = pairs_of_head[h % 3]
-        masks[:, h] = _pattern(_diagonal(n) + [(_bit(a), _bit(b)), (_bit(b), _bit(a))], n)
-    return masks
+    head_pairs = [[(_bit(a), _bit(b)), (_bit(b), _bit(a))] for a, b in ((0, 1), (1, 2), (2, 0))]
+    return _head_cycle(depth, heads, d + 1, head_pairs)
 
 BOOLEAN_MASKS = {"2parity": mask_2parity, "majority": mask_majority, "cyclic3": mask_cyclic3,
                  "threesym": mask_threesym}
@@ -440,11 +420,9 @@ def boolean_mask(task, depth, heads, variant=None):
 
 # --- Three-digit arithmetic (Section 5.2; Appendix "Design of Mask Pattern") ---
 # Token layout (tasks.py, section 3): a0 a1 a2 b0 b1 b2 c0 .. c(K-1), least significant digit first,
-# no CLS; answer digit c_k is read off position 6 + k. ARITHMETIC_OPEN / _CLOSE = +-5:
-# log sigmoid(-5) = -5.007, a softer prior than the Boolean +-10. In every head and layer each token
-# sees itself and each operand digit its partner (Principle 1: aligned interactions); the heads
-# split the algorithm (Principle 3: one sub-computation per head, head h takes role h mod 4); every
-# layer gets the same heads, and depth composes them (Principle 4: carries need several steps).
+# no CLS; answer digit c_k is read off position 6 + k. Open / closed at +-5, softer than the
+# Boolean +-10. Each token sees itself and each operand digit its partner (Principle 1); head h takes
+# role h mod 4 of the algorithm (Principle 3), and depth composes them (Principle 4: carries).
 def _operand(which, i):
     return 3 * which + i           # position of digit i (10^i) of operand a (which 0) or b (1)
 
@@ -459,14 +437,8 @@ def _answer_reads(k, operand_pairs, answers=()):
 def _arithmetic_masks(depth, heads, answer_digits, operand_links, roles):
     """(depth, heads, N, N) logits: the shared links (self, operand_links) in every head, plus
     role h mod len(roles) of head h: a function k -> open pairs for answer slot k."""
-    n = 6 + answer_digits
-    masks = torch.empty(depth, heads, n, n)
-    for h in range(heads):
-        role = roles[h % len(roles)]
-        pairs = _diagonal(n) + operand_links
-        pairs += [p for k in range(answer_digits) for p in role(k)]
-        masks[:, h] = _pattern(pairs, n, ARITHMETIC_OPEN, ARITHMETIC_CLOSE)
-    return masks
+    head_pairs = [operand_links + [p for k in range(answer_digits) for p in role(k)] for role in roles]
+    return _head_cycle(depth, heads, 6 + answer_digits, head_pairs, ARITHMETIC_OPEN, ARITHMETIC_CLOSE)
 
 def mask_addition(depth, heads):
     """Addition: c_k = (a_k + b_k + carry_k) mod 10, carry_k from column k - 1.
@@ -507,10 +479,9 @@ ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplica
 
 # --- The GPT's relative distance (Appendix "Wiki-text and Tiny-stories") ---
 # Language has no known interaction pattern, so the paper initialises a full learnable mask per
-# head from causal relative distance, M_ij = -max(i - j, 0), applied as log sigmoid(s M), s = 10
-# (mask_scale, so M keeps the paper's units): the diagonal gets log sigmoid(0) = -0.69, one step
-# back -10, two steps back -20, ... (a strong "attend to the recent past" prior that training can
-# flatten, Figure "Relative mask bias before and after training"), under the hard causal mask.
+# head from causal relative distance, M_ij = -max(i - j, 0), applied as log sigmoid(s M), s = 10:
+# the diagonal gets log sigmoid(0) = -0.69, one step back -10, two steps back -20, ... (a "recent
+# past" prior that training can flatten, Figure "Relative mask bias before and after training").
 def relative_distance_mask(heads, block_size):
     """M_ij = -max(i - j, 0) for every head, (heads, block_size, block_size)."""
     i = torch.arange(block_size)
@@ -520,19 +491,15 @@ def relative_distance_mask(heads, block_size):
 # --- The ViT's impulse (Section 5.3, Table "Best Top-1 accuracy") ---
 # Section 5.3 follows Zheng et al. (2025): each head starts as one 3x3 convolution "impulse"
 # filter, a patch attending to exactly one neighbour (Appendix "Visualization of Structure
-# Initialization"). As impulse_init of osiriszjq/structured_initialization builds it, head i gets
-# offset k = IMPULSE_ORDER[i mod 9] of the 3x3 window, (row, col) = (k // 3 - 1, k % 3 - 1):
-# heads 0..4 are identity, up, right, left, down, then the diagonals (ViT-Tiny's 3 heads: identity,
-# up, right), the same in every layer. Position 0 is CLS, patch (r, c) sits at 1 + r * grid + c
-# (row-major, as Conv2d + flatten give them), N = grid^2 + 1. The impulse covers patches only; ours:
-#   - CLS row (CLS as query): OPEN to every key: the readout token must gather the whole image, as
-#     a global average pool does (the 2024 code, osiriszjq/structured_init, runs its impulse init
-#     with class_token=False and --gp avg; the 2025 code keeps timm's CLS).
+# Initialization"). As impulse_init of osiriszjq/structured_initialization, head i gets offset
+# k = IMPULSE_ORDER[i mod 9] of the 3x3 window, (row, col) = (k // 3 - 1, k % 3 - 1): identity, up,
+# right, left, down, then the diagonals, in every layer. The impulse covers patches only; ours:
+#   - CLS row (CLS as query): OPEN to every key, to gather the whole image as a global average pool
+#     does (osiriszjq/structured_init runs its impulse init with class_token=False and --gp avg).
 #   - CLS column (CLS as key): CLOSED, so patch-to-patch attention starts as the 3x3 filter alone.
-#   - A patch whose neighbour lies off the grid (zero padding in the filter) gets an all-CLOSED
-#     row, which acts like an unmasked one (softmax is shift-invariant): plain content attention.
-# The QK counterpart (structured_svd_init_) solves on the patch part impulse_mask(...)[..., 1:, 1:]
-# and the patch positions, as the 2025 code on pos_embed[1:]; CLS belongs to the mask prior.
+#   - A patch whose neighbour lies off the grid gets an all-CLOSED row: plain content attention.
+# The QK counterpart (structured_svd_init_) solves on the patch part [..., 1:, 1:] only, as the
+# 2025 code on pos_embed[1:]; CLS belongs to the mask prior.
 IMPULSE_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
 
 def impulse_offsets(heads):
@@ -543,9 +510,8 @@ def patch_position(r, c, grid):
     return 1 + r * grid + c        # sequence position of patch (r, c); position 0 is CLS
 
 def impulse_mask(depth, heads, grid):
-    """Impulse mask logits over CLS + a grid x grid patch grid, (depth, heads, N, N), N = grid^2 + 1:
-    query patch (r, c) of head h is OPEN to key patch (r + dr, c + dc) only; the CLS row is OPEN
-    everywhere; everything else is CLOSE (the treatment of CLS and off-grid rows is above)."""
+    """Impulse mask logits over CLS + grid x grid patches, (depth, heads, N, N), N = grid^2 + 1:
+    query patch (r, c) of head h is OPEN to key patch (r + dr, c + dc) only, the CLS row to all."""
     n = grid * grid + 1
     m = torch.full((heads, n, n), CLOSE)
     m[:, 0, :] = OPEN                                              # CLS reads the whole image
@@ -589,24 +555,18 @@ def _lowest(rank, where, k):
     return chosen
 
 def edit_pattern(pattern, kind, fraction, generator, cls_row=False):
-    """A seeded edit of the mask logits pattern (..., N, N), open > 0 and closed < 0 as above; an
-    edited entry is negated (open +A <-> closed -A), so the result has the same two values. p =
-    fraction; the diagonal is never edited (every token keeps seeing itself):
+    """A seeded edit of the mask logits pattern (..., N, N), open > 0, closed < 0: an edited entry
+    is negated (open +A <-> closed -A). p = fraction; the diagonal is never edited:
       extra    opens  edit_count(p, #closed) closed off-diagonal entries   (a rough superset)
       missing  closes edit_count(p, #open) open off-diagonal entries       (a rough subset)
       moved    closes k = min(edit_count(p, #open), #closed) open off-diagonal entries and opens k
-               closed ones: a wrong prior with the right density (the open count stays)
+               closed ones: a wrong prior with the right density
     cls_row (the Boolean encoders, CLS at position 0): the CLS query row and the other rows are
-    edited as two parts, a moved entry staying in its part: `moved` keeps how many keys CLS reads
-    (majority: three wrong bits instead of x0, x1, x2) and never opens CLS where the exact pattern
-    keeps it closed (2parity, threesym: Principle 2's shortcut stays suppressed); `missing` and
-    `moved` leave alone a CLS row with no open off-diagonal entry; `extra` treats CLS as any row.
+    edited as two parts, a moved entry staying in its part: CLS keeps how many keys it reads and is
+    never opened where the exact pattern keeps it closed (Principle 2); `extra` treats it as any row.
     Every (layer, head) matrix and part takes the lowest-ranked entries of the set an edit acts on
     in ONE uniformly random ranking of the N x N positions, drawn from generator: equal patterns
-    (2parity's, majority's layers and heads) get equal edits, different ones (cyclic3's layers,
-    threesym's heads, the arithmetic roles) that ranking's pick of their own entries, a larger
-    fraction's edit contains a smaller one's, and heads with nearly equal closed sets open the same
-    wrong entries (moved:1.0 gives all threesym heads the same wrong pair: one guess, not three)."""
+    get equal edits, and a larger fraction's edit contains a smaller one's."""
     n = pattern.shape[-1]
     rank = torch.randperm(n * n, generator=generator).view(n, n)   # (N, N): position -> rank
     off_diagonal = ~torch.eye(n, dtype=torch.bool)
@@ -633,25 +593,21 @@ def edited_prior(pattern, error, seed, cls_row=False):
     kind, fraction = parse_edit(error)
     return edit_pattern(pattern, kind, fraction, torch.Generator().manual_seed(seed), cls_row)
 
-# --- Priors learned from a trained model. The hand-made patterns assume the interaction structure
-# is known, "in effect an oracle assumption" (the paper's Limitations, which name "learning priors
-# from data or pretrained models" as future work). A model that has learned the task (from more
-# data, or a related task) shows its structure in its attention maps; learned_mask turns them into
-# mask logits for M (Section 4.1, train.py's --mask-from), as mimetic initialisation (Trockman and
-# Kolter) copies such maps into W_Q / W_K.
+# --- Priors learned from a trained model. The hand-made patterns are "in effect an oracle
+# assumption" (the paper's Limitations, which name "learning priors from data or pretrained models"
+# as future work); learned_mask turns a trained model's attention maps into mask logits for M
+# (train.py's --mask-from), as mimetic initialisation (Trockman and Kolter) copies such maps into W_Q / W_K.
 def learned_mask(attn, magnitude, tau=1.0, causal=False):
     """Mask logits from mean attention maps p (..., N, N), e.g. mean_attention of a trained model,
     (L, H, N, N): query row i, key column j, each row summing to 1 over the keys it may see:
         M_ij = +A   if  i = j  or  p_ij >= tau / n_i        (open)
         M_ij = -A   otherwise                                (closed)
     n_i, the keys row i may see: N in an encoder, i + 1 in a causal model (key j <= i): tau = 1
-    opens the keys that get at least a uniform row's share 1 / n_i, tau = 2 twice that, tau = 0.5
-    more. The diagonal is always open (as in every hand-made pattern); causal closes the future
-    (j > i), which the hard causal mask hides anyway. A: the hand-made values (Boolean and vision
-    10, arithmetic 5); where the model applies log sigmoid(s M) (the GPT, s = 10), pass A = 1: open
-    entries then add log sigmoid(s) = -4.5e-5, closed ones log sigmoid(-s) = -10.00005, the bias
-    the relative-distance prior gives the key one step back, its nearest closed entry (its diagonal
-    starts at -0.69, keys further back at -20, -30, ...). Returns float32 logits of attn's shape."""
+    opens the keys that get at least a uniform row's share 1 / n_i. The diagonal is always open (as
+    in every hand-made pattern); causal closes the future (j > i). A = magnitude: the hand-made
+    values (Boolean and vision 10, arithmetic 5); where the model applies log sigmoid(s M) (the GPT,
+    s = 10), A = 1, so a closed entry gets the relative-distance prior's bias one step back, -10.
+    Returns float32 logits of attn's shape."""
     n = attn.shape[-1]
     i = torch.arange(n, device=attn.device)
     keys_seen = (i + 1 if causal else torch.full_like(i, n)).float()   # (N,) n_i
@@ -675,20 +631,18 @@ def open_fraction(pattern, causal=False):
 # The paper's comparison: the SAME pattern in W_Q / W_K instead of in M. Each function takes a
 # model of MaskedSelfAttention (mode="none") and (depth, heads, N, N) pattern logits (> 0 is open),
 # writes each head's q and k rows in place and returns the model. Public code followed
-# (github.com/<repo>, timm/models/vision_transformer.py of each timm fork):
-#   osiriszjq/structured_initialization (Zheng et al. 2025, the code Appendix "Experiment Details"
-#     points to): impulse_init (closed-form SVD solve), get_ortho_like (mimetic factors),
-#     VisionTransformer.post_init_weights (how they are written into the model).
+# (github.com/<repo>, timm/models/vision_transformer.py):
+#   osiriszjq/structured_initialization (Zheng et al. 2025, cited in Appendix "Experiment Details"):
+#     impulse_init (SVD solve), get_ortho_like (mimetic factors), VisionTransformer.post_init_weights.
 #   osiriszjq/structured_init (Zheng et al. 2024): its impulse_init fits Q, K by Adam, the only
-#     public code of "Structured (Opt)" (the 2025 repository has the SVD solve only).
+#     public code of "Structured (Opt)".
 def pattern_targets(pattern):
     """Binary target (1 = open, 0 = closed) from mask logits, any shape."""
     return (pattern > 0).to(torch.float32)
 
 def pseudo_input(model, skip=0):
-    """The pseudo-input P of structured initialisation, as in both Zheng et al. codes: the
-    positions, the "inputs" whose attention the solve shapes, under layer_norm without affine
-    parameters, one row per position from `skip` on, (N - skip, D) (skip: see _prefix_tokens)."""
+    """The pseudo-input P of structured initialisation, as in both Zheng et al. codes: the positions
+    from `skip` on under layer_norm without affine parameters, (N - skip, D)."""
     pos = model.pos.detach()[0, skip:]                             # (N - skip, D)
     return F.layer_norm(pos, pos.shape[-1:])
 
@@ -715,24 +669,19 @@ def _factor(a, rank):
 
 def mimetic_noise(dim, generator=None):
     """Z of mimetic initialisation: (dim, dim), uniform on +-sqrt(3 / dim) (variance 1 / dim), the
-    default (dist='uniform') of get_ortho_like (osiriszjq/structured_initialization); its 'normal'
-    option, N(0, 1/dim), has the same variance but is not what the mimetic and impulse paths use."""
+    default (dist='uniform') of get_ortho_like (osiriszjq/structured_initialization)."""
     return (torch.rand(dim, dim, generator=generator) * 2 - 1) * math.sqrt(3 / dim)
 
 def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator=None):
     """Mimetic initialisation (Trockman and Kolter 2023), the baseline of Tables "Best Top-1
-    accuracy" and "Perplexity (PPL) comparison": it mimics the identity-plus-noise attention of
-    trained Transformers and takes no task pattern. Per head, W_Q,h W_K,h^T ~ alpha1 Z1 + beta1 I
-    (fresh Z1), factored by SVD and truncated to head_dim: q rows = L[:, :r]^T, k rows = R[:r], as
-    post_init_weights' mimetic branch (osiriszjq/structured_initialization) writes Q.T and K.T. Per
-    layer, W_V W_O ~ alpha2 Z2 - beta2 I (fresh Z2). Z: mimetic_noise, as that code's
-    get_ortho_like draws it (alpha = beta = 0.7 and 0.4 are its values too).
-    Where we differ: that code's mimetic branch writes V and Proj into qkv / proj untransposed, so
-    (nn.Linear computes x W^T) the value-output map is x -> x L^T R^T = x (R L)^T, not x L R =
-    x (alpha2 Z2 - beta2 I): R L is similar to L R (same eigenvalues and trace) but loses the
-    -beta2 I part. We write v rows = L^T and proj = R^T, so W_V W_O = L R, the formula of Trockman
-    and Kolter that the paper cites and what that code's impulse branch writes (V.T, Proj.T). Our
-    draws come from a torch.Generator, the reference's from NumPy's global one."""
+    accuracy" and "Perplexity (PPL) comparison"; it takes no task pattern. Per head,
+    W_Q,h W_K,h^T ~ alpha1 Z1 + beta1 I (fresh Z1), factored by SVD and truncated to head_dim, as
+    post_init_weights' mimetic branch (osiriszjq/structured_initialization) writes Q.T and K.T; per
+    layer, W_V W_O ~ alpha2 Z2 - beta2 I (fresh Z2); Z: mimetic_noise (alphas and betas its values).
+    Where we differ: that code's mimetic branch writes V and Proj untransposed, giving the value-output
+    map x (R L)^T, which loses the -beta2 I part; we write v rows = L^T and proj = R^T, so
+    W_V W_O = L R, the formula of Trockman and Kolter and what that code's impulse branch writes.
+    Our draws come from a torch.Generator, the reference's from NumPy's global one."""
     for attn in attention_modules(model):
         dim, inner = attn.qkv.weight.shape[1], attn.heads * attn.head_dim
         eye = torch.eye(dim)
@@ -748,8 +697,7 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
 
 def scale_positions_(model, factor=NORM_P):
     """Multiply the learned positions by factor (norm_p = 18 of post_init_weights' impulse branch,
-    osiriszjq/structured_initialization): the structured inits write the pattern into how positions
-    meet through W_Q W_K^T, and at the usual 0.02 they would be invisible beside the tokens."""
+    osiriszjq/structured_initialization): at the usual 0.02 they would be invisible beside tokens."""
     with torch.no_grad():
         model.pos.mul_(factor)
     return model
@@ -770,13 +718,10 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
     rows = K_h (forward keeps its 1/sqrt(head_dim)); V and O mimetic (0.4, 0.4), fresh per layer.
     T_h = open_logit * target + noise_scale * eps on closed entries, eps a normal truncated at +-2
     with std 0.6, fresh for every layer (1000 and 3 in that code; the paper's arithmetic runs quote
-    open = 10000, close = 0). skip=None means _prefix_tokens: a ViT solves on the patch positions
-    (pos_embed[1:]) and pattern[..., 1:, 1:], so its CLS row and column of W_Q W_K^T are whatever
-    that makes of the CLS position.
+    open = 10000, close = 0). skip=None means _prefix_tokens (a ViT solves on the patches only).
     Where we differ: r is capped by the numerical rank of P^T P (the Boolean models have N = 16
     positions, fewer than head_dim; the reference would divide by zero singular values there); the
-    Boolean / arithmetic patterns include the CLS (or first) position, the reference's vision
-    patterns do not (the ViT's CLS row of the impulse mask, open to every key, is not solved)."""
+    Boolean / arithmetic patterns include the CLS (or first) position, the reference's do not."""
     skip = _prefix_tokens(model, skip)
     scale_positions_(model, pos_scale)
     mimetic_init_(model, generator=generator)  # V / O (its Q / K are overwritten below)
@@ -797,8 +742,7 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
 
 def opt_norm_reset_(q, k, nq):
     """The norm reset of Structured (Opt), in place (impulse_init, osiriszjq/structured_init): every
-    column of Q (H, D, r) over D and every column of K (H, r, D) over r (a length-r vector per input
-    feature, not K's rows over D) rescaled to norm nq, Q's mean column norm at the initial draw."""
+    column of Q (H, D, r) and of K (H, r, D) (not K's rows) rescaled to norm nq."""
     with torch.no_grad():
         q.div_(q.norm(dim=1, keepdim=True) / nq)
         k.div_(k.norm(dim=1, keepdim=True) / nq)
@@ -817,9 +761,8 @@ def _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator):
             if step % renorm_every == 0:
                 opt_norm_reset_(q, k, nq)
             attn = torch.softmax(scale * (p @ q @ k @ p.T), dim=-1)          # (H, N, N)
-            loss = F.mse_loss(attn, target)
             optimizer.zero_grad()
-            loss.backward()
+            F.mse_loss(attn, target).backward()
             optimizer.step()
     return q.detach(), k.detach()
 
@@ -830,18 +773,13 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
     Q (H, D, r) and K (H, r, D), r = head_dim, uniform on +-sqrt(1 / (r H)), Q drawn first, are
     fitted by Adam at lr: MSE of A_h = softmax(scale * P Q_h K_h P^T) (P = pseudo_input) to the 0/1
     pattern itself (not row-normalised). scale=None means head_dim ** -0.5, the value its caller
-    passes (the function's own default is 1): as forward also divides by sqrt(head_dim), the
-    written Q, K (q rows = Q_h^T, k rows = K_h, no extra factor) reproduce A_h on P exactly (with
-    scale=1 the model would show softmax of the fitted logits / sqrt(head_dim)).
-    opt_norm_reset_ runs BEFORE steps 0, renorm_every, 2 renorm_every, ...: the first acts on the
-    fresh draw, the last renorm_every steps run without one (nq over (head, column), from the first
-    draw). One solution serves every layer with the same pattern (init_once there; all its layers
-    share one pattern).
+    passes: as forward also divides by sqrt(head_dim), the written Q, K (q rows = Q_h^T, k rows =
+    K_h) reproduce A_h on P exactly. opt_norm_reset_ runs BEFORE steps 0, renorm_every, ...: the
+    first acts on the fresh draw, the last renorm_every steps run without one.
     Where we differ: steps = 2000 by default (Table "Arithmetic task setup": 2000 steps at lr 1e-4;
-    that code runs 10000); P: the model's learned positions times pos_scale (18, the 2025 code's
-    norm_p), where that code's usage has fixed 2-D sin-cos positions and no CLS token, all kept
-    (our Boolean patterns have a CLS row and column); layers with different patterns (cyclic3's
-    build and readout layers) get separate fits; random draws come from a torch.Generator."""
+    that code runs 10000); P: the model's learned positions times pos_scale (the 2025 code's
+    norm_p), where that code has fixed 2-D sin-cos positions and no CLS token; one fit per distinct
+    layer pattern (that code's init_once: one for all); random draws come from a torch.Generator."""
     scale_positions_(model, pos_scale)
     p = pseudo_input(model)
     attns = attention_modules(model)
@@ -913,13 +851,11 @@ def persistence_fields(before, after, pattern, true_pattern=None):
     """Section 6.1's persistence numbers: prior mass and pattern correlation at init and final
     (mean and per head), the drift ||log sig(M_T) - log sig(M_0)||_F / ||log sig(M_0)||_F, and for
     the GPT's causal prior bias_by_distance. With a true_pattern (the task's exact pattern, of which
-    pattern may be an edit_pattern) also the mean mass on that, true_prior_mass_init / _final
-    (equal to prior_mass_* when pattern is not edited)."""
+    pattern may be an edit_pattern) also the mean mass on that, true_prior_mass_init / _final."""
     fields = {"mask_drift": None}
     if pattern is not None:
-        mass0, corr0 = prior_stats(before["attn"], pattern)
-        mass1, corr1 = prior_stats(after["attn"], pattern)
-        for name, (v0, v1) in (("prior_mass", (mass0, mass1)), ("pattern_corr", (corr0, corr1))):
+        init, final = prior_stats(before["attn"], pattern), prior_stats(after["attn"], pattern)
+        for name, v0, v1 in zip(("prior_mass", "pattern_corr"), init, final):     # (L, H) each
             fields.update({f"{name}_init": v0.mean().item(), f"{name}_final": v1.mean().item(),
                            f"{name}_init_per_head": v0.tolist(), f"{name}_final_per_head": v1.tolist()})
     if true_pattern is not None:
@@ -937,14 +873,10 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # === 6. Appendix: the same prior inside an existing model's nn.MultiheadAttention (Section 4.1) ===
 # add_mask_prior gives every nn.MultiheadAttention of a model a parameter `mask` M (heads, N, N)
 # and a forward pre-hook passing log sigmoid(s * M) (+ the caller's mask) as attn_mask (B * heads,
-# N, N), which the module adds to Q K^T / sqrt(d) before its softmax: it computes the attention of
-# Section 4.1, and nothing else in the model changes. Neither PyTorch shortcut that would bypass
-# it runs on a patched module: nn.MultiheadAttention's fused path
-# (torch._native_multi_head_attention, eval mode) is never taken with a float attn_mask, nor
-# nn.TransformerEncoderLayer's (torch._transformer_encoder_layer_fwd) while a sub-module has a
-# forward hook. nn.TransformerEncoder's nested-tensor path (eval with a padding mask) would feed the
-# layers nested tensors, which nn.MultiheadAttention refuses off its fused path: add_mask_prior
-# sets use_nested_tensor = False on every nn.TransformerEncoder of the model.
+# N, N), which the module adds to Q K^T / sqrt(d) before its softmax: the attention of Section 4.1.
+# No fused shortcut bypasses it: nn.MultiheadAttention's is never taken with a float attn_mask, nor
+# nn.TransformerEncoderLayer's while a sub-module has a forward hook; nn.TransformerEncoder's
+# nested-tensor path is turned off (use_nested_tensor = False).
 _MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
                   "average_attn_weights", "is_causal")   # nn.MultiheadAttention.forward's, in order
 
@@ -999,12 +931,10 @@ def _add_mask_prior_to_call(attn, args, kwargs):
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     """Put the Section 4.1 mask prior log sigmoid(scale * M) into every nn.MultiheadAttention of
     model; returns the patched modules in model.named_modules() order. mask_init: (heads, N, N) for
-    every module or (layers, heads, N, N), one per module in that order, N the sequence length the
-    module sees (checked at forward time). mode: "learnable" or "fixed" (requires_grad=False), as
-    in MaskedSelfAttention; M is the parameter `mask`, in the state_dict. Each patched module must
-    be self-attention: a query or key length other than N raises ValueError (a cross-attention with
-    N keys and queries would get the prior too; patch only the encoder of such a model).
-    batch_first True and False and unbatched inputs all work."""
+    every module or (layers, heads, N, N), one per module in that order. mode: "learnable" or
+    "fixed", as in MaskedSelfAttention; M is the parameter `mask`, in the state_dict. Each patched
+    module must be self-attention over N positions (checked at forward time: ValueError); batched
+    (batch_first or not) and unbatched inputs work."""
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
     named = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]

@@ -1,22 +1,16 @@
 """Tasks and their metrics, the data side of every experiment in the paper, then its reports:
 
-  1. Boolean GOTU tasks (Section 5.1, Table 1; Abbe et al. "Generalization on the Unseen"): target,
-     seen domain, minimum-degree interpolator (MDI), metrics, Fourier coefficients.
-  2. Language modelling (Appendix "Wiki-text and Tiny-stories"): the offline corpus, TinyStories,
-     WikiText-2, the user's own text files, GPT-2 tokens through tiktoken, batches and windows.
-  3. Three-digit arithmetic (Section 5.2): all 10^6 pairs, the seeded split, the digit layout the
-     masks assume, and the metrics of Table "Performance of arithmetic tasks".
-  4. Image classification (Section 5.3): CIFAR-10/100 and ImageNet100 through torchvision with the
-     tables' augmentation, and the user's own ImageFolder tree.
-  5. Result tables: table.md (ours beside the paper's numbers), a run's one-line summary, line
-     charts of training curves and sweeps (data efficiency, mask magnitude, imperfect priors).
-  6. Pictures: heat maps of attention maps and mask biases, layers by heads: a run's attention.svg,
-     the persistence figure, learned priors beside hand-made ones.
-Imports torch and the standard library (torchvision, PIL, tiktoken only in the functions that need
-them); never imports train.py.
+  1. Boolean GOTU tasks (Section 5.1, Table 1; Abbe et al. "Generalization on the Unseen").
+  2. Language modelling (Appendix "Wiki-text and Tiny-stories"), GPT-2 tokens through tiktoken.
+  3. Three-digit arithmetic (Section 5.2, Table "Performance of arithmetic tasks").
+  4. Image classification (Section 5.3): CIFAR-10/100, ImageNet100, the user's own ImageFolder tree.
+  5. Result tables (table.md beside the paper's numbers, a run's summary line) and line charts.
+  6. Heat maps of attention maps and mask biases: attention.svg, persistence, learned priors.
+Imports torch and the standard library (torchvision, PIL, tiktoken only where needed), never train.py.
 """
 
 import base64
+import contextlib
 import ctypes
 import hashlib
 import itertools
@@ -36,17 +30,19 @@ def autocast(device):
     """bf16 autocast on CUDA, a no-op on the CPU: the evaluations here and train.py's steps."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
-def model_device(model):
-    return next(model.parameters()).device
+@contextlib.contextmanager
+def evaluating(model):
+    """The model in eval mode inside the block (which gets its device), in train mode after it."""
+    model.eval()
+    yield next(model.parameters()).device
+    model.train()
 
 def paper_table(inits, rows):
     """{(task, init): numbers} of a table of the paper written as {task: [its numbers per init]}."""
     return {(t, i): cell for t, cells in rows.items() for i, cell in zip(inits, cells, strict=True)}
 
-# Fingerprints of a run's data, kept in checkpoint.pt and result.json (--resume refuses other data):
-# generated data (Boolean, arithmetic) as the tensors trained and scored on; a corpus by the content
-# of every file read and of the ranks file; an image tree (up to 10^5 files) by each file's name,
-# size and modification time, unread (a changed, added, removed or touched image changes it).
+# Fingerprints of a run's data in checkpoint.pt and result.json (--resume refuses other data): generated
+# data by its tensors, a corpus by its files' content, an image tree by each file's name, size and mtime.
 def tensors_sha256(*tensors):
     """sha256 of the tensors' dtypes, shapes and bytes, as "sha256 <hex>"."""
     digest = hashlib.sha256()
@@ -79,9 +75,8 @@ def corpus_fingerprint(data_dir, paths, bpe_file):
     return {**found, "--bpe-file": bpe_file and file_sha256(bpe_file)}
 
 # === 1. Boolean GOTU tasks (Section 5.1; the tasks of aryol/GOTU, Abbe et al. 2023) ===============
-# Inputs are bits in {-1, +1}^d, d = 15. Training uses every seen point of the cube (enumerated, not
-# sampled); testing the whole cube, 2^15 = 32768 points, and the unseen part on its own as well.
-# x has shape (P, d) throughout; every function returns (P,).
+# Bits x in {-1, +1}^d, d = 15, shape (P, d) throughout; every function returns (P,). Training uses
+# every seen point of the cube (not sampled); testing the whole cube (2^15 points) and its unseen part.
 BOOLEAN_DIM = 15
 
 @dataclass(frozen=True)
@@ -146,15 +141,13 @@ def round_to_values(pred, values):
     return values[(pred[:, None] - values[None]).abs().argmin(1)]
 
 def boolean_accuracy(pred, y, values):
-    """Percent of predictions that round to the true value (sign for +-1, nearest odd integer for
-    cyclic3). None where the target is continuous (threesym), as in the paper."""
+    """Percent of predictions that round to the true value; None for a continuous target (threesym)."""
     if values is None or len(pred) == 0:
         return None
     return 100.0 * (round_to_values(pred, values) == y).float().mean().item()
 
 def boolean_metrics(name, pred, x):
-    """Table 1's full-cube MSE and accuracy, the same on the unseen part alone, and on the unseen
-    part the MSE to the MDI, so a run says which function it extrapolated with."""
+    """Table 1's MSE and accuracy on the cube and its unseen part, and the unseen MSE to the MDI."""
     task = BOOLEAN_TASKS[name]
     y, unseen, mdi = task.target(x), ~task.seen(x), task.mdi(x)
     mse = lambda a, b: ((a - b) ** 2).mean().item()
@@ -164,8 +157,7 @@ def boolean_metrics(name, pred, x):
             "unseen_mse_to_mdi": mse(pred[unseen], mdi[unseen])}
 
 def fourier_coefficients(pred, x, variables=(0, 1, 2)):
-    """hat f(S) = mean over the cube of f(x) prod_{i in S} x_i for every monomial S over the given
-    variables (exact when x is the whole cube). Keys like "1", "x0", "x0x2"."""
+    """hat f(S) = mean of f(x) prod_{i in S} x_i over x, for each monomial S of variables: "1", "x0x2"."""
     chi = lambda subset: x[:, list(subset)].prod(1) if subset else torch.ones(len(x))
     subsets = [s for k in range(len(variables) + 1) for s in itertools.combinations(variables, k)]
     return {"".join(f"x{i}" for i in s) or "1": (pred * chi(s)).mean().item() for s in subsets}
@@ -173,15 +165,12 @@ def fourier_coefficients(pred, x, variables=(0, 1, 2)):
 @torch.no_grad()
 def boolean_predictions(model, x, batch=8192):
     """Predictions for bits x (P, d), float32 on the CPU, in batches of aryol/GOTU's test size."""
-    model.eval()
-    device = model_device(model)
-    out = [model(boolean_tokens(x[i:i + batch]).to(device)).squeeze(-1).float().cpu()
-           for i in range(0, len(x), batch)]
-    model.train()
+    with evaluating(model) as device:
+        out = [model(boolean_tokens(x[i:i + batch]).to(device)).squeeze(-1).float().cpu()
+               for i in range(0, len(x), batch)]
     return torch.cat(out)
 
-# The paper's Table 1 and Table "Ablation on mask initialization" (test loss, test acc %; threesym
-# has no accuracy), printed by train.py beside ours.
+# The paper's Table 1 and Table "Ablation on mask initialization" (test loss, test acc %).
 PAPER_BOOLEAN = paper_table(("default", "structured-svd", "structured-opt", "mask", "mask-zero"), {
     "2parity": [(1.379, 75.00), (1.737, 75.00), (1.746, 75.00), (0.0029, 100.00), (1.38, 75.00)],
     "cyclic3": [(5.648, 87.45), (3.257, 87.48), (3.230, 87.47), (0.0034, 99.98), (2.53, 87.46)],
@@ -189,14 +178,10 @@ PAPER_BOOLEAN = paper_table(("default", "structured-svd", "structured-opt", "mas
     "threesym": [(7.621, None), (7.616, None), (7.635, None), (2.9745, None), (7.62, None)]})
 
 # === 2. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup") ========
-# Four corpora, each returned as a dict of 1-D int64 token tensors {"train", "val", "test"}:
-#   lm           English prose shipped with Python (pydoc_data.topics, about 465k characters),
-#                byte-level tokens (vocab 256): runs on a fresh machine with nothing downloaded.
-#   tinystories  the first 12k stories of TinyStories for training and 2k for validation; test
-#                falls back to validation, as in the paper. GPT-2 tokens.
-#   wikitext2    WikiText-2 raw, its train / validation / test splits. GPT-2 tokens.
-#   text         the user's own UTF-8 text files (TEXT_FILES): byte-level tokens (vocab 256), or
-#                GPT-2 tokens with --bpe-file; without test.txt, test falls back to validation.
+# Four corpora, dicts of 1-D int64 token tensors {"train", "val", "test"}; GPT-2 tokens but for lm and
+# text without --bpe-file (UTF-8 bytes, vocab 256). lm: pydoc_data.topics, English prose shipped with
+# Python (nothing to download); tinystories: the first 12k stories to train, 2k to validate (and test,
+# as in the paper); wikitext2: WikiText-2 raw; text: the user's own files (TEXT_FILES).
 LM_TASKS = ("lm", "tinystories", "wikitext2", "text")
 GPT2_VOCAB = 50257
 END_OF_TEXT = "<|endoftext|>"
@@ -233,9 +218,7 @@ def split_tokens(tokens, val_fraction=0.05, test_fraction=0.05):
             "test": tokens[n_train + n_val:]}
 
 def gpt2_encoding(bpe_file=None):
-    """GPT-2's tokenizer through tiktoken, offline. bpe_file: a local r50k_base/gpt2 ranks file;
-    without one, tiktoken's own cache (TIKTOKEN_CACHE_DIR) must already hold it."""
-    import tiktoken
+    """GPT-2's tokenizer through tiktoken, offline: from bpe_file (BPE_HELP) or TIKTOKEN_CACHE_DIR."""
     import tiktoken.load
     from tiktoken_ext.openai_public import r50k_pat_str
     if bpe_file is None:
@@ -296,9 +279,7 @@ def _decoder(encoding):
     return lambda ids: b"".join(map(piece, ids)).decode("utf-8", "replace")
 
 def text_dataset(data_dir, bpe_file=None):
-    """--task text: train.txt, valid.txt and optional test.txt in data_dir as UTF-8 bytes (vocab
-    256) or GPT-2 tokens with a bpe_file; DataError for a missing, empty, binary or non-UTF-8 file.
-    "files": each split's file (check_lm_splits quotes it); "info": result.json's "data"."""
+    """--task text (TEXT_FILES in data_dir); DataError for a missing, empty, binary or non-UTF-8 file."""
     files = {s: os.path.join(data_dir, n) for s, n in zip(("train", "val", "test"), TEXT_FILES)}
     if not os.path.exists(files["test"]):
         files["test"] = files["val"]
@@ -318,13 +299,11 @@ def text_dataset(data_dir, bpe_file=None):
     test_is_val = files["test"] == files["val"]
     info = {"files": files, "tokenizer": tokenizer, "test_is_val": test_is_val,
             "tokens": {k: len(v) for k, v in streams.items()}}
-    return {**streams, "vocab_size": vocab, "decode": decode, "test_is_val": test_is_val,
-            "files": files, "info": {"data": info},
-            "fingerprint": corpus_fingerprint(data_dir, files.values(), bpe_file)}
+    return {**streams, "vocab_size": vocab, "decode": decode, "test_is_val": test_is_val, "files": files,
+            "info": {"data": info}, "fingerprint": corpus_fingerprint(data_dir, files.values(), bpe_file)}
 
 def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
-    """{"train", "val", "test"} token streams, "vocab_size", "decode" and "fingerprint" (what
-    --resume checks: the corpus files' and the ranks file's sha256) for one of LM_TASKS."""
+    """{"train", "val", "test"} token streams, "vocab_size", "decode", "fingerprint" (for --resume)."""
     if name == "lm":   # the corpus is Python's own: its fingerprint is the token stream's
         tokens = byte_tokens(embedded_corpus())
         return {**split_tokens(tokens), "vocab_size": 256, "decode": decode_bytes,
@@ -345,20 +324,17 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
     else:
         raise ValueError(f"unknown language task {name!r}")
     return {**dict(zip(("train", "val", "test"), streams)), "vocab_size": enc.n_vocab,
-            "decode": _decoder(enc), "test_is_val": name == "tinystories",
-            "fingerprint": corpus_fingerprint(data_dir, [os.path.join(data_dir, f) for f in files],
-                                              bpe_file)}
+            "decode": _decoder(enc), "test_is_val": name == "tinystories", "fingerprint":
+            corpus_fingerprint(data_dir, [os.path.join(data_dir, f) for f in files], bpe_file)}
 
 def check_lm_splits(data, block_size):
-    """DataError for a context longer than a split: every split must hold a window and its
-    next-token targets. A split read from a file of the user's (--task text) is named by it."""
+    """DataError for a context longer than a split (named by its file for --task text)."""
     for split in ("train", "val", "test"):
         name, more = (data["files"][split], ", or give it more text") if "files" in data else \
             (f"the {split} split", "")
         if len(data[split]) <= block_size + 1:
             raise DataError(f"--block-size {block_size} needs more tokens than {name} holds "
-                            f"({len(data[split])}): choose a block size below "
-                            f"{len(data[split]) - 1}{more}")
+                            f"({len(data[split])}): choose a block size below {len(data[split]) - 1}{more}")
 
 def lm_batch(tokens, block_size, batch_size, generator):
     """nanoGPT's get_batch: batch_size random windows; inputs (B, T) and next-token targets (B, T)."""
@@ -379,18 +355,16 @@ def lm_windows(tokens, block_size):
 @torch.no_grad()
 def lm_loss(model, tokens, block_size, batch=64):
     """Mean next-token cross-entropy over every token of a split (not a sample of batches)."""
-    model.eval()
-    device = model_device(model)
-    x, y = lm_windows(tokens, block_size)
-    total, count = 0.0, 0
-    for i in range(0, len(x), batch):
-        with autocast(device):
-            logits = model(x[i:i + batch].to(device))
-        targets = y[i:i + batch].to(device)
-        total += torch.nn.functional.cross_entropy(
-            logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum").item()
-        count += (targets != -100).sum().item()
-    model.train()
+    with evaluating(model) as device:
+        x, y = lm_windows(tokens, block_size)
+        total, count = 0.0, 0
+        for i in range(0, len(x), batch):
+            with autocast(device):
+                logits = model(x[i:i + batch].to(device))
+            targets = y[i:i + batch].to(device)
+            total += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                                       ignore_index=-100, reduction="sum").item()
+            count += (targets != -100).sum().item()
     return total / count
 
 # The paper's Table "Perplexity (PPL) comparison" (val, test).
@@ -399,19 +373,16 @@ PAPER_LM = paper_table(("default", "mask", "mimetic"), {
     "tinystories": [(10.42, 10.49), (10.40, 10.48), (10.64, 10.60)]})
 
 # === 3. Three-digit arithmetic (Section 5.2) ======================================================
-# Tables "Arithmetic task setup" and "Performance of arithmetic tasks". Every pair (a, b) with
-# 0 <= a, b <= 999 (10^6 pairs), three digits each with leading zeros; a seeded fraction trains, the
-# rest is held out. An encoder predicts the whole answer in one forward pass. One input row is the
-# six operand digits, then one placeholder per answer digit, every number least significant first:
+# Tables "Arithmetic task setup" and "Performance of arithmetic tasks": all 10^6 pairs 0 <= a, b <= 999
+# (pair id 1000 a + b), a seeded fraction to train; an encoder predicts the whole answer in one pass from
+# six operand digits and one placeholder per answer digit, every number least significant first:
 #
 #   position   0   1   2   3   4   5   6   7  ...  6+K-1
 #   token     a0  a1  a2  b0  b1  b2   _   _  ...   _        a0 = units digit of a, _ = token 10
 #   target                             c0  c1  ...  c(K-1)   c_k = the 10^k digit of a + b or a * b
 #
-# Least significant first makes "digit i of a" and "digit i of b" the same offset from their
-# number's start, and the digit a carry comes from (c_{k-1}) sits right before the one it changes;
-# the masks in maskprior.py are written in this order. K = 4 for addition (999 + 999 = 1998) and
-# 6 for multiplication (999 * 999 = 998001). Pair id = 1000 a + b.
+# so digit i of a and of b sit at the same offset, and a carry's source c_{k-1} right before the digit
+# it changes (maskprior.py's masks assume this order). K = 4 for addition, 6 for multiplication.
 ARITHMETIC_TASKS = {"addition": 4, "multiplication": 6}          # task -> answer digits K
 ARITHMETIC_TRAIN_FRAC = {"addition": 0.004, "multiplication": 0.03}  # the paper's Table
 OPERAND_DIGITS = 3
@@ -424,8 +395,7 @@ def digits(n, count):
     return torch.div(n[:, None], 10 ** torch.arange(count), rounding_mode="floor") % 10
 
 def arithmetic_split(train_frac, seed):
-    """(train ids, held-out ids): a seeded permutation of all 10^6 pair ids, the first
-    round(train_frac * 10^6) of it for training."""
+    """(train ids, held-out ids): the first round(train_frac * 10^6) of a seeded permutation train."""
     if not 0 < train_frac < 1:
         raise ValueError(f"train_frac must lie in (0, 1), got {train_frac}")
     perm = torch.randperm(ALL_PAIRS, generator=torch.Generator().manual_seed(seed))
@@ -442,8 +412,7 @@ def arithmetic_examples(task, ids):
     return tokens, digits(value, k)
 
 def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
-    """Train and evaluation tensors of one run; the evaluation set, never overlapping the training
-    pairs, is a fixed (seeded) random sample of eval_size held-out pairs, all of them for None."""
+    """Train and evaluation tensors; evaluation: a seeded sample of eval_size held-out pairs (None: all)."""
     train_ids, held_out = arithmetic_split(train_frac, seed)
     if eval_size is not None and eval_size < len(held_out):
         pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed + 1))
@@ -468,37 +437,25 @@ def answer_logits(model, tokens):
 
 @torch.inference_mode()
 def arithmetic_logits(model, x, batch=512):
-    """answer_logits over many pairs, (P, K, 10) float32 on the CPU, in batches of 512 pairs,
-    which keep each activation in cache on the CPU (larger batches measured slower)."""
-    model.eval()
-    device = model_device(model)
+    """answer_logits over many pairs, (P, K, 10) float32 on the CPU; larger batches measured slower."""
     out = []
-    for i in range(0, len(x), batch):
-        with autocast(device):
-            out.append(answer_logits(model, x[i:i + batch].to(device)).float().cpu())
-    model.train()
+    with evaluating(model) as device:
+        for i in range(0, len(x), batch):
+            with autocast(device):
+                out.append(answer_logits(model, x[i:i + batch].to(device)).float().cpu())
     return torch.cat(out)
 
-# The paper's Table "Performance of arithmetic tasks" (seq acc %, digit acc %, loss), at its
-# train fractions (ARITHMETIC_TRAIN_FRAC).
+# The paper's Table "Performance of arithmetic tasks" (seq acc %, digit acc %, loss) at ARITHMETIC_TRAIN_FRAC.
 PAPER_ARITHMETIC = paper_table(("default", "structured-svd", "structured-opt", "mask"), {
-    "multiplication": [(5.01, 70.78, 2.27), (11.13, 74.57, 1.77), (27.82, 82.37, 0.85),
-                       (69.49, 94.13, 0.20)],
-    "addition": [(1.19, 40.59, 4.51), (0.87, 38.56, 4.59), (3.39, 49.87, 3.40),
-                 (77.49, 93.86, 0.23)]})
+    "multiplication": [(5.01, 70.78, 2.27), (11.13, 74.57, 1.77), (27.82, 82.37, 0.85), (69.49, 94.13, 0.20)],
+    "addition": [(1.19, 40.59, 4.51), (0.87, 38.56, 4.59), (3.39, 49.87, 3.40), (77.49, 93.86, 0.23)]})
 
 # === 4. Image classification (Section 5.3) ========================================================
-# Tables "Experimental setup for CIFAR10", "... for CIFAR100", "... for ImageNet100". torchvision
-# reads the data and does the augmentation; nothing here re-implements it.
-#   cifar10, cifar100  torchvision.datasets.CIFAR10 / CIFAR100 from --data-dir, the standard
-#                      python-pickle layout (cifar-10-batches-py/, cifar-100-python/). torchvision
-#                      checks every file's MD5 sum; files that fail it are refused.
-#   imagenet100        an ImageFolder tree DATA/imagenet100/{train,val}/<class>/<image> (e.g. the
-#                      100 classes of https://huggingface.co/datasets/clane9/imagenet-100 written
-#                      out as image files), as the paper's Appendix describes the subset.
-#   images             the user's own images (image_folder_dataset below): any ImageFolder tree,
-#                      grey or colour, any number of classes, ImageNet100's augmentation.
-# --download is opt-in (CIFAR only); without it a missing dataset raises DataError at once.
+# Tables "Experimental setup for CIFAR10", "... for CIFAR100", "... for ImageNet100"; torchvision reads
+# the data and augments it. cifar10, cifar100: the python-pickle layout (CIFAR_LAYOUT) in --data-dir,
+# checked by torchvision's MD5 sums; imagenet100: an ImageFolder tree DATA/imagenet100/{train,val}/
+# <class>/<image> (e.g. https://huggingface.co/datasets/clane9/imagenet-100 as image files); images:
+# the user's own (image_folder_dataset). --download (CIFAR only) is opt-in; else missing data: DataError.
 VISION_TASKS = ("cifar10", "cifar100", "imagenet100", "images")
 VISION_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet100": 100}
 CIFAR_LAYOUT = {  # folder torchvision expects under --data-dir, and the files in it
@@ -509,42 +466,32 @@ IMAGENET100_FOLDER = "imagenet100"
 # Per-channel mean and std for Normalize: CIFAR's own (as timm's CIFAR recipes) and ImageNet's.
 NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
                  "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-                 **dict.fromkeys(("imagenet100", "images"),
-                                 ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))}
+                 **dict.fromkeys(("imagenet100", "images"), ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))}
 RESIZED_CROP_TASKS = ("imagenet100", "images")   # images of any size: timm's ImageNet crops
 
 def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scale=0.08, channels=3):
-    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S);
-    C = 1 for grey --task images (normalised by the means of ImageNet's means and stds). train:
-    random crop (CIFAR: resize to image_size, crop padded by image_size / 8, the usual 4-pixel CIFAR
-    crop; ImageNet100, images: RandomResizedCrop of crop_scale to all the area, timm's default
-    scale (0.08, 1) at the paper preset), horizontal flip, RandAugment at magnitude 9 (the tables'
-    "RandAug (m9)"). test: resize (ImageNet100, images: to image_size / 0.875, centre crop, timm's
-    crop_pct). MixUp / CutMix act on whole batches (mixup_cutmix)."""
+    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S), C = 1 for
+    grey images; train: random crop (CIFAR padded by S / 8, else timm's RandomResizedCrop), flip, the
+    tables' "RandAug (m9)"; test: resize (then, but for CIFAR, timm's centre crop of crop_pct 0.875)."""
     from torchvision.transforms import v2
     mean, std = NORMALIZATION[name]
     if channels == 1:
         mean, std = (statistics.fmean(mean),), (statistics.fmean(std),)
     if train and name in RESIZED_CROP_TASKS:
-        geometry = [v2.RandomResizedCrop(image_size, scale=(crop_scale, 1.0), antialias=True),
-                    v2.RandomHorizontalFlip()]
+        geometry = [v2.RandomResizedCrop(image_size, scale=(crop_scale, 1.0), antialias=True)]
     elif train:
-        geometry = [v2.Resize(image_size, antialias=True),
-                    v2.RandomCrop(image_size, padding=image_size // 8), v2.RandomHorizontalFlip()]
+        geometry = [v2.Resize(image_size, antialias=True), v2.RandomCrop(image_size, padding=image_size // 8)]
     elif name in RESIZED_CROP_TASKS:
         geometry = [v2.Resize(int(image_size / 0.875), antialias=True), v2.CenterCrop(image_size)]
     else:
         geometry = [v2.Resize(image_size, antialias=True)]
-    augment = [v2.RandAugment(magnitude=randaugment_magnitude)] if train else []
+    augment = [v2.RandomHorizontalFlip(), v2.RandAugment(magnitude=randaugment_magnitude)] if train else []
     return v2.Compose([v2.ToImage(), *geometry, *augment, v2.ToDtype(torch.float32, scale=True),
                        v2.Normalize(mean, std)])
 
 def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
-    """Batch augmentation of the tables, "Mixup / CutMix 0.8 / 1.0": per batch MixUp
-    (Beta(0.8, 0.8)) or CutMix (Beta(1, 1)), equal chance, as timm's Mixup with switch probability
-    0.5: images, soft_targets = mix(images (B, C, H, W), labels (B,)). As in timm, an alpha of 0
-    turns one off; both 0 leave the batch as it is (one-hot targets; the cpu preset's small-data
-    setting for ImageNet100)."""
+    """The tables' "Mixup / CutMix 0.8 / 1.0" as timm's Mixup (switch probability 0.5): images,
+    soft_targets = mix(images (B, C, H, W), labels (B,)); an alpha of 0 turns one off (both: one-hot)."""
     from torchvision.transforms import v2
     mixers = ([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []) + \
              ([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else [])
@@ -557,11 +504,10 @@ def _cifar(name, data_dir, transform, train, download):
     from torchvision import datasets
     folder, files = CIFAR_LAYOUT[name]
     path = os.path.join(data_dir, folder)
-    pretty = "CIFAR-10" if name == "cifar10" else "CIFAR-100"
+    pretty, cls = ("CIFAR-10", datasets.CIFAR10) if name == "cifar10" else ("CIFAR-100", datasets.CIFAR100)
     if not download and not all(os.path.isfile(os.path.join(path, f)) for f in files):
         raise DataError(f"{pretty}: expected {path}/ holding {', '.join(files)} (the python "
                         f"version, unpacked; --data-dir {data_dir}), or pass --download")
-    cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
     try:
         return cls(data_dir, train=train, transform=transform, download=download)
     except RuntimeError as err:  # torchvision: "Dataset not found or corrupted" (MD5 mismatch)
@@ -583,16 +529,11 @@ def _imagenet100(data_dir, split, transform):
     except (OSError, RuntimeError, ValueError) as err:   # e.g. class folders without images
         raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
 
-# --task images: the user's own images, an ImageFolder tree in one of two layouts (IMAGES_LAYOUT).
-# Class folders are sorted by name (label = position, as torchvision's ImageFolder); hidden folders
-# and files, and files without an image extension, are skipped. Every image's header is read once
-# up front (PIL's Image.verify), so a damaged file is named before training starts, and gives the
-# channels: 1 when every image is grey-scale, else 3 (grey images turned RGB). The one-folder
-# layout holds out IMAGE_HOLD_OUT of each class by a generator seeded with the fixed
-# IMAGE_SPLIT_SEED, not the run's seed: every init and seed of a comparison trains and tests on the
-# same images, and a grid reads the tree once. Images are resized to the preset's image size (cpu
-# 32, paper 224; --image-size), not used at their own: an ImageFolder tree may mix sizes and aspect
-# ratios, and the ViT's patch grid, hence its prior's N x N pattern and its cost, must be fixed.
+# --task images (IMAGES_LAYOUT): classes sorted by name (label = position, as ImageFolder), hidden and
+# non-image files skipped; every header read up front (PIL's Image.verify) names a damaged file before
+# training and gives the channels (1 if all grey, else 3). The one-folder layout holds out
+# IMAGE_HOLD_OUT of each class by the fixed IMAGE_SPLIT_SEED (every init and seed sees the same
+# images). Images are resized to --image-size: the ViT's patch grid, hence the prior, must be fixed.
 IMAGES_LAYOUT = ("DIR/train/<class>/<image> and DIR/val/<class>/<image> (or validation/, test/), "
                  "or DIR/<class>/<image> with 10 % of each class held out")
 OWN_DATA_HELP = (f"your own data:\n  --task images --data-dir DIR  {IMAGES_LAYOUT}\n"
@@ -603,8 +544,7 @@ IMAGE_SPLIT_SEED = 0
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")     # PIL modes of one-channel images
 
 class ImageFiles(torch.utils.data.Dataset):
-    """(path, label) samples read by PIL as `mode` ("L" or "RGB") and transformed: torchvision's
-    ImageFolder over a list of files (the same .samples and .classes)."""
+    """torchvision's ImageFolder over a list of (path, label) samples, read by PIL as mode "L" or "RGB"."""
     def __init__(self, samples, classes, mode, transform):
         self.samples, self.classes, self.mode, self.transform = samples, classes, mode, transform
     def __len__(self):
@@ -620,8 +560,7 @@ class ImageFiles(torch.utils.data.Dataset):
         return self.transform(image), label
 
 def _class_files(folder, layout_hint):
-    """{class: sorted image paths below folder/<class>}; DataError for no folder, < 2 classes or an
-    empty class."""
+    """{class: sorted image paths below folder/<class>}; DataError for no folder, < 2 classes or one empty."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
     if not os.path.isdir(folder):
         raise DataError(f"images: no folder {folder} ({layout_hint})")
@@ -641,8 +580,7 @@ def _class_files(folder, layout_hint):
     return files
 
 def _hold_out(files, folder):
-    """(train, held-out) {class: paths}: IMAGE_HOLD_OUT of each class (at least one image), drawn by
-    one generator seeded with IMAGE_SPLIT_SEED."""
+    """(train, held-out) {class: paths}: IMAGE_HOLD_OUT of each class (at least one image) held out."""
     generator = torch.Generator().manual_seed(IMAGE_SPLIT_SEED)
     train, held = {}, {}
     for name, paths in files.items():
@@ -656,8 +594,7 @@ def _hold_out(files, folder):
     return train, held
 
 def _image_header(path):
-    """(PIL mode, (width, height)) of an image file, or DataError naming it: PIL reads its header
-    and checks what it can without decoding (Image.verify: every chunk's CRC for PNG)."""
+    """(PIL mode, (width, height)) of an image file checked by Image.verify (no decoding), or DataError."""
     from PIL import Image
     try:
         with Image.open(path) as image:
@@ -669,8 +606,7 @@ def _image_header(path):
     return mode, size
 
 def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_scale=0.08):
-    """--task images from the user's ImageFolder tree (IMAGES_LAYOUT); "info" (result.json's
-    "data"): layout, folders, classes, image counts, channels, the images' own sizes, split seed."""
+    """--task images from the user's ImageFolder tree (IMAGES_LAYOUT); "info": result.json's "data"."""
     hint = f"--data-dir DIR: {IMAGES_LAYOUT}"
     train_dir = os.path.join(data_dir, "train")
     eval_name = next((n for n in IMAGE_EVAL_FOLDERS if os.path.isdir(os.path.join(data_dir, n))), None)
@@ -703,23 +639,20 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
     widths, heights = zip(*(size for _, size in headers))
     info = {**layout, "classes": classes, "train_images": len(datasets[0]),
             "eval_images": len(datasets[1]), "channels": channels, "resized_to": image_size,
-            "source_size_min": [min(widths), min(heights)],
-            "source_size_max": [max(widths), max(heights)]}
+            "source_size_min": [min(widths), min(heights)], "source_size_max": [max(widths), max(heights)]}
     listing = lambda dataset: files_listing([p for p, _ in dataset.samples], data_dir)
     return {"train": datasets[0], "test": datasets[1], "classes": len(classes),
             "channels": channels, "info": {"data": info},
             "fingerprint": {"train images": listing(datasets[0]), "eval images": listing(datasets[1])}}
 
-def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9,
-                   crop_scale=0.08):
-    """{"train", "test", "classes", "fingerprint"} (images: also "channels", "info"); "fingerprint"
-    lists the image files (files_listing) for --resume to check."""
+def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9, crop_scale=0.08):
+    """{"train", "test", "classes", "fingerprint"} (images: also "channels", "info")."""
     if name == "imagenet100" and download:
         raise DataError("ImageNet100 has no --download; build the ImageFolder tree "
                         f"{data_dir}/{IMAGENET100_FOLDER}/{{train,val}}/<class>/<image>")
-    if name == "images" and download:
-        raise DataError(f"--task images has no --download; it reads your own images: {IMAGES_LAYOUT}")
     if name == "images":
+        if download:
+            raise DataError(f"--task images has no --download; it reads your own images: {IMAGES_LAYOUT}")
         return image_folder_dataset(data_dir, image_size, randaugment_magnitude, crop_scale)
     train_tf = vision_transform(name, image_size, True, randaugment_magnitude, crop_scale)
     test_tf = vision_transform(name, image_size, False)
@@ -732,14 +665,12 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
         train = _cifar(name, data_dir, train_tf, True, download)
         test = _cifar(name, data_dir, test_tf, False, False)
         folder, files = CIFAR_LAYOUT[name]
-        fingerprint = {folder: files_listing([os.path.join(data_dir, folder, f) for f in files],
-                                             data_dir)}
+        fingerprint = {folder: files_listing([os.path.join(data_dir, folder, f) for f in files], data_dir)}
     return {"train": train, "test": test, "classes": VISION_CLASSES[name], "fingerprint": fingerprint}
 
 def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
-    """Training loader over this process's share of each shuffled epoch (a DistributedSampler, also
-    with one process), with a generator of its own that seeds its worker processes, and a test
-    loader over every world-th test image, so that the ranks' sums add up to the whole test set."""
+    """Training loader over this process's share of each shuffled epoch (a DistributedSampler, its own
+    generator seeding its workers), test loader over every world-th image (the ranks' sums add up)."""
     from torch.utils.data import DataLoader, DistributedSampler, Subset
     sampler = DistributedSampler(data["train"], world, rank, shuffle=True, seed=seed, drop_last=True)
     train = DataLoader(data["train"], batch_size // world, sampler=sampler, num_workers=workers,
@@ -751,31 +682,27 @@ def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
 @torch.no_grad()
 def vision_scores(model, loader):
     """(correct top-1 predictions, summed cross-entropy, images) over a test loader."""
-    model.eval()
-    device = model_device(model)
     correct, total, count = 0, 0.0, 0
-    for images, labels in loader:
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        with autocast(device):
-            logits = model(images)
-        correct += (logits.argmax(-1) == labels).sum().item()
-        total += torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").item()
-        count += len(labels)
-    model.train()
+    with evaluating(model) as device:
+        for images, labels in loader:
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            with autocast(device):
+                logits = model(images)
+            correct += (logits.argmax(-1) == labels).sum().item()
+            total += torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").item()
+            count += len(labels)
     return correct, total, count
 
 # The paper's Table "Best Top-1 accuracy (%) on vision benchmarks that are all using ViT-T model"
-# (Section 5.3); mask-fixed from Appendix A.2's Table "Best Top-1 accuracy (%) on vision
-# benchmarks. Values in parentheses denote improvement over Default.", which prints ImageNet100's
-# mask init as 85.82 where the Section 5.3 table has 85.92.
+# (Section 5.3); mask-fixed from Appendix A.2's Table "Best Top-1 accuracy (%) on vision benchmarks.
+# Values in parentheses ...", which prints ImageNet100's mask init as 85.82 (Section 5.3: 85.92).
 PAPER_VISION = paper_table(("default", "mimetic", "impulse", "mask-fixed", "mask"), {
     "cifar10": [94.20, 94.80, 95.12, 94.16, 95.66], "cifar100": [74.00, 76.80, 76.47, 78.77, 77.95],
     "imagenet100": [83.38, 84.38, 83.16, 81.78, 85.92]})
 
 # === 5. Result tables: ours beside the paper's numbers above (table.md, by train.py) ==============
-# A table's row is a Settings (what the command set besides the seed), mean ± std over its seeds;
-# runs that differ in another config key (epochs, lr, ...) are other experiments, never averaged:
-# rows of their own, with a "config" column naming the keys. The charts group runs the same way.
+# A table's row (a chart's line) is a Settings, mean ± std over its seeds; runs differing in another
+# config key (epochs, lr, ...) are never averaged: rows of their own, a "config" column naming the keys.
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
 MASK_PRIOR_INITS = ("mask", "mask-fixed", "mask-hadamard")   # train.py's INITS whose M is the prior
@@ -790,9 +717,8 @@ def mean_std(values):
 
 def run_name(task, init, seed, variant=None, train_frac=None, magnitude=None, decay=None,
              error=None, mask_lr=None, threshold=None, source=None):
-    """A run's folder name: <task>-<init>-seed<seed>, then each setting the command gave (a default
-    goes unnamed, so not from Settings): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>,
-    -mlr<lr>, and for a prior learned from the run folder <source> -from-<source>-tau<TAU>."""
+    """A run's folder name, <task>-<init>-seed<seed>, then each setting the command gave (defaults
+    unnamed): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>, -mlr<lr>, -from-<run>-tau<TAU>."""
     kind, fraction = edit_order(error)
     given = [train_frac and f"frac{train_frac:g}", variant, magnitude and f"A{magnitude:g}",
              decay is not None and f"wd{decay:g}", error and f"err-{kind}{fraction:g}",
@@ -813,14 +739,13 @@ def learned_prior(config):
 SWEEPS = {"train_frac": "train frac", "magnitude": "A", "decay": "mask decay", "error": "mask error",
           "mask_lr": "mask lr", "prior": "prior"}
 
-class Settings(namedtuple("Settings", "task variant init train_frac magnitude decay error mask_lr "
-                                      "prior rest")):
+class Settings(namedtuple("Settings", "task variant init train_frac magnitude decay error mask_lr prior "
+                                      "rest")):
     """A run's settings but its seed (settings_of): variant, Boolean mask variant; decay 0 without
     --mask-decay; prior, learned_prior's label; rest: other config keys, sorted (key, JSON)."""
     label = property(lambda s: s.task + (f" ({s.variant})" if s.variant else ""))  # cyclic3 (direct)
     def text(self, field):
-        """A field as tables and legends write it: error "none" = the exact prior, "—" = not set (a
-        mask lr: the model's), prior "hand-made" = the task's own."""
+        """A field as tables and legends write it ("none": the exact prior, "—": not set)."""
         value = getattr(self, field)
         if field == "prior":
             return value or ("hand-made" if self.init in MASK_PRIOR_INITS else "—")
@@ -848,8 +773,7 @@ def group_runs(results, init_order):
     return groups
 
 def config_differences(settings):
-    """{Settings: "epochs 2 lr 0.001"}: the keys of rest in which Settings alike in every other
-    field differ, with each one's values; {} when none do."""
+    """{Settings: "epochs 2 lr 0.001"}: the keys of rest that differ between Settings otherwise alike."""
     rests = {}
     for s in settings:
         rests.setdefault(s._replace(rest=()), []).append(dict(s.rest))
@@ -859,9 +783,8 @@ def config_differences(settings):
     return {s: " ".join(f"{key} {show(json.loads(dict(s.rest).get(key, 'null')))}" for key in keys)
             for s in settings} if keys else {}
 
-# Each family's columns: (header, key of the runs' "final" dicts: mean ± std over the row's seeds;
-# or a function (the finished runs' "final" dicts, Settings) -> text). The paper's numbers stand
-# beside its own prior only (and arithmetic's beside its train fraction).
+# Each family's columns: (header, key of "final": mean ± std over seeds, or a function (the finished
+# runs' "final" dicts, Settings) -> text). The paper's numbers stand beside its own setting only.
 def paper(table, i=None):
     """A column of the paper's numbers from table (its i-th number per cell, if i is given)."""
     def column(done, s):
@@ -872,8 +795,7 @@ def paper(table, i=None):
 closer = lambda final: final["unseen_loss"] < final["unseen_mse_to_mdi"]   # to the target than to the MDI
 plain = lambda *keys: [(key.replace("_", " "), key) for key in keys]     # header: the key, spaced
 PRIOR_MASS_COLUMNS = plain("prior_mass_init", "prior_mass_final")
-PERSISTENCE_COLUMNS = PRIOR_MASS_COLUMNS + plain("pattern_corr_init", "pattern_corr_final",
-                                                 "mask_drift")
+PERSISTENCE_COLUMNS = PRIOR_MASS_COLUMNS + plain("pattern_corr_init", "pattern_corr_final", "mask_drift")
 # With an edited or learned prior: the attention mass on the task's exact pattern as well.
 TRUE_MASS_COLUMNS = plain("true_prior_mass_init", "true_prior_mass_final")
 BOOLEAN_COLUMNS = [
@@ -900,9 +822,7 @@ SUMMARY = {"boolean": ("test_loss", "test_acc", "unseen_loss", "unseen_mse_to_md
            "vision": ("top1", "best_top1", "test_loss", "images_per_second")}
 
 def markdown_table(results, columns, init_order):
-    """A row per Settings, mean ± std over seeds; a column per Settings field the grid varies (train
-    fraction, A, W, mask error, mask lr) or sets (train fraction, mask error, mask lr, prior), and
-    "config" when runs differ in other config keys (config_differences)."""
+    """A row per Settings, mean ± std over seeds; a column per Settings field the grid varies or sets."""
     groups = group_runs(results, init_order)
     differences = config_differences(groups)
     shown = [f for f in ("train_frac", "init", "magnitude", "decay", "error", "mask_lr", "prior")
@@ -920,8 +840,7 @@ def markdown_table(results, columns, init_order):
     return "\n".join(lines)
 
 def summary_line(result):
-    """A finished run in one line: its family's SUMMARY numbers, named by their table headers (less
-    "(%)" and "final "), its prior masses, its seconds and a language model's sample."""
+    """A finished run in one line: its SUMMARY numbers by their headers, prior masses, seconds, sample."""
     f, c, family = result["final"], result["config"], FAMILY_OF[result["task"]]
     head = (f"{result['task']} / {result['init']} / seed {result['seed']}"
             + (f" / prior {c['mask_error']}" if c.get("mask_error") else "")
@@ -945,8 +864,7 @@ def summary_line(result):
     sample = f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else ""
     return f"{head}: {', '.join(said)}, {result['seconds']:.0f} s{sample}"
 
-# Line charts: line_chart draws every one, rows of Panels with a legend beside a row. A line is the
-# mean over seeds, in a band from the lowest to the highest seed where they differ.
+# Line charts (line_chart): rows of Panels, a legend beside a row; a line = mean, band = range over seeds.
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#17becf", "#bcbd22"]   # one per init of train.py's INITS
 DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
@@ -977,10 +895,21 @@ def scale(lo, hi, start, end, log=False):
     f = math.log10 if log else float
     return lambda v: start + (f(v) - f(lo)) / ((f(hi) - f(lo)) or 1) * (end - start)
 
+def svg_text(x, y, content, **attributes):
+    """<text> of the escaped content at (x, y), attributes by Python names (text_anchor: text-anchor)."""
+    more = "".join(f' {key.replace("_", "-")}="{value}"' for key, value in attributes.items())
+    return f'<text x="{x}" y="{y}"{more}>{escape(content)}</text>'
+
+def svg_file(width, height, parts, background=""):
+    """The SVG file of line_chart and heatmap_svg: the parts in 11 px sans-serif, on a background."""
+    fill = f'<rect width="100%" height="100%" fill="{background}"/>' if background else ""
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'font-family="sans-serif" font-size="11">{fill}' + "".join(parts) + "</svg>\n")
+
 def line_chart(rows, caption="", width=360, height=250):
-    """The one line-chart writer: an SVG of rows (heading, Panels, legend) under a caption. heading:
-    "" or (name, note), written above the row; Panels side by side (None: an empty place); legend:
-    None or (title, [(colour, dash, text)]), right of the row, a line sample before each text."""
+    """The one line-chart writer: an SVG of rows under a caption, each a heading ("" or (name, note)),
+    Panels side by side (None: a gap) and a legend (None or (title, [(colour, dash, text)])) right of it."""
+    stroke = lambda colour, dash: f'stroke="{colour}" stroke-width="2" stroke-dasharray="{dash or "none"}"'
     def panel(p, x0, y0, left=64, right=width - 14, bottom=height - 46):
         """A Panel at (x0, y0), an SVG group: its title, axes, grey lines at the ticks, labels, lines."""
         top, points = 24 if p.title else 8, [point for *_, pts in p.lines for point in pts]
@@ -999,52 +928,46 @@ def line_chart(rows, caption="", width=360, height=250):
             px = scale(xs[0], xs[-1], left, right, p.x == "log")
         path = lambda pts: " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
         middle, centre = (top + bottom) / 2, (left + right) / 2
-        parts = [f'<g transform="translate({x0},{y0})"><text x="{centre}" y="16" text-anchor="middle" '
-                 f'font-size="13">{escape(p.title)}</text>']
+        parts = [f'<g transform="translate({x0},{y0})">',
+                 svg_text(centre, 16, p.title, text_anchor="middle", font_size=13)]
         parts += [f'<path d="M{px(x):.1f},{top}V{bottom}" stroke="#e4e4e4"/>' for x in x_ticks]
         parts += [f'<path d="M{left},{py(y):.1f}H{right}" stroke="#e4e4e4"/>' for y in y_ticks]
         parts.append(f'<path d="M{left},{top}V{bottom}H{right}" fill="none" stroke="black"/>')
         parts += [f'<text x="{px(x):.1f}" y="{bottom + 14}" text-anchor="middle">' + "".join(
             f'<tspan x="{px(x):.1f}" dy="{12 * (i > 0)}">{escape(line)}</tspan>'
             for i, line in enumerate(tick(x).split("\n"))) + "</text>" for x in x_ticks]
-        parts += [f'<text x="{left - 5}" y="{py(y) + 4:.1f}" text-anchor="end">'
-                  f'{f"{y:g}".replace("e-0", "e-")}</text>' for y in y_ticks]
-        parts.append(f'<text x="{centre}" y="{bottom + 40}" text-anchor="middle">{escape(p.x_label)}</text>'
-                     f'<text x="14" y="{middle}" transform="rotate(-90 14 {middle})" text-anchor="middle">'
-                     f'{escape(p.y_label)}{", log scale" if log else ""}</text>')
+        parts += [svg_text(left - 5, f"{py(y) + 4:.1f}", f"{y:g}".replace("e-0", "e-"), text_anchor="end")
+                  for y in y_ticks]
+        parts += [svg_text(centre, bottom + 40, p.x_label, text_anchor="middle"),
+                  svg_text(14, middle, p.y_label + (", log scale" if log else ""),
+                           transform=f"rotate(-90 14 {middle})", text_anchor="middle")]
         for label, colour, dash, pts in p.lines:
             if any(low != high for *_, low, high in pts):
                 outline = [(x, high) for x, *_, high in pts] + [(x, low) for x, _, low, _ in reversed(pts)]
                 parts.append(f'<polygon points="{path(outline)}" fill="{colour}" fill-opacity="0.18" '
                              f'stroke="none"/>')
             parts.append(f'<polyline points="{path([(x, m) for x, m, *_ in pts])}" fill="none" '
-                         f'stroke="{colour}" stroke-width="2" stroke-dasharray="{dash or "none"}">'
-                         f'<title>{escape(label)}</title></polyline>')
+                         f'{stroke(colour, dash)}><title>{escape(label)}</title></polyline>')
             parts += [f'<circle cx="{px(x):.1f}" cy="{py(m):.1f}" r="2.5" fill="{colour}"/>'
                       for x, m, *_ in pts if len(pts) <= 30]   # every evaluation, and a line of one point
         return "".join(parts) + "</g>"
-    parts, y, figure_width = [f'<text x="10" y="20" font-size="13">{escape(caption)}</text>'], 0, 0
-    y += 34 if caption else 0
+    parts, y, figure_width = [svg_text(10, 20, caption, font_size=13)], 34 if caption else 0, 0
     for heading, panels, legend in rows:
         if heading:
             name, note = heading
-            parts.append(f'<text x="10" y="{y + 14}" font-size="14" font-weight="bold">{escape(name)}</text>'
-                         f'<text x="{18 + 9 * len(name)}" y="{y + 14}">{escape(note)}</text>')
+            parts += [svg_text(10, y + 14, name, font_size=14, font_weight="bold"),
+                      svg_text(18 + 9 * len(name), y + 14, note)]
             y += 22
         parts += [panel(p, i * width, y) for i, p in enumerate(panels) if p]
         x, (title, entries) = len(panels) * width + 6, legend or ("", [])
-        parts.append(f'<text x="{x}" y="{y + 18}" font-size="12">{escape(title)}</text>')
-        parts += [f'<path d="M{x},{y + 36 + 18 * i}h26" stroke="{colour}" stroke-width="2" stroke-dasharray='
-                  f'"{dash or "none"}"/><text x="{x + 32}" y="{y + 40 + 18 * i}">{escape(text)}</text>'
-                  for i, (colour, dash, text) in enumerate(entries)]
+        parts.append(svg_text(x, y + 18, title, font_size=12))
+        parts += [f'<path d="M{x},{y + 36 + 18 * i}h26" {stroke(colour, dash)}/>'
+                  + svg_text(x + 32, y + 40 + 18 * i, text) for i, (colour, dash, text) in enumerate(entries)]
         figure_width = max(figure_width, x + 40 + 7 * max([len(text) for *_, text in entries], default=-6))
         y += max(height, 44 + 18 * len(entries))
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{figure_width}" height="{y}" '
-            f'font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>'
-            + "".join(parts) + "</svg>\n")
+    return svg_file(figure_width, y, parts, background="white")
 
-# curves.svg: per task a row of two charts against the epoch or iteration, the training loss (each
-# round's mean) and the task's main metric (at each evaluation), a line per Settings.
+# curves.svg: per task the training loss and the main metric against the epoch or iteration.
 LOSS_LABELS = {"boolean": "training loss (MSE)", "arithmetic": "training loss (cross-entropy / digit)",
                "language": "training loss (cross-entropy / token)", "vision": "training loss (cross-entropy)"}
 
@@ -1058,8 +981,7 @@ def main_metric(task):
             "vision": ("test_top1", "test top-1 accuracy (%)")}[FAMILY_OF[task]]
 
 def mean_band(histories, key):
-    """seed_band of key over the seeds' finite values, at each epoch or iteration where some seed's
-    history has one (anything else is left out)."""
+    """seed_band of key over the seeds' finite values, at each epoch or iteration where some have one."""
     number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     values = {}
     for x, value in ((e.get("iter", e.get("epoch")), e.get(key)) for h in histories for e in h):
@@ -1068,8 +990,7 @@ def mean_band(histories, key):
     return seed_band(values)
 
 def curves_svg(results, init_order):
-    """curves.svg: a row per task (and mask variant), a line per Settings: a colour per init, a dash
-    per value of what the task's runs vary. None when no finished run has a history."""
+    """curves.svg: a row per task label, a line per Settings (a colour per init, a dash per variation)."""
     drawable = lambda h: isinstance(h, list) and h and all(isinstance(e, dict) for e in h)
     groups = group_runs([r for r in results if r["status"] == "done" and drawable(r.get("history"))],
                         init_order)
@@ -1098,8 +1019,7 @@ def curves_svg(results, init_order):
 
 # The sweep figures: a number of the finished runs' "final" dicts against a swept setting.
 def sweep_points(groups, x, y, panel, line):
-    """{panel(s): {line(s): seed_band of y(s, final) against x(s)}} over the finished runs of groups
-    {Settings: runs}; runs without x or y are left out."""
+    """{panel(s): {line(s): seed_band of y(s, final) against x(s)}} over the finished runs with both."""
     values = {}
     for s, runs in groups.items():
         for v in [y(s, r["final"]) for r in runs if r["status"] == "done" and x(s) is not None]:
@@ -1108,8 +1028,7 @@ def sweep_points(groups, x, y, panel, line):
     return {p: {key: seed_band(by_x) for key, by_x in lines.items()} for p, lines in values.items()}
 
 def accuracy(task):
-    """(key of "final", axis label) of a task's accuracy in the sweep figures: Boolean test accuracy
-    (threesym, which has none: test loss), arithmetic held-out sequence accuracy."""
+    """(key of "final", axis label) of a task's accuracy in the sweep figures (threesym: test loss)."""
     if FAMILY_OF[task] == "arithmetic":
         return "seq_acc", "held-out seq acc (%)"
     return ("test_acc", "test acc (%)") if BOOLEAN_TASKS[task].values else ("test_loss", "test loss")
@@ -1130,11 +1049,9 @@ def sweep_figure(groups, init_order, field, x_label, keys, tick="{:g}".format):
     return line_chart(rows) if swept else None
 
 def imperfect_figure(groups, init_order):
-    """imperfect_prior.svg, the figure of "Imperfect priors" (Appendix "Why Not Just Fix the Mask?":
-    can a learnable mask "refine or correct imperfect initial patterns"?): a column per task, per A
-    two rows, the accuracy and the true prior mass (attention on the exact pattern) after training
-    against the edit of the prior (--mask-error), learnable M (mask, a dash per mask lr) vs fixed
-    (mask-fixed); grey: the true prior mass at init. None unless the runs hold an edited prior."""
+    """imperfect_prior.svg (Appendix "Why Not Just Fix the Mask?": can a learnable mask "refine or
+    correct imperfect initial patterns"?): per task and A the accuracy and true prior mass after
+    training against --mask-error, mask (a dash per mask lr) vs mask-fixed; grey: the mass at init."""
     groups = {s: runs for s, runs in groups.items()
               if s.init in ("mask", "mask-fixed") and not (s.decay or s.prior)}
     if not any(s.error for s in groups):
@@ -1170,8 +1087,7 @@ def imperfect_figure(groups, init_order):
     return line_chart(rows, width=400, height=270)
 
 def result_tables(results, init_order):
-    """table.md's markdown, per family its tables, and {file name: SVG} of the figures: curves.svg
-    and those of the sweeps the results hold."""
+    """table.md's markdown, per family its tables, and {file name: SVG} of the figures it can draw."""
     families = {FAMILY_OF[r["task"]] for r in results}
     table = lambda family, columns: markdown_table(
         [r for r in results if FAMILY_OF[r["task"]] == family], columns, init_order)
@@ -1209,23 +1125,20 @@ def colormap(t):
     return VIRIDIS[lo] * (1 - frac) + VIRIDIS[lo + 1] * frac
 
 def heatmap_png(grid, lo, hi, gap=4):
-    """PNG bytes of a (rows, cols, n, n) grid of matrices, colour from lo (purple) to hi (yellow),
-    white gutters of gap pixels: torchvision's make_grid and encode_png."""
+    """PNG bytes of a (rows, cols, n, n) grid of matrices, lo purple to hi yellow, by make_grid."""
     from torchvision.io import encode_png
     from torchvision.utils import make_grid
     cell = max(1, 128 // grid.shape[-1])
     rgb = colormap((grid.detach().float().cpu() - lo) / (hi - lo))       # (R, C, n, n, 3)
     rgb = rgb.repeat_interleave(cell, 2).repeat_interleave(cell, 3)       # (R, C, n*cell, n*cell, 3)
-    image = make_grid(rgb.flatten(0, 1).permute(0, 3, 1, 2), nrow=grid.shape[1], padding=gap,
-                      pad_value=1.0)
+    image = make_grid(rgb.flatten(0, 1).permute(0, 3, 1, 2), nrow=grid.shape[1], padding=gap, pad_value=1.0)
     with warnings.catch_warnings():   # torchvision 0.29 marks its image codecs as deprecated
         warnings.simplefilter("ignore", DeprecationWarning)
         return bytes(encode_png((image * 255).round().to(torch.uint8)).tolist())
 
 def heatmap_svg(bands, notes, gap=4, left=64):
-    """The one heat-map writer (attention.svg, persistence, learned priors): bands of blocks, one
-    under another; a block (title, grid (R, C, n, n), lo, hi, meaning): R x C panels (layers down,
-    heads across) by heatmap_png over a colour bar lo to hi and its meaning; notes: bottom lines."""
+    """The one heat-map writer: bands of blocks (title, grid (R, C, n, n), lo, hi, meaning) one under
+    another, a block's panels layers down and heads across, over a colour bar lo to hi; notes below."""
     stops = "".join(f'<stop offset="{i / 4}" stop-color="rgb{tuple(int(255 * c) for c in rgb.tolist())}"/>'
                     for i, rgb in enumerate(VIRIDIS))   # colormap's anchors, linearly between
     parts, y, width = [f'<defs><linearGradient id="viridis">{stops}</linearGradient></defs>'], 0, 0
@@ -1236,39 +1149,35 @@ def heatmap_svg(bands, notes, gap=4, left=64):
             side = max(1, 128 // n) * n                           # one panel's pixels
             w, h = cols * (side + gap) + gap, rows * (side + gap) + gap
             png = base64.b64encode(heatmap_png(grid, lo, hi, gap)).decode()
-            parts.append(f'<text x="{x}" y="{y - 24}" font-size="13">{title}</text><image x="{x}" '
-                         f'y="{y}" width="{w}" height="{h}" href="data:image/png;base64,{png}"/>')
-            parts += [f'<text x="{x + gap + c * (side + gap) + side / 2}" y="{y - 6}" '
-                      f'text-anchor="middle">head {c + 1}</text>' for c in range(cols)]
-            parts += [f'<text x="{left - 6}" y="{y + gap + r * (side + gap) + side / 2}" '
-                      f'text-anchor="end">layer {r + 1}</text>' for r in range(rows) if x == left]
+            parts += [svg_text(x, y - 24, title, font_size=13),
+                      f'<image x="{x}" y="{y}" width="{w}" height="{h}" href="data:image/png;base64,{png}"/>']
+            at = lambda i: gap + i * (side + gap) + side / 2        # the centre of the i-th panel
+            parts += [svg_text(x + at(c), y - 6, f"head {c + 1}", text_anchor="middle") for c in range(cols)]
+            parts += [svg_text(left - 6, y + at(r), f"layer {r + 1}", text_anchor="end")
+                      for r in range(rows) if x == left]
             bar = min(w, 200)                                        # under the block: the colour bar
-            parts.append(f'<rect x="{x}" y="{y + h + 8}" width="{bar}" height="10" fill="url(#viridis)"/>'
-                         f'<text x="{x}" y="{y + h + 30}">{fmt(lo, 3)}</text><text x="{x + bar}" '
-                         f'y="{y + h + 30}" text-anchor="end">{fmt(hi, 3)}</text>'
-                         f'<text x="{x}" y="{y + h + 44}">{meaning}</text>')
+            parts += [f'<rect x="{x}" y="{y + h + 8}" width="{bar}" height="10" fill="url(#viridis)"/>',
+                      svg_text(x, y + h + 30, fmt(lo, 3)),
+                      svg_text(x + bar, y + h + 30, fmt(hi, 3), text_anchor="end"),
+                      svg_text(x, y + h + 44, meaning)]
             x += max(w, 7 * len(title), 6 * len(meaning)) + 32     # room for the texts too
             tallest = max(tallest, h)
         y, width = y + tallest + 66, max(width, x)
-    parts += [f'<text x="{left}" y="{y + 16 * i}">{line}</text>' for i, line in enumerate(notes)]
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 16 * len(notes)}" '
-            f'font-family="sans-serif" font-size="11">' + "".join(parts) + "</svg>\n")
+    parts += [svg_text(left, y + 16 * i, line) for i, line in enumerate(notes)]
+    return svg_file(width, y + 16 * len(notes), parts)
 
 PANEL_NOTE = "In each panel row = query, column = key"
 BLOCKS_NOTE = f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
 COLOURS_NOTE = "Colours: purple = the left end of the bar under the block, yellow = "
 
 def persistence_figure(runs):
-    """The persistence figure (Figure "Comparison of attention patterns before and after training"):
-    per (label, run folder) its mean attention maps before and after training, 0 purple to 1 yellow."""
+    """Figure "Comparison of attention patterns before and after training", per (label, run folder)."""
     blocks = [(f"{label}, {when} training", torch.load(f"{folder}/attention_{when}.pt")["attn"],
                0, 1, "mean attention weight") for label, folder in runs for when in ("before", "after")]
     return heatmap_svg([blocks], [f"{PANEL_NOTE}; token 0 is CLS."])
 
 def learned_prior_figure(runs):
-    """Priors side by side: per (label, run folder) of a mask init the bias log sigmoid(s M) it
-    started from (attention_before.pt), e.g. a hand-made mask beside priors learned with --mask-from;
-    each block from its lowest bias (purple) to 0 (yellow, open)."""
+    """Priors side by side, per (label, run folder) of a mask init: its bias log sigmoid(s M) at init."""
     blocks = []
     for label, folder in runs:
         bias = torch.load(os.path.join(folder, "attention_before.pt"), weights_only=True)["bias"]
@@ -1279,11 +1188,9 @@ def learned_prior_figure(runs):
     return heatmap_svg([blocks], [f"{BLOCKS_NOTE}.", f"{COLOURS_NOTE}0 (an open entry)."])
 
 def attention_figure(snapshots, cls_token, causal=False):
-    """A run's attention.svg: per snapshot ("before", "after" training, train.snapshot) the mean
-    attention maps ("attn") and, for a mask init, beside them the bias log sigmoid(s M) ("bias"); for
-    a ViT a second band (Appendix "Attention Map For Image Classification"): the first test image's
-    attention from its centre patch and that patch's bias on the patch grid ("centre"). Before and
-    after share a colour scale. None when there is nothing to draw (a language model without a mask)."""
+    """A run's attention.svg: per snapshot (train.snapshot) the mean attention maps and a mask's bias;
+    for a ViT a second band (Appendix "Attention Map For Image Classification"): the first test image's
+    centre patch's attention and bias on the patch grid. None when there is nothing to draw."""
     def blocks(get, what, meaning):
         maps = {when: get(snap).float() for when, snap in snapshots.items() if get(snap) is not None}
         if not maps:

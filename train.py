@@ -7,11 +7,8 @@
     python train.py --task images --data-dir DIR                   # your own images (text: --help)
     python train.py --summarize runs/grid                          # tables of finished runs
 
-Read top to bottom: presets (the paper's setup tables), utilities, command line, the four experiment
-families (each a small setup: model, batches, loss, evaluation), THE training loop (one for every
-family), one run (prior before -> train -> prior after -> result.json and the pictures), tables and
-main. Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, metrics, tables); neither
-imports this file.
+Read top to bottom (sections 1-7): one training loop for every family; a run is prior before -> train ->
+prior after -> result.json. Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, tables).
 """
 
 import argparse
@@ -19,6 +16,7 @@ import contextlib
 import hashlib
 import fcntl
 import io
+import itertools
 import json
 import math
 import os
@@ -42,15 +40,13 @@ import maskprior
 import tasks
 
 # === 1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu") ======
-# Boolean GOTU, Table "Training setup for Boolean tasks": 4 layers, 3 heads, Adam, lr 1e-3, batch
-# 256, 90 epochs, a schedule the paper does not name (cosine here). The rest is the aryol/GOTU
-# code's model, which the paper builds on: width 256, the optimizer's coupled weight decay 1e-3 on
-# every parameter (M excepted: its decay is --mask-decay), positions and CLS drawn from N(0, 1)
-# (pos_std, cls_std; nanoGPT's and timm's 0.02 and zero otherwise). "cpu" shrinks the width to 64
-# (heads of 21) and the epochs, and keeps the small starts without weight decay: with the GOTU
-# starts and decay, 2parity's mask model predicts a constant at widths 64 and 128 (numbers: the
-# README's Boolean section). cyclic3 gets 20 epochs and the GOTU code's N(0, 1) positions, with
-# which its vanilla model fits its training set (at 0.02 its training loss stays 6 after 60).
+# Boolean GOTU, Table "Training setup for Boolean tasks" (layers, heads, Adam, lr, batch, epochs; an unnamed
+# schedule, cosine here). The rest is the aryol/GOTU code's model, which the paper builds on: width 256,
+# coupled weight decay on every parameter but M (its decay: --mask-decay), positions and CLS drawn from
+# N(0, 1) (pos_std, cls_std; nanoGPT's and timm's 0.02 and zero otherwise). "cpu" (heads of 21) keeps the
+# small starts without weight decay: with the GOTU ones, 2parity's mask model predicts a constant at widths
+# 64 and 128 (the README's Boolean section). cyclic3 gets the GOTU code's N(0, 1) positions, with which its
+# vanilla model fits its training set (at 0.02 its training loss stays 6 after 60 epochs).
 BOOLEAN_PRESETS = {
     "paper": {"epochs": 90, "lr": 1e-3, "batch_size": 256, "layers": 4, "heads": 3, "dim": 256,
               "head_dim": 64, "mlp_dim": 256, "optimizer": "adam", "weight_decay": 1e-3,
@@ -59,33 +55,24 @@ BOOLEAN_PRESETS = {
             "head_dim": None, "mlp_dim": 64, "optimizer": "adam", "weight_decay": 0.0},
 }
 
-# Three-digit arithmetic, Table "Arithmetic task setup": 6 layers, 4 heads of 64, width 256, MLP
-# 256, AdamW lr 1e-3, weight decay 1e-3, batch 256, 50 epochs, cosine. "cpu" drops to 4 layers and
-# width 128 (heads of 32), and gives multiplication 20 epochs.
+# Three-digit arithmetic, Table "Arithmetic task setup" (cosine schedule); "cpu": width 128, heads of 32.
 ARITHMETIC_PRESETS = {"paper": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256,
                                 "layers": 6, "heads": 4, "dim": 256, "head_dim": 64, "mlp_dim": 256,
                                 "optimizer": "adamw"}}
-ARITHMETIC_PRESETS["cpu"] = {**ARITHMETIC_PRESETS["paper"], "layers": 4, "dim": 128,
-                             "head_dim": None, "mlp_dim": 128}
+ARITHMETIC_PRESETS["cpu"] = {**ARITHMETIC_PRESETS["paper"], "layers": 4, "dim": 128, "head_dim": None,
+                             "mlp_dim": 128}
 
-# Language, Table "NLP task setup": 12 layers, 12 heads, width 512, block 64, batch 128, AdamW 3e-4,
-# cosine, dropout 0.2, seed 1337, 5000 (TinyStories) / 3000 (WikiText-2) iterations. "cpu": 4
-# layers, 4 heads, width 128, batch 32, 1000 iterations at lr 1e-3.
-LM_PRESETS = {"paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12,
-                        "dim": 512, "block_size": 64, "dropout": 0.2, "weight_decay": 0.01,
-                        "optimizer": "adamw"}}
-LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_size": 32,
-                     "layers": 4, "heads": 4, "dim": 128, "dropout": 0.1}
+# Language, Table "NLP task setup" (cosine, seed 1337, 5000 TinyStories / 3000 WikiText-2 iterations).
+LM_PRESETS = {"paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12, "dim": 512,
+                        "block_size": 64, "dropout": 0.2, "weight_decay": 0.01, "optimizer": "adamw"}}
+LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4,
+                     "heads": 4, "dim": 128, "dropout": 0.1}
 
-# Vision, Tables "Experimental setup for CIFAR10 / CIFAR100": vit_tiny_patch16_224 (224 x 224 input,
-# patch 16, width 192, depth 12, 3 heads, MLP 768), batch 512, 400 epochs, AdamW lr 2e-3, cosine
-# with 50 warmup epochs, weight decay 0.05, drop path 0.1, label smoothing 0.1, MixUp 0.8 / CutMix
-# 1.0, RandAugment m9, AMP (bf16 here), CLS readout. Warmup start and cosine floor, not in the
-# tables, are those of osiriszjq/structured_initialization's commands: warmup from 1e-6, CIFAR's
-# floor 1e-6 (ImageNet100's 1e-5). Table "Experimental setup for ImageNet100": 300 epochs, base lr
-# 1e-3 scaled by the global batch over 512, 5 warmup and 10 cooldown epochs (after the cosine, at
-# the floor, as timm does), seed 42, global average pool. "cpu": a CIFAR-native ViT, 32 x 32 input,
-# patch 4 (64 patches + CLS), width 96, depth 6, 3 heads, MLP 384, batch 128, 10 epochs.
+# Vision, Tables "Experimental setup for CIFAR10 / CIFAR100": vit_tiny_patch16_224, cosine after a linear
+# warmup, AMP (bf16 here), CLS readout. Warmup start and cosine floor, not in the tables, are those of
+# osiriszjq/structured_initialization's commands (ImageNet100's floor 1e-5). Table "Experimental setup for
+# ImageNet100" (TASK_PRESETS): base lr scaled by the global batch over 512, cooldown epochs after the
+# cosine at the floor (as timm does), seed 42, global average pool. "cpu": a CIFAR-native ViT, 64 patches.
 VISION_PRESETS = {"paper": {
     "epochs": 400, "lr": 2e-3, "lr_base_size": None, "batch_size": 512, "warmup_epochs": 50,
     "cooldown_epochs": 0, "warmup_lr": 1e-6, "min_lr": 1e-6, "weight_decay": 0.05, "drop_path": 0.1,
@@ -103,18 +90,15 @@ TASK_PRESETS = {
     ("boolean", "cpu"): {"cyclic3": {"epochs": 20, "pos_std": 1.0}},
     ("arithmetic", "cpu"): {"multiplication": {"epochs": 20}},
     ("language", "paper"): {"tinystories": {"iters": 5000}, "wikitext2": {"iters": 3000}},
-    ("vision", "paper"): {"imagenet100": {"epochs": 300, "lr": 1e-3, "lr_base_size": 512,
-                                          "warmup_epochs": 5, "cooldown_epochs": 10,
-                                          "min_lr": 1e-5, "pool": "avg"}},
+    ("vision", "paper"): {"imagenet100": {"epochs": 300, "lr": 1e-3, "lr_base_size": 512, "warmup_epochs": 5,
+                                          "cooldown_epochs": 10, "min_lr": 1e-5, "pool": "avg"}},
 }
 
 # Table "NLP task setup" fixes seed 1337 and Table "Experimental setup for ImageNet100" seed 42.
 PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 
-# --init -> (MaskedSelfAttention's attention mode, where the prior goes), read by every family
-# (mask_inits, add_prior). The prior is always the task's own pattern (vision: the impulse;
-# language: the relative distance), so "the same prior, in M or in W_Q / W_K" holds literally;
-# --mask-from swaps it, for the "mask" inits only, for one learned from a trained run.
+# --init -> (MaskedSelfAttention's mode, where the prior goes: mask_inits, add_prior). The prior is always the
+# task's own pattern ("the same prior, in M or in W_Q / W_K"), or in mask inits --mask-from's learned one.
 INITS = {
     "default": ("none", None),                  # vanilla Transformer, no prior
     "mask": ("learnable", "mask"),              # the paper: learnable log sigmoid(M), M = pattern
@@ -129,23 +113,21 @@ INITS = {
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
 trains_mask = lambda init: INITS[init][0] in ("learnable", "hadamard")   # M trained (not mask-fixed)
 
-# The four families: tasks, inits, and the paper's mask magnitude A (open +A, closed -A).
+# The four families (their tasks: tasks.FAMILY_OF): inits, the paper's mask magnitude A (open +A, closed -A).
 FAMILIES = {
-    "boolean": {"tasks": list(tasks.BOOLEAN_TASKS), "inits": ENCODER_INITS, "magnitude": maskprior.OPEN},
-    "arithmetic": {"tasks": list(tasks.ARITHMETIC_TASKS), "inits": ENCODER_INITS,
-                   "magnitude": maskprior.ARITHMETIC_OPEN},
-    "language": {"tasks": list(tasks.LM_TASKS), "inits": ("default", "mask", "mimetic"),
-                 "magnitude": maskprior.GPT_MASK_SCALE},
-    "vision": {"tasks": list(tasks.VISION_TASKS), "magnitude": maskprior.OPEN,
-               "inits": ("default", "mimetic", "impulse", "mask-fixed", "mask")},
+    "boolean": {"inits": ENCODER_INITS, "magnitude": maskprior.OPEN},
+    "arithmetic": {"inits": ENCODER_INITS, "magnitude": maskprior.ARITHMETIC_OPEN},
+    "language": {"inits": ("default", "mask", "mimetic"), "magnitude": maskprior.GPT_MASK_SCALE},
+    "vision": {"inits": ("default", "mimetic", "impulse", "mask-fixed", "mask"), "magnitude": maskprior.OPEN},
 }
 PRESETS = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS, "language": LM_PRESETS,
            "vision": VISION_PRESETS}
-FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),
+FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),  # flag: takers
                 "mask_variant": ("boolean",), "mask_error": ("boolean", "arithmetic"),
-                "eval_size": ("arithmetic",), **{f: ("language",) for f in ("iters", "block_size",
-                "bpe_file")}, **{f: ("vision",) for f in ("image_size", "patch_size",
-                "warmup_epochs", "workers", "download", "compile")}}
+                "eval_size": ("arithmetic",),
+                **dict.fromkeys(("iters", "block_size", "bpe_file"), ("language",)),
+                **dict.fromkeys(("image_size", "patch_size", "warmup_epochs", "workers", "download",
+                                 "compile"), ("vision",))}
 
 # === 2. Utilities: errors, files, lock, signals, checkpoints, --resume, torchrun, optimizer =======
 class UsageError(Exception):
@@ -155,21 +137,18 @@ class Diverged(Exception):  # the training loss became NaN or infinite
     pass
 
 class WriteError(Exception):
-    """A file the run could not write (disk full, no permission, read-only, name too long): the path
-    and the OS's reason, one line; main exits 1."""
+    """A file the run could not write (disk full, read-only, ...): the path and the OS's reason; exit 1."""
     def __init__(self, path, err):
         super().__init__(f"cannot write {path}: {err.strerror or err}")
 
 class Interrupted(BaseException):
-    """Ctrl-C (SIGINT) or SIGTERM: main prints the message, one line, and exits 128 + its number
-    (130, 143); a BaseException, as KeyboardInterrupt is, so no `except Exception` eats it."""
+    """SIGINT / SIGTERM: main exits 128 + its number; a BaseException, so no `except Exception` eats it."""
     def __init__(self, signum, message):
         super().__init__(message)
         self.exit_code = 128 + signum
 
 def write_atomic(path, data):
-    """Write bytes or text so no reader sees half a file: a temporary file beside it, fsync, rename.
-    On any failure (full disk, signal) it is removed, the old file kept; OSError -> WriteError."""
+    """Bytes or text to path via a temporary file, fsync, rename: never half a file; OSError -> WriteError."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -210,11 +189,9 @@ def read_result(path, warn=True):
 
 @contextlib.contextmanager
 def folder_lock(folder):
-    """One writer per run folder: an exclusive flock on folder/.lock (made with the folder) while
-    the block runs, dropped by the OS when the process ends, by kill -9 too. A second run is refused
-    (UsageError naming the holder's pid), as is a folder that cannot be made or written (exit 2: a
-    bad path). The .lock file holds the pid; it goes at the end, with the folder if the lock made it
-    and nothing was written into it."""
+    """One writer per run folder: a flock on folder/.lock (holding the pid; the OS drops it when the process
+    ends, kill -9 too); else UsageError. At the end .lock goes, and the folder if the lock made it and it
+    stayed empty."""
     path, fd, made = os.path.join(folder, ".lock"), None, not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -247,15 +224,12 @@ def folder_lock(folder):
         os.close(fd)
 
 class Stop:
-    """The SIGINT / SIGTERM handler, and where the current run is, for the one line that ends an
-    interrupted run or a failed write. While the loop trains, a first signal only sets `signal`: the
-    loop stops after the optimizer step under way and checkpoints that step. Any other time, and at
-    a second signal, Interrupted is raised at once (write_atomic keeps the last good file)."""
+    """The SIGINT / SIGTERM handler, and where the run is. While the loop trains, a first signal only sets
+    `signal` (the loop checkpoints its step, then stops); else, or at a second one, Interrupted is raised."""
     def __init__(self):
         self.pid, self.signal, self.training = os.getpid(), None, False
         self.start(None, False, False)
-    def start(self, folder, grid, resuming):
-        """A new run in folder: nothing trained yet; its checkpoint kept when it resumes."""
+    def start(self, folder, grid, resuming):  # a new run in folder: nothing trained yet
         self.folder, self.grid, self.at = folder, grid, None       # at: "epoch 2 (step 34)"
         self.kept = "its checkpoint" if resuming else None        # what checkpoint.pt holds
     def __call__(self, signum, frame):
@@ -292,8 +266,7 @@ def no_checkpoint(path):
     return UsageError(f"--resume: no checkpoint at {path}: run without --resume first")
 
 def check_fingerprint(path, theirs, ours):
-    """UsageError naming the first part of the data (a file, the ranks file, the generated train
-    set) that differs. A checkpoint that records no fingerprint at all gets a note, unchecked."""
+    """UsageError naming the first part of the data that differs; no fingerprint at all: a note."""
     if ours is None:
         return
     if theirs is None:
@@ -308,8 +281,7 @@ def check_fingerprint(path, theirs, ours):
                              f"the same data, or another --out")
 
 def load_checkpoint(path, meta):
-    """The checkpoint at path, or UsageError saying why it cannot continue this run: unreadable, not
-    one of ours, or written by a run with another task, init, seed, configuration or data."""
+    """The checkpoint at path, or UsageError: unreadable, not ours, or another run's (flags or data)."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError:
@@ -328,8 +300,7 @@ def load_checkpoint(path, meta):
     return saved
 
 def data_fingerprint(family, task, config, seed, data):
-    """What --resume checks the data against (tasks.py, "Fingerprints"): the generated Boolean and
-    arithmetic tensors (split by seed, train fraction), or the corpus / image files' fingerprint."""
+    """What --resume checks the data against (tasks.py, "Fingerprints"): generated tensors, or files."""
     if family not in ("boolean", "arithmetic"):
         return data["fingerprint"]
     d = tasks.boolean_dataset(task) if family == "boolean" else tasks.arithmetic_dataset(
@@ -338,8 +309,7 @@ def data_fingerprint(family, task, config, seed, data):
             for name, part in (("train set", "train"), ("eval set", "eval")) if f"x_{part}" in d}
 
 def finished_run(out_dir, task, init, seed, config, fingerprint):
-    """out_dir's result.json if it is this very run, finished (status done, the same task, init,
-    seed, config and data); else None. --resume leaves such a run as it is."""
+    """out_dir's result.json if it is this very run (task, init, seed, config, data), done; else None."""
     path = os.path.join(out_dir, "result.json")
     old = os.path.exists(path) and read_result(path)
     keys = ("task", "init", "seed", "config", "data_fingerprint")
@@ -348,8 +318,7 @@ def finished_run(out_dir, task, init, seed, config, fingerprint):
     return old if same else None
 
 def rng_states(exp, device):
-    """Every random stream a step draws from: torch's CPU one, the experiment's generators, and on
-    CUDA the device's (dropout, drop path)."""
+    """Every random stream a step draws from: torch's CPU one, exp's generators, CUDA's (dropout)."""
     states = [torch.get_rng_state(), *[g.get_state() for g in exp.generators]]
     return states + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
 
@@ -363,8 +332,7 @@ def set_rng_states(exp, device, states):
 Place = namedtuple("Place", "device rank world")    # where a process trains (torchrun: its rank)
 
 def distributed_setup(device):
-    """torchrun: with WORLD_SIZE > 1, join the process group (NCCL on CUDA, gloo on the CPU) and
-    return this process's Place (device, rank, world size); Place(device, 0, 1) otherwise."""
+    """torchrun (WORLD_SIZE > 1): join the process group (NCCL on CUDA, gloo on the CPU); its Place."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Place(device, 0, 1)
@@ -377,9 +345,8 @@ def distributed_setup(device):
 
 @contextlib.contextmanager
 def subnormals_flushed(device):
-    """On the CPU, floats below 1.2e-38 read and written as zero while a run trains: once M shuts
-    pairs, attention there and its gradients are such subnormals, which x86 cores handle many times
-    slower (tests/bench_denormal.py). The flag is put back after."""
+    """On the CPU, floats below 1.2e-38 read as zero while a run trains: attention where M shuts pairs, and
+    its gradients, are such subnormals, many times slower on x86 (tests/bench_denormal.py)."""
     was_on = (torch.tensor([torch.finfo(torch.float32).tiny]) / 4).item() == 0   # torch has no getter
     torch.set_flush_denormal(was_on or device.type == "cpu")
     try:
@@ -388,14 +355,13 @@ def subnormals_flushed(device):
         torch.set_flush_denormal(was_on)
 
 def gather(obj, world):  # every rank's obj as a list indexed by rank ([obj] without torchrun)
-    out = [obj] if world == 1 else [None] * world
+    out = [obj] * world
     if world > 1:
         dist.all_gather_object(out, obj)
     return out
 
 def agreed(values, world, device):
-    """values as every rank sees them: under torchrun each one's maximum over the ranks (one
-    all-reduce): all ranks raise Diverged, or stop, at the same step, even one a signal missed."""
+    """Under torchrun each value's maximum over the ranks: all ranks raise Diverged, or stop, at once."""
     if world == 1:
         return values
     flags = torch.tensor([float(v) for v in values], device=device)
@@ -403,9 +369,8 @@ def agreed(values, world, device):
     return [int(v) for v in flags.tolist()]
 
 def make_optimizer(model, config):
-    """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer) or AdamW decaying
-    weight matrices only (nanoGPT, timm). M is a group of its own, decayed by --mask-decay (default
-    0: decay pulls the prior towards the neutral M = 0) at lr --mask-lr (default: lr)."""
+    """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer) or AdamW decaying weight
+    matrices only (nanoGPT, timm). M is a group of its own: --mask-decay (default 0), --mask-lr."""
     groups = {"weights": [], "others": [], "mask": []}
     for name, p in model.named_parameters():
         decays = config["optimizer"] == "adam" or (p.dim() >= 2 and name not in ("pos", "cls"))
@@ -434,7 +399,7 @@ def number(kind, strict=True):  # argparse type: a finite kind(text) > 0 (>= 0 w
     return parse
 
 def build_parser():  # the command line in five groups, each list of choices printed once
-    every_task = [t for f in FAMILIES.values() for t in f["tasks"]]
+    every_task = list(tasks.FAMILY_OF)
     p = Parser(prog="train.py", usage="python train.py [--task TASK ...] [--init INIT ...] [options]",
                description=__doc__.split("\n")[0], epilog=tasks.OWN_DATA_HELP,
                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -459,11 +424,10 @@ def build_parser():  # the command line in five groups, each list of choices pri
                    help="lr of M alone (default --lr); several: a sweep")
     g.add_argument("--mask-error", nargs="+", metavar="KIND:P",
                    help="extra|missing|moved:P edits the prior; none: exact")
-    g.add_argument("--mask-from", metavar="DIR",
-                   help="M from the attention maps of the finished run DIR")
+    g.add_argument("--mask-from", metavar="DIR", help="M from the attention maps of the finished run DIR")
     g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU",
                    help="open where attention >= TAU / row's keys (default 1)")
-    g.add_argument("--mask-variant", choices=["composed", "direct"],
+    g.add_argument("--mask-variant", choices=list(maskprior.BOOLEAN_MASK_VARIANTS["cyclic3"]),
                    help="cyclic3: triples over two layers (composed) or one")
     g = p.add_argument_group("overrides of the preset")
     for name, kind, text in (
@@ -477,12 +441,11 @@ def build_parser():  # the command line in five groups, each list of choices pri
             ("patch-size", natural, "vision: patch side, pixels"),
             ("warmup-epochs", count, "vision: epochs of lr warmup"),
             ("eval-every", natural, "rounds between evaluations and checkpoints")):
-        g.add_argument(f"--{name}", type=kind, metavar="X" if kind in (rate, share) else "N",
-                       help=text)
+        g.add_argument(f"--{name}", type=kind, metavar="X" if kind in (rate, share) else "N", help=text)
     g = p.add_argument_group("data")
     g.add_argument("--train-frac", type=rate, nargs="+", metavar="F",
                    help="arithmetic: fraction of pairs to train on (a sweep)")
-    g.add_argument("--eval-size", type=lambda t: t if t == "all" else number(int)(t), metavar="N",
+    g.add_argument("--eval-size", type=lambda t: t if t == "all" else natural(t), metavar="N",
                    help="arithmetic: held-out pairs scored, or all (100000)")
     g.add_argument("--data-dir", default="data", metavar="DIR",
                    help="where corpus and image files live (default data)")
@@ -500,15 +463,14 @@ def build_parser():  # the command line in five groups, each list of choices pri
 
 def check_args(args, task_names):
     """One family per command; family-only flags and inits belong to it. Returns the family."""
-    families = {name for t in task_names for name, f in FAMILIES.items() if t in f["tasks"]}
+    families = {tasks.FAMILY_OF[t] for t in task_names}
     if len(families) > 1:
         raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
     family = families.pop()
     for flag, takers in FAMILY_FLAGS.items():
         value = getattr(args, flag)                 # None / False when not given (0 is given)
         if value is not None and value is not False and family not in takers:
-            raise UsageError(f"--{flag.replace('_', '-')} applies to {' and '.join(takers)} "
-                             f"tasks only")
+            raise UsageError(f"--{flag.replace('_', '-')} applies to {' and '.join(takers)} tasks only")
     wrong = [i for i in args.init if i not in FAMILIES[family]["inits"]]
     if wrong:
         raise UsageError(f"--init {wrong[0]} is not available for {family} tasks "
@@ -518,15 +480,12 @@ def check_args(args, task_names):
         args.mask_error = args.mask_error and [e and "%s:%s" % e for e in edits]
     except ValueError as err:
         raise UsageError(f"argument --mask-error: {err}")
-    no_mask = [i for i in args.init if INITS[i][1] != "mask"]     # inits without a mask prior
+    no_mask = [i for i in args.init if i not in tasks.MASK_PRIOR_INITS]
     if any(args.mask_error or ()) and no_mask:
         raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
     if args.mask_lr and not any(map(trains_mask, args.init)):
         raise UsageError(f"--mask-lr: --init {' '.join(args.init)} has no trainable mask")
-    if args.mask_from is not None:
-        # --mask-from replaces the hand-made pattern of a mask init: refused with an init that has
-        # none (default, the QK inits, vision's impulse), with --mask-error (a learned prior is not
-        # edited) and as its own --out. TAU (--mask-threshold) defaults to 1.
+    if args.mask_from is not None:              # replaces a mask init's hand-made pattern
         if no_mask:
             raise UsageError(f"--mask-from: --init {no_mask[0]} has no mask prior to replace "
                              f"(mask, mask-fixed or mask-hadamard only)")
@@ -549,10 +508,10 @@ def check_args(args, task_names):
         raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
     return family
 
-# Flags whose values make a grid's axes: a value given twice would train the same run twice into one
-# folder and count it twice in the table ("seeds 2/2" with ± 0), so it runs once.
-GRID_FLAGS = ("task", "init", "seeds", "train_frac", "mask_magnitude", "mask_decay", "mask_error",
-              "mask_lr", "mask_threshold")
+# Flags whose values make a grid's axes (the sweeps: in tasks.run_name's order): a value given twice would
+# train one run twice into one folder and count it twice in the table, so it runs once.
+SWEEP_FLAGS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_threshold")
+GRID_FLAGS = ("task", "init", "seeds", *SWEEP_FLAGS)
 
 def merge_repeats(args):
     """Each grid flag's repeated values merged (first order kept), with a note on stderr per flag."""
@@ -567,8 +526,7 @@ def merge_repeats(args):
 
 # --mask-from names a finished run whose attention maps become M (use_learned_prior below).
 def read_source(folder):
-    """The finished run --mask-from names: (result.json, mean attention after training (L, H, N, N),
-    sha256 of attention_after.pt); else UsageError, one line naming the folder and what is wrong."""
+    """The finished run --mask-from names: (result.json, mean attention after (L, H, N, N), its sha256)."""
     bad = lambda why: UsageError(f"--mask-from {folder}: {why}")
     if not os.path.isdir(folder):
         raise bad("no such folder")
@@ -579,8 +537,7 @@ def read_source(folder):
     if result is None:
         raise bad("result.json is damaged or not a result of train.py")
     if result["status"] != "done":
-        raise bad(f"not a finished run (status {result['status']!r}): name a run whose result.json "
-                  f"says done")
+        raise bad(f"not a finished run (status {result['status']!r}): name a run whose result.json says done")
     try:
         with open(os.path.join(folder, "attention_after.pt"), "rb") as f:
             raw = f.read()
@@ -599,15 +556,13 @@ def read_source(folder):
     return result, attn.float(), hashlib.sha256(raw).hexdigest()
 
 def learned_prior_config(folder, tau, causal):
-    """result.json config's record of the source: its folder, attention maps' hash (--resume refuses
-    a re-trained source), task, init, train fraction, seed, TAU, learned density (open_fraction)."""
+    """result.json config's record of the source run (the hash: --resume refuses a re-trained one)."""
     result, attn, digest = read_source(folder)
+    learned = maskprior.learned_mask(attn, 1.0, tau, causal)
     return {"mask_from": os.path.normpath(folder), "mask_from_sha256": digest,
             "mask_from_task": result["task"], "mask_from_init": result["init"],
-            "mask_from_train_frac": result["config"].get("train_frac"),
-            "mask_from_seed": result["seed"], "mask_threshold": tau,
-            "mask_density": maskprior.open_fraction(maskprior.learned_mask(attn, 1.0, tau, causal),
-                                                    causal)}
+            "mask_from_train_frac": result["config"].get("train_frac"), "mask_from_seed": result["seed"],
+            "mask_threshold": tau, "mask_density": maskprior.open_fraction(learned, causal)}
 
 def check_vision_config(config):
     """Patches tile the image; a too long warmup is shortened; ImageNet100's lr x batch / 512."""
@@ -615,16 +570,14 @@ def check_vision_config(config):
         raise UsageError(f"--image-size {config['image_size']} is not a multiple of the patch "
                          f"size {config['patch_size']}")
     if config["warmup_epochs"] >= config["epochs"]:
-        config["warmup_shortened_from"] = config["warmup_epochs"]
-        config["warmup_epochs"] = config["epochs"] - 1
+        config.update(warmup_shortened_from=config["warmup_epochs"], warmup_epochs=config["epochs"] - 1)
     if config["lr_base_size"]:
         config["lr"] = config["lr"] * config["batch_size"] / config["lr_base_size"]
 
 def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None,
                 mask_lr=None, threshold=None):
     """The run's config: the preset, its per-task changes, the flags given, then derived keys."""
-    config = {**PRESETS[family][args.preset],
-              **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
+    config = {**PRESETS[family][args.preset], **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
     for key in ("epochs", "iters", "lr", "batch_size", "layers", "heads", "dim", "block_size",
                 "image_size", "patch_size", "warmup_epochs", "weight_decay"):
         if getattr(args, key) is not None and key in config:
@@ -654,11 +607,10 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
     return config
 
 def check_fits(family, config):
-    """Refuse, before anything is allocated, a model whose float32 weights (with gradients and
-    Adam's two moments) and attention maps (scores, probabilities and their gradient, (batch, heads,
-    N, N) per layer) need more memory than this machine has."""
+    """Refuse, before allocating, a model whose weights, Adam state and attention maps exceed the RAM."""
     L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
-    N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": 12, "language": config.get("block_size"),
+    longest_sum = 2 * tasks.OPERAND_DIGITS + max(tasks.ARITHMETIC_TASKS.values())   # operands, answer slots
+    N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": longest_sum, "language": config.get("block_size"),
          "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
     need = 4 * (4 * 12 * L * D * D + 3 * L * H * N * N * max(B, 64))
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -697,15 +649,13 @@ class Job:
     workers: Optional[int] = None      # vision: loader processes (default 8 on CUDA, 0 on the CPU)
     compile: bool = False              # vision: torch.compile
     progress: bool = True              # tqdm bars (on a terminal)
-    def meta(self, world):
-        """What checkpoint.pt records of the run, for --resume to compare (load_checkpoint)."""
+    def meta(self, world):  # what checkpoint.pt records of the run, for --resume to compare
         return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
                 "world_size": world, "data_fingerprint": self.fingerprint}
 
 @dataclass
 class Experiment:
-    """What a setup returns: model with its prior, optimizer, schedule, each round's batches (a
-    round: an epoch, or eval_every language iterations), loss, evaluation, final metrics."""
+    """What a setup returns; a round: an epoch, or eval_every language iterations."""
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     schedule: object
@@ -719,8 +669,7 @@ class Experiment:
     unit: str = "epoch"                # the history's counter: "epoch" or "iter"
     probe: Optional[torch.Tensor] = None    # inputs the persistence numbers average attention over
     probe_batch: int = 4096
-    pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern (or --mask-error's,
-                                            # --mask-from's)
+    pattern: Optional[torch.Tensor] = None  # the prior's (L, H, N, N) pattern, as edited or learned
     true_pattern: Optional[torch.Tensor] = None  # the task's exact pattern (persistence "true_")
     generators: tuple = ()             # random streams besides torch's own, kept by checkpoints
     info: dict = field(default_factory=dict)  # further result.json fields (init_seconds: QK init)
@@ -730,9 +679,8 @@ def scaled_pattern(pattern, config, family):
     return pattern * (config["mask_magnitude"] / FAMILIES[family]["magnitude"])
 
 def add_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NORM_P):
-    """Put a QK init's prior into W_Q / W_K (mask inits carry it in M); returns the seconds it took.
-    Each init draws from a generator seeded by the run's seed. pos_scale first scales the positions
-    (the reference's norm_p = 18, for positions drawn at 0.02; N(0, 1) ones are visible already)."""
+    """Put a QK init's prior into W_Q / W_K, drawing from a generator seeded by seed; returns its
+    seconds. pos_scale first scales the positions (maskprior.NORM_P; 1 for N(0, 1) positions)."""
     prior, generator, start = INITS[init][1], torch.Generator().manual_seed(seed), time.time()
     if prior == "svd":
         maskprior.structured_svd_init_(model, pattern, generator=generator, pos_scale=pos_scale,
@@ -748,15 +696,9 @@ def mask_inits(init, pattern):
     return {"mask": pattern, "zero": torch.zeros_like(pattern)}.get(INITS[init][1])
 
 # --- The prior learned from a trained model (--mask-from) ---------------------------------------
-# Every family builds its hand-made prior as usual (the same random draws as a hand-made mask run);
-# run() then swaps M for maskprior.learned_mask of the source run's mean attention after training
-# (attention_after.pt, "attn", (L, H, N, N)) before anything trains. The hand-made pattern stays
-# true_pattern, so true_prior_mass_* measures the learned prior against it.
 def use_learned_prior(exp, config):
-    """Replace exp.model's hand-made M by maskprior.learned_mask of the source's attention: open +A,
-    closed -A, A = --mask-magnitude over the model's scale s (encoders: s = 1; GPT: s = A, M = +-1,
-    bias log sigmoid(+-s)). exp.pattern (prior_mass_*) becomes the learned pattern, exp.true_pattern
-    the hand-made one (GPT: neither, no open / closed pattern). UsageError if the shapes differ."""
+    """After the usual setup, M := maskprior.learned_mask of the source's attention, +-A over the model's
+    scale s; exp.pattern becomes the learned pattern, exp.true_pattern the hand-made one (GPT: neither)."""
     folder = config["mask_from"]
     _, attn, digest = read_source(folder)
     if digest != config["mask_from_sha256"]:
@@ -779,23 +721,20 @@ def use_learned_prior(exp, config):
         exp.pattern = learned
 
 def build_encoder(init, pattern, config, seed, device, svd_scales=None, **shape):
-    """maskprior.Transformer of the config's shape on device with the init's prior for the (L, H, N,
-    N) pattern, in M (mask inits) or in W_Q / W_K (QK inits). Returns (model, init seconds)."""
+    """maskprior.Transformer on device with the init's prior, in M or in W_Q / W_K; (model, seconds)."""
     pos_std = config.get("pos_std") or 0.02          # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
     model = maskprior.Transformer(
         masks=mask_inits(init, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
         heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
         cls_std=config.get("cls_std", 0.0), **shape)
-    seconds = add_prior(model, init, pattern, seed, svd_scales,
-                        maskprior.NORM_P if pos_std == 0.02 else 1.0)
+    seconds = add_prior(model, init, pattern, seed, svd_scales, maskprior.NORM_P if pos_std == 0.02 else 1.0)
     return model.to(device), seconds
 
 def cosine(optimizer, steps, floor=0.0):
     return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps, eta_min=floor)
 
 def encoder_experiment(model, x, y, seed, config, *functions, **fields):
-    """The Boolean or arithmetic Experiment: the optimizer, a cosine over all steps, each epoch
-    every pair (x, y) once in seeded shuffled mini-batches; functions: loss_of, evaluate, final."""
+    """Boolean / arithmetic: a cosine over all steps, each epoch all (x, y) in seeded shuffled batches."""
     steps = math.ceil(len(x) / config["batch_size"]) * config["epochs"]
     optimizer = make_optimizer(model, config)
     shuffle = torch.Generator().manual_seed(seed)
@@ -815,8 +754,7 @@ def boolean_setup(task, init, seed, config, device):
     def loss_of(net, batch):                     # the aryol/GOTU loss: MSE of the CLS readout
         return F.mse_loss(net(batch[0].to(device)).squeeze(-1), batch[1].to(device))
     def evaluate():                              # the whole cube, seen and unseen
-        return tasks.boolean_metrics(task, tasks.boolean_predictions(model, data["x_test"]),
-                                     data["x_test"])
+        return tasks.boolean_metrics(task, tasks.boolean_predictions(model, data["x_test"]), data["x_test"])
     def final(state, world):                     # and the learned function's Fourier weights
         pred = tasks.boolean_predictions(model, data["x_test"])
         return {**tasks.boolean_metrics(task, pred, data["x_test"]),
@@ -889,8 +827,7 @@ def lm_setup(task, init, seed, config, device, data, rank):
                 "test_ppl": math.exp(test_loss), "test_is_val": data["test_is_val"],
                 "tokens_per_second": state["samples"] * T * world / state["train_seconds"],
                 "sample": data["decode"](sample[0].tolist())}
-    # Where attention goes (attention_*.pt, attention.svg; what --mask-from reads): the mean over
-    # the first 64 whole windows of the validation split.
+    # Where attention goes (attention_*.pt, what --mask-from reads): the first 64 validation windows.
     probe = torch.stack([data["val"][s:s + T] for s in range(0, len(data["val"]) - T, T)][:64])
     return Experiment(model, optimizer, cosine(optimizer, iters), math.ceil(iters / E), iters,
                       batches, loss_of, validation, final, unit="iter", probe=probe,
@@ -898,8 +835,7 @@ def lm_setup(task, init, seed, config, device, data, rank):
 
 # --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup: Tables "Experimental setup for ..."
 def vision_schedule(optimizer, config, steps_per_epoch):
-    """Per-step lr (Tables "Experimental setup for CIFAR10 / CIFAR100 / ImageNet100"): linear warmup
-    from warmup_lr, cosine to min_lr, cooldown."""
+    """Per-step lr (Tables "Experimental setup for ..."): linear warmup, cosine to min_lr, cooldown."""
     lr, warmup = optimizer.param_groups[0]["lr"], config["warmup_epochs"] * steps_per_epoch
     decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
     floor, parts, milestones = min(config["min_lr"], lr), [], []
@@ -915,9 +851,8 @@ def vision_schedule(optimizer, config, steps_per_epoch):
     return torch.optim.lr_scheduler.SequentialLR(optimizer, parts, milestones)
 
 def vision_setup(task, init, seed, config, device, data, rank, world, workers):
-    """A ViT with the 3 x 3 impulse pattern as prior, in M (mask, mask-fixed) or in W_Q / W_K by
-    structured_svd_init_ (impulse); RandAugment, MixUp / CutMix, label smoothing, AdamW with warmup,
-    cosine and cooldown; each epoch's randomness seeded from (seed, epoch, rank)."""
+    """A ViT with the 3 x 3 impulse pattern as prior, in M or in W_Q / W_K (impulse); RandAugment,
+    MixUp / CutMix, label smoothing, AdamW with vision_schedule; each epoch seeded by (seed, epoch, rank)."""
     from torchvision.ops import StochasticDepth
     L, H = config["layers"], config["heads"]
     pattern = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])
@@ -939,9 +874,8 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     rounds = config["epochs"] + config["cooldown_epochs"]
     mix = tasks.mixup_cutmix(data["classes"], config["mixup"], config["cutmix"])
     def batches(epoch):
-        # Drop path, MixUp / CutMix and (with 0 workers) the augmentations draw from torch's
-        # generator; the loader's generator seeds its workers. Seeding both from (seed, epoch, rank)
-        # makes a run resumed at an epoch boundary repeat the uninterrupted one.
+        # Drop path, MixUp / CutMix and the augmentations draw from torch's generator or the loader's
+        # workers: seeding both makes a run resumed at an epoch boundary repeat the uninterrupted one.
         sampler.set_epoch(epoch)
         epoch_seed = (seed * 100_003 + epoch) * 1_009 + rank
         torch.manual_seed(epoch_seed)
@@ -970,12 +904,10 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
 
 # === 5. The training loop: the same for every family ==============================================
 def round_batches(exp, r, partial, device):
-    """(round r's batches, the losses of those already trained, the random states at its start). A
-    round a checkpoint cut (partial) is drawn again from its start's states, done batches skipped,
-    and the cut's states (run() set them) put back: the rest of it, and every round after, is the
-    uninterrupted run's."""
+    """(round r's batches, losses so far, random states at its start). A round a checkpoint cut (partial)
+    is drawn again from its start's states, done batches skipped, the cut's states put back."""
     if partial is None:
-        round_start = rng_states(exp, device)
+        round_start = rng_states(exp, device)       # before exp.batches, which may seed
         return iter(exp.batches(r)), [], round_start
     at_cut = rng_states(exp, device)
     set_rng_states(exp, device, partial["rngs"])
@@ -985,16 +917,12 @@ def round_batches(exp, r, partial, device):
     set_rng_states(exp, device, at_cut)
     return batches, list(partial["losses"]), partial["rngs"]
 
-def position(exp, r, step):
-    """Where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for language."""
+def position(exp, r, step):  # where a run is: "epoch 3 (step 34)", or "iteration 37" for language
     return f"iteration {step}" if exp.unit == "iter" else f"epoch {r} (step {step})"
 
 def train(exp, state, job, place, stop):
-    """Rounds of optimizer steps; after each round one history entry (mean training loss, lr, every
-    eval_every rounds exp.evaluate()'s metrics), then a checkpoint from which --resume continues
-    exactly. Under torchrun DistributedDataParallel averages the gradients. Raises Diverged, on
-    every rank, on a non-finite loss. A signal (stop: SIGINT / SIGTERM) ends it after the optimizer
-    step under way: a checkpoint of that step, mid-round too, then Interrupted."""
+    """Rounds of optimizer steps, each ending in a history entry (every eval_every rounds with exp.evaluate())
+    and a checkpoint. Diverged on a non-finite loss; a signal: a checkpoint of this step, then Interrupted."""
     device, rank, world = place
     net = DDP(exp.model) if world > 1 else exp.model
     net = torch.compile(net) if job.compile else net
@@ -1002,9 +930,7 @@ def train(exp, state, job, place, stop):
                leave=False, dynamic_ncols=True,
                disable=None if job.progress and rank == 0 else True)   # None: off unless a terminal
     def keep(r, partial=None):
-        """checkpoint.pt of this step (rank 0; every rank joins the gather): model, optimizer,
-        schedule, every rank's random states, the state; partial: a round cut after partial["done"]
-        batches (per rank: losses, start's random states). The Stop knows it is there."""
+        """checkpoint.pt of this step (rank 0 writes); partial: a round cut after partial["done"]."""
         rngs = gather(rng_states(exp, device), world)
         if rank == 0:
             save_checkpoint(os.path.join(job.out_dir, "checkpoint.pt"), {
@@ -1020,11 +946,9 @@ def train(exp, state, job, place, stop):
             start = time.time()
             loss = exp.loss_of(net, batch)
             state["step"] += 1
-            diverged, signum = agreed([not torch.isfinite(loss.detach()), stop.signal or 0], world,
-                                      device)
+            diverged, signum = agreed([not torch.isfinite(loss.detach()), stop.signal or 0], world, device)
             if diverged:
-                raise Diverged(f"loss became {loss.item()} at step {state['step']} "
-                               f"({exp.unit} {r})")
+                raise Diverged(f"loss became {loss.item()} at step {state['step']} ({exp.unit} {r})")
             exp.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             exp.optimizer.step()
@@ -1035,9 +959,7 @@ def train(exp, state, job, place, stop):
             bar.update()
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
             stop.at = position(exp, r, state["step"])
-            # Alone, the signal as it is now; under torchrun the one the ranks agreed on in this
-            # step, so that all of them stop here, at the same step.
-            signum = signum if world > 1 else stop.signal
+            signum = signum if world > 1 else stop.signal   # torchrun: the one all ranks agreed on
             if signum:
                 keep(r, {"round": r, "done": len(losses),
                          "ranks": gather({"losses": losses, "rngs": round_start}, world)})
@@ -1071,8 +993,7 @@ def snapshot(exp, device):
     return snap
 
 def save_pictures(out_dir, snapshots, model):
-    """attention_<when>.pt of the newest snapshot, and attention.svg of all so far ("before", then
-    "before" | "after"): tasks.attention_figure, layers down, heads across."""
+    """attention_<when>.pt of the newest snapshot; attention.svg (tasks.attention_figure) of all so far."""
     when = list(snapshots)[-1]
     save_checkpoint(os.path.join(out_dir, f"attention_{when}.pt"), snapshots[when])
     svg = tasks.attention_figure(snapshots, cls_token=getattr(model, "cls", None) is not None,
@@ -1087,16 +1008,14 @@ def resume_from(checkpoint, meta, exp, place):
     exp.optimizer.load_state_dict(saved["optimizer"])
     exp.schedule.load_state_dict(saved["schedule"])
     set_rng_states(exp, place.device, saved["rng"][place.rank])
-    state, partial = saved["state"], saved.get("partial")
-    if partial:
-        state["partial"] = {"round": partial["round"], "done": partial["done"],
-                            **partial["ranks"][place.rank]}
+    state, cut = saved["state"], saved.get("partial")      # cut: the round a signal cut, if any
+    if cut:
+        state["partial"] = {"round": cut["round"], "done": cut["done"], **cut["ranks"][place.rank]}
     return state
 
 def run(job, device, stop):
-    """Build the job's experiment, measure where its attention goes (before), train, measure again
-    (after), and write result.json and the pictures to job.out_dir. Under torchrun every rank trains
-    and rank 0 writes; the other ranks return None. stop: the Stop that SIGINT / SIGTERM set."""
+    """Build the job's experiment, snapshot its attention (before), train, snapshot (after), write
+    result.json and the pictures to job.out_dir. Under torchrun rank 0 writes; the others return None."""
     device, rank, world = place = distributed_setup(device)
     torch.manual_seed(job.seed)                 # the same initial weights on every rank
     task, init, seed, config = job.task, job.init, job.seed, job.config
@@ -1158,10 +1077,8 @@ def write_tables(root, results):
     print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")
 
 def summarize(root):
-    """--summarize DIR: the tables of every run below DIR (several grids into one); exit 1 when a
-    damaged result.json was skipped, 2 when nothing could be read. Other configs are rows of their
-    own (tasks.markdown_table); a run (task, init, seed, config) found twice, e.g. a copied folder,
-    counts once, with a warning."""
+    """--summarize DIR: the tables of every run below DIR; a run found twice (a copied folder) counts
+    once. Exit 1 when a damaged result.json was skipped, 2 when nothing could be read."""
     if not os.path.isdir(root):
         raise UsageError(f"--summarize {root}: "
                          f"{'not a folder' if os.path.exists(root) else 'no such folder'}")
@@ -1184,8 +1101,7 @@ def summarize(root):
     return 0 if len(readable) == len(paths) else 1
 
 def load_data(family, task, config, args, device, cache):
-    """The language corpus or vision data set, read once per grid (None for Boolean and arithmetic:
-    their setups build their data from the seed); under torchrun only rank 0 downloads."""
+    """The language corpus or vision data set, read once per grid (else None); rank 0 downloads."""
     if family == "language":
         if task not in cache:
             cache[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
@@ -1204,21 +1120,17 @@ def load_data(family, task, config, args, device, cache):
     return cache[key]
 
 def train_all(args, family, task_names, device, stop, grid_lock):
-    """Every run of the command in turn, each in its locked folder, then a grid's tables; grid_lock:
-    the ExitStack holding the grid folder's lock until main returns."""
+    """Every run of the command, each in its locked folder, then a grid's tables (grid_lock: its lock)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     seeds = args.seeds if args.seeds is not None else [args.seed]
     if args.seeds is None and args.seed == 0 and args.preset == "paper":
         seeds = [PAPER_SEEDS.get(family, PAPER_SEEDS.get(" ".join(task_names), 0))]
-    sweep = lambda values: list(dict.fromkeys(values)) if values else [None]
-    runs = [(t, i, s, (f, a, w, e, r if trains_mask(i) else None, tau)) for t in task_names
-            for f in sweep(args.train_frac) for a in sweep(args.mask_magnitude)
-            for w in sweep(args.mask_decay) for e in sweep(args.mask_error) for r in sweep(args.mask_lr)
-            for tau in sweep(args.mask_threshold)
-            for i in dict.fromkeys(args.init) for s in seeds   # A only acts on M, --mask-lr on a trained M
-            if (INITS[i][1] == "mask" or a == sweep(args.mask_magnitude)[0])
-            and (trains_mask(i) or r == sweep(args.mask_lr)[0])]
+    sweeps = [getattr(args, flag) or [None] for flag in SWEEP_FLAGS]   # distinct values: merge_repeats
+    first_a, first_lr = sweeps[1][0], sweeps[4][0]      # A only acts on M, --mask-lr on a trained M
+    runs = [(t, i, s, (f, a, w, e, r if trains_mask(i) else None, tau))
+            for t, f, a, w, e, r, tau, i, s in itertools.product(task_names, *sweeps, args.init, seeds)
+            if (i in tasks.MASK_PRIOR_INITS or a == first_a) and (trains_mask(i) or r == first_lr)]
     grid, root = len(runs) > 1, args.out or "runs/grid"
     source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
     results, failed, cache = [], 0, {}
@@ -1227,8 +1139,7 @@ def train_all(args, family, task_names, device, stop, grid_lock):
         name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps, source=source)
         out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
         checkpoint = os.path.join(out_dir, "checkpoint.pt")
-        # --resume: a grid continues its killed runs and starts the ones that never started
-        resume = args.resume and (not grid or os.path.exists(checkpoint))
+        resume = args.resume and (not grid or os.path.exists(checkpoint))   # a grid: runs with a checkpoint
         stop.start(out_dir, grid, resume)
         config = make_config(family, task, args, *sweeps)
         data = load_data(family, task, config, args, device, cache)
@@ -1271,9 +1182,8 @@ def train_all(args, family, task_names, device, stop, grid_lock):
     return 1 if failed else 0
 
 def main(argv=None):
-    """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder
-    that cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM. Each failure is one line
-    on stderr that says what is kept and how to go on."""
+    """Exit 0; 1 when a run diverged or a write failed; 2 for bad input or an output folder that cannot
+    be made, written or locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
     stop = Stop()
     try:
         args = build_parser().parse_args(argv)
