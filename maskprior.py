@@ -360,6 +360,21 @@ def mask_2parity(depth, heads, d=15):
     mix them linearly (the minimum-degree shortcut), so CLS starts closed and learns where to read."""
     return _head_cycle(depth, heads, d + 1, [[(_bit(0), _bit(1)), (_bit(1), _bit(0))]])
 
+PARITY_BUILD = 2    # 2parity, composed: the first PARITY_BUILD layers form x0 x1, the rest read out
+
+def mask_2parity_composed(depth, heads, d=15):
+    """2parity, the composed variant (Principle (4), as cyclic3's default; --mask-variant composed).
+    Layers 0-1 (build): mask_2parity's pattern, x0 <-> x1 open, CLS sees only itself, so the product
+      x0 x1 can form in the bilinear logit q(x0) . k(x1) before anything reads the bits.
+    Layers 2.. (readout): bit tokens see only themselves, CLS reads x0 and x1, where the product
+      now lives: CLS opens through M, not through W_Q W_K, whose linear read of the raw bits is the
+      minimum-degree shortcut x0 + x1 - 1."""
+    n = d + 1
+    build = _pattern(_diagonal(n) + [(_bit(0), _bit(1)), (_bit(1), _bit(0))], n)
+    readout = _pattern(_diagonal(n) + [(0, _bit(0)), (0, _bit(1))], n)
+    return torch.stack([build if layer < PARITY_BUILD else readout for layer in range(depth)]
+                       )[:, None].expand(depth, heads, n, n).clone()
+
 def mask_majority(depth, heads, d=15):
     """3-bit majority, f = sign(x0 + x1 + x2), a global sum and a sign, where the MDI uses the
     pairwise products x0 x2 and x1 x2. Principle (2) shortcut suppression: each bit sees only
@@ -406,7 +421,8 @@ def mask_threesym(depth, heads, d=15):
 BOOLEAN_MASKS = {"2parity": mask_2parity, "majority": mask_majority, "cyclic3": mask_cyclic3,
                  "threesym": mask_threesym}
 # Named alternatives to a task's default pattern, the default among them: a command line names one
-BOOLEAN_MASK_VARIANTS = {"cyclic3": {"composed": mask_cyclic3, "direct": mask_cyclic3_direct}}
+BOOLEAN_MASK_VARIANTS = {"cyclic3": {"composed": mask_cyclic3, "direct": mask_cyclic3_direct},
+                         "2parity": {"direct": mask_2parity, "composed": mask_2parity_composed}}
 
 def boolean_mask(task, depth, heads, variant=None):
     """The (depth, heads, N, N) mask logits of a Boolean task: BOOLEAN_MASKS[task], or the named

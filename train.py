@@ -52,13 +52,14 @@ BOOLEAN_PRESETS = {
               "head_dim": 64, "mlp_dim": 256, "optimizer": "adam", "weight_decay": 1e-3,
               "pos_std": 1.0, "cls_std": 1.0},
     "cpu": {"epochs": 10, "lr": 1e-3, "batch_size": 256, "layers": 4, "heads": 3, "dim": 64,
-            "head_dim": None, "mlp_dim": 64, "optimizer": "adam", "weight_decay": 0.0},
+            "head_dim": None, "mlp_dim": 64, "optimizer": "adam", "weight_decay": 0.0,
+            "pos_std": 0.02, "cls_std": 0.0},
 }
 
 # Three-digit arithmetic, Table "Arithmetic task setup" (cosine schedule); "cpu": width 128, heads of 32.
 ARITHMETIC_PRESETS = {"paper": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256,
                                 "layers": 6, "heads": 4, "dim": 256, "head_dim": 64, "mlp_dim": 256,
-                                "optimizer": "adamw"}}
+                                "optimizer": "adamw", "pos_std": 0.02}}
 ARITHMETIC_PRESETS["cpu"] = {**ARITHMETIC_PRESETS["paper"], "layers": 4, "dim": 128, "head_dim": None,
                              "mlp_dim": 128}
 
@@ -123,6 +124,8 @@ FAMILIES = {
 PRESETS = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS, "language": LM_PRESETS,
            "vision": VISION_PRESETS}
 FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),  # flag: takers
+                "head_dim": ("boolean", "arithmetic"), "pos_std": ("boolean", "arithmetic"),
+                "cls_std": ("boolean",), "mlp_dim": ("boolean", "arithmetic", "vision"),
                 "mask_variant": ("boolean",), "mask_error": ("boolean", "arithmetic"),
                 "eval_size": ("arithmetic",),
                 **dict.fromkeys(("iters", "block_size", "bpe_file"), ("language",)),
@@ -427,14 +430,19 @@ def build_parser():  # the command line in five groups, each list of choices pri
     g.add_argument("--mask-from", metavar="DIR", help="M from the attention maps of the finished run DIR")
     g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU",
                    help="open where attention >= TAU / row's keys (default 1)")
-    g.add_argument("--mask-variant", choices=list(maskprior.BOOLEAN_MASK_VARIANTS["cyclic3"]),
-                   help="cyclic3: triples over two layers (composed) or one")
+    variants = sorted({v for choices in maskprior.BOOLEAN_MASK_VARIANTS.values() for v in choices})
+    g.add_argument("--mask-variant", choices=variants,
+                   help="2parity, cyclic3: the product over two layers (composed) or one (direct)")
     g = p.add_argument_group("overrides of the preset")
     for name, kind, text in (
             ("epochs", natural, "epochs (Boolean, arithmetic, vision)"),
             ("iters", natural, "optimizer steps (language)"), ("lr", rate, "learning rate"),
             ("batch-size", natural, "examples per step"), ("layers", natural, "Transformer layers"),
             ("heads", natural, "attention heads"), ("dim", natural, "model width"),
+            ("head-dim", natural, "width of each head (default: dim / heads)"),
+            ("mlp-dim", natural, "MLP hidden width (default: the preset's, or from --dim)"),
+            ("pos-std", share, "std of the learned positions' start"),
+            ("cls-std", share, "Boolean: std of the CLS token's start (0: zeros)"),
             ("weight-decay", share, "weight decay on all but M"),
             ("block-size", natural, "language: tokens per window"),
             ("image-size", natural, "vision: image side, pixels"),
@@ -585,6 +593,9 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
     if args.dim is not None and "mlp_dim" in config:   # ViT MLPs are 4 x wide, encoders 1 x
         config.update(mlp_dim=4 * args.dim if family == "vision" else args.dim,
                       **({"head_dim": None} if "head_dim" in config else {}))
+    for key in ("head_dim", "mlp_dim", "pos_std", "cls_std"):     # after --dim, which resets two
+        if getattr(args, key) is not None and key in config:
+            config[key] = getattr(args, key)
     if not config.get("head_dim") and config["dim"] < config["heads"]:
         raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
     config.update(preset=args.preset, mask_decay=mask_decay or 0.0, mask_error=error, mask_lr=mask_lr,
@@ -722,12 +733,15 @@ def use_learned_prior(exp, config):
 
 def build_encoder(init, pattern, config, seed, device, svd_scales=None, **shape):
     """maskprior.Transformer on device with the init's prior, in M or in W_Q / W_K; (model, seconds)."""
-    pos_std = config.get("pos_std") or 0.02          # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
+    pos_std = config["pos_std"]                      # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
     model = maskprior.Transformer(
         masks=mask_inits(init, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
         heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
         cls_std=config.get("cls_std", 0.0), **shape)
-    seconds = add_prior(model, init, pattern, seed, svd_scales, maskprior.NORM_P if pos_std == 0.02 else 1.0)
+    # Structured inits scale positions drawn at 0.02 by NORM_P = 18 (to std 0.36) before their solve;
+    # larger starts are scaled up to that std at most, never down (N(0, 1) positions: factor 1).
+    pos_scale = maskprior.NORM_P if pos_std == 0 else min(maskprior.NORM_P, max(1.0, 0.36 / pos_std))
+    seconds = add_prior(model, init, pattern, seed, svd_scales, pos_scale)
     return model.to(device), seconds
 
 def cosine(optimizer, steps, floor=0.0):
