@@ -12,6 +12,7 @@ Imports torch and the standard library (torchvision, PIL, tiktoken only where ne
 import base64
 import contextlib
 import ctypes
+import functools
 import hashlib
 import itertools
 import json
@@ -41,8 +42,9 @@ def paper_table(inits, rows):
     """{(task, init): numbers} of a table of the paper written as {task: [its numbers per init]}."""
     return {(t, i): cell for t, cells in rows.items() for i, cell in zip(inits, cells, strict=True)}
 
-# Fingerprints of a run's data in checkpoint.pt and result.json (--resume refuses other data): generated
-# data by its tensors, a corpus by its files' content, an image tree by each file's name, size and mtime.
+# Fingerprints of a run's data in checkpoint.pt and result.json (--resume refuses other data, --summarize
+# never averages over two): generated data by its tensors, files by their content and their paths relative
+# to the data folder (a copy elsewhere, or a touched file, is the same data).
 def tensors_sha256(*tensors):
     """sha256 of the tensors' dtypes, shapes and bytes, as "sha256 <hex>"."""
     digest = hashlib.sha256()
@@ -61,12 +63,12 @@ def file_sha256(path):
     return f"sha256 {digest.hexdigest()}"
 
 def files_listing(paths, root):
-    """"<count> files, <bytes> bytes, sha256 <hex>" of each path below root, size and mtime (ns)."""
+    """"<count> files, <bytes> bytes, sha256 <hex>" over each path below root and its content's sha256
+    (os.fsencode: a file name that is not UTF-8 is hashed by its bytes)."""
     digest, total = hashlib.sha256(), 0
     for path in paths:
-        st = os.stat(path)
-        total += st.st_size
-        digest.update(f"{os.path.relpath(path, root)}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+        total += os.path.getsize(path)
+        digest.update(os.fsencode(os.path.relpath(path, root)) + f"\t{file_sha256(path)}\n".encode())
     return f"{len(paths)} files, {total} bytes, sha256 {digest.hexdigest()}"
 
 def corpus_fingerprint(data_dir, paths, bpe_file):
@@ -230,6 +232,8 @@ def gpt2_encoding(bpe_file=None):
         except Exception as err:  # tiktoken would try to download what its cache lacks
             raise DataError(f"TIKTOKEN_CACHE_DIR={os.environ['TIKTOKEN_CACHE_DIR']} does not hold "
                             f"GPT-2's ranks ({type(err).__name__}); pass --bpe-file ({BPE_HELP})")
+    if os.path.isdir(bpe_file):
+        raise DataError(f"--bpe-file {bpe_file} is a folder: name the ranks file in it ({BPE_HELP})")
     if not os.path.isfile(bpe_file):
         raise DataError(f"--bpe-file {bpe_file}: no such file ({BPE_HELP})")
     try:   # each line of a ranks file is "<base64 token> <rank>"
@@ -530,10 +534,13 @@ def _imagenet100(data_dir, split, transform):
         raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
 
 # --task images (IMAGES_LAYOUT): classes sorted by name (label = position, as ImageFolder), hidden and
-# non-image files skipped; every header read up front (PIL's Image.verify) names a damaged file before
-# training and gives the channels (1 if all grey, else 3). The one-folder layout holds out
-# IMAGE_HOLD_OUT of each class by the fixed IMAGE_SPLIT_SEED (every init and seed sees the same
-# images). Images are resized to --image-size: the ViT's patch grid, hence the prior, must be fixed.
+# non-image files skipped, each file read once (a folder reached twice through a link, e.g. a loop
+# `ln -s . loop`, is walked once); no file may be both trained on and held out. Every header is read up
+# front (PIL's Image.verify): a damaged file is named before training, and the channels are 1 if all
+# images are grey, else 3. The one-folder layout holds out IMAGE_HOLD_OUT of each class by the fixed
+# IMAGE_SPLIT_SEED (every init and seed sees the same images). Images are resized to --image-size: the
+# ViT's patch grid, hence the prior, must be fixed. Wide images (16-bit, 32-bit integer, float) are
+# scaled to 8 bits by one range for the whole tree (wide_range), never clipped.
 IMAGES_LAYOUT = ("DIR/train/<class>/<image> and DIR/val/<class>/<image> (or validation/, test/), "
                  "or DIR/<class>/<image> with 10 % of each class held out")
 OWN_DATA_HELP = (f"your own data:\n  --task images --data-dir DIR  {IMAGES_LAYOUT}\n"
@@ -541,12 +548,15 @@ OWN_DATA_HELP = (f"your own data:\n  --task images --data-dir DIR  {IMAGES_LAYOU
 IMAGE_EVAL_FOLDERS = ("val", "validation", "test")
 IMAGE_HOLD_OUT = 0.1
 IMAGE_SPLIT_SEED = 0
-GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")     # PIL modes of one-channel images
+WIDE_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")   # PIL's one-channel modes wider than 8 bits
+GREY_MODES = ("1", "L", "LA", *WIDE_MODES)                  # PIL modes of one-channel images
 
 class ImageFiles(torch.utils.data.Dataset):
-    """torchvision's ImageFolder over a list of (path, label) samples, read by PIL as mode "L" or "RGB"."""
-    def __init__(self, samples, classes, mode, transform):
+    """torchvision's ImageFolder over a list of (path, label) samples, read by PIL as mode "L" or "RGB";
+    a wide image's values v become 255 v / wide_range first (PIL's own conversion would clip at 255)."""
+    def __init__(self, samples, classes, mode, transform, wide_range=None):
         self.samples, self.classes, self.mode, self.transform = samples, classes, mode, transform
+        self.wide_range = wide_range
     def __len__(self):
         return len(self.samples)
     def __getitem__(self, i):
@@ -554,10 +564,46 @@ class ImageFiles(torch.utils.data.Dataset):
         path, label = self.samples[i]
         try:   # a file whose header was fine but whose pixels are cut short fails only here
             with Image.open(path) as image:
+                if image.mode in WIDE_MODES:   # "I" or "F" first: PIL scales those two linearly
+                    wide = image.convert("F" if image.mode == "F" else "I")
+                    image = wide.point(lambda v: v * (255 / self.wide_range)).convert("L")
                 image = image.convert(self.mode)
         except OSError as err:
             raise DataError(f"images: {path} cannot be decoded ({err}): delete or replace it")
         return self.transform(image), label
+
+def wide_range(paths):
+    """The range of a tree's wide images: their largest value, rounded up to 1 (floats in [0, 1]), 255
+    or 65535 (8- or 16-bit data in a wide mode), else the value itself; None when there are none."""
+    from PIL import Image
+    top = None
+    for path in paths:
+        with Image.open(path) as image:
+            if image.mode in WIDE_MODES:
+                high = (image.convert("F") if image.mode != "F" else image).getextrema()[1]
+                top = high if top is None else max(top, high)
+    if top is None:
+        return None
+    return next((nominal for nominal in (1.0, 255.0, 65535.0) if top <= nominal), top)
+
+def _image_paths(class_dir):
+    """The image files below class_dir, sorted, each once: a folder already walked (reached again
+    through a link) is not entered again, and two paths to one file (a link) count once."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+    walked, found = set(), {}
+    for parent, folders, names in os.walk(class_dir, followlinks=True):
+        stat = os.stat(parent)
+        if (stat.st_dev, stat.st_ino) in walked:
+            folders.clear()                  # a loop, or a second link to a folder: walked once
+            continue
+        walked.add((stat.st_dev, stat.st_ino))
+        folders.sort()                       # the first path to a file, in name order, is kept
+        for name in sorted(names):
+            path = os.path.join(parent, name)
+            if name.lower().endswith(IMG_EXTENSIONS) and not name.startswith(".") and os.path.isfile(path):
+                stat = os.stat(path)
+                found.setdefault((stat.st_dev, stat.st_ino), path)
+    return sorted(found.values())
 
 def _class_files(folder, layout_hint):
     """{class: sorted image paths below folder/<class>}; DataError for no folder, < 2 classes or one empty."""
@@ -571,9 +617,7 @@ def _class_files(folder, layout_hint):
                         f"({layout_hint})")
     files = {}
     for name in classes:
-        files[name] = sorted(os.path.join(parent, f) for parent, _, names in
-                             os.walk(os.path.join(folder, name), followlinks=True) for f in names
-                             if f.lower().endswith(IMG_EXTENSIONS) and not f.startswith("."))
+        files[name] = _image_paths(os.path.join(folder, name))
         if not files[name]:
             raise DataError(f"images: {os.path.join(folder, name)} holds no image files "
                             f"({' '.join(IMG_EXTENSIONS)})")
@@ -628,22 +672,40 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
         train, held = _hold_out(_class_files(data_dir, hint), data_dir)
         layout = {"layout": "one folder, 10 % of each class held out", "train_folder": data_dir,
                   "eval_folder": data_dir, "split_seed": IMAGE_SPLIT_SEED}
-    headers = [_image_header(p) for paths in (*train.values(), *held.values()) for p in paths]
+    check_held_out_apart(train, held)
+    every_path = [p for paths in (*train.values(), *held.values()) for p in paths]
+    headers = [_image_header(p) for p in every_path]
     channels = 1 if all(mode in GREY_MODES for mode, _ in headers) else 3
+    wide = wide_range(p for p, (mode, _) in zip(every_path, headers) if mode in WIDE_MODES)
     classes = sorted(train)
     samples = lambda files: [(p, label) for label, name in enumerate(classes) for p in files[name]]
     datasets = [ImageFiles(samples(files), classes, "L" if channels == 1 else "RGB",
                            vision_transform("images", image_size, is_train, randaugment_magnitude,
-                                            crop_scale, channels))
+                                            crop_scale, channels), wide)
                 for files, is_train in ((train, True), (held, False))]
     widths, heights = zip(*(size for _, size in headers))
     info = {**layout, "classes": classes, "train_images": len(datasets[0]),
             "eval_images": len(datasets[1]), "channels": channels, "resized_to": image_size,
-            "source_size_min": [min(widths), min(heights)], "source_size_max": [max(widths), max(heights)]}
-    listing = lambda dataset: files_listing([p for p, _ in dataset.samples], data_dir)
+            "source_size_min": [min(widths), min(heights)], "source_size_max": [max(widths), max(heights)],
+            **({"wide_range": wide} if wide else {})}
+    # Fingerprinted per class folder (and role): a refusal of --resume names the folder that changed
+    fingerprint = {}
+    for files, top, role in ((train, layout["train_folder"], "trained on"),
+                             (held, layout["eval_folder"], "held out")):
+        for name, paths in files.items():
+            key = f"{name} ({role})" if top == data_dir else os.path.relpath(os.path.join(top, name), data_dir)
+            fingerprint[key] = files_listing(paths, data_dir)
     return {"train": datasets[0], "test": datasets[1], "classes": len(classes),
-            "channels": channels, "info": {"data": info},
-            "fingerprint": {"train images": listing(datasets[0]), "eval images": listing(datasets[1])}}
+            "channels": channels, "info": {"data": info}, "fingerprint": fingerprint}
+
+def check_held_out_apart(train, held):
+    """DataError naming a file that is both trained on and held out (the same file, by any path)."""
+    identity = lambda path: (os.stat(path).st_dev, os.stat(path).st_ino)
+    trained = {identity(p): p for paths in train.values() for p in paths}
+    for path in (p for paths in held.values() for p in paths):
+        if identity(path) in trained:
+            raise DataError(f"images: {path} is held out and also trained on (as {trained[identity(path)]}):"
+                            f" a file may be in one of the two only")
 
 def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9, crop_scale=0.08):
     """{"train", "test", "classes", "fingerprint"} (images: also "channels", "info")."""
@@ -711,9 +773,20 @@ def fmt(value, digits=4):
     return "n/a" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
 
 def mean_std(values):
-    values = [v for v in values if v is not None]
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{fmt(statistics.fmean(values))} ± {fmt(std, 2)}" if values else "—"
+    """"mean ± std" of the finite values; seeds without one are counted: "0.5 ± 0.1 (1 of 3: inf)"."""
+    numbers = [v for v in values if v is not None and math.isfinite(v)]
+    others = [v for v in values if v is None or not math.isfinite(v)]
+    if not values:
+        return "—"
+    note = f" ({len(others)} of {len(values)}: {', '.join(sorted({fmt(v) for v in others}))})" if others else ""
+    if not numbers:
+        return ", ".join(sorted({fmt(v) for v in others}))
+    try:
+        std = statistics.stdev(numbers) if len(numbers) > 1 else 0.0
+        text = f"{fmt(statistics.fmean(numbers))} ± {fmt(std, 2)}"
+    except OverflowError:                # finite values whose sum is not: beyond float range
+        text = "overflow"
+    return text + note
 
 def run_name(task, init, seed, variant=None, train_frac=None, magnitude=None, decay=None,
              error=None, mask_lr=None, threshold=None, source=None):
@@ -737,12 +810,13 @@ def learned_prior(config):
 
 # The swept settings: Settings field -> its name in table.md's columns and in the chart legends.
 SWEEPS = {"train_frac": "train frac", "magnitude": "A", "decay": "mask decay", "error": "mask error",
-          "mask_lr": "mask lr", "prior": "prior"}
+          "mask_lr": "mask lr", "prior": "prior", "data": "data"}
 
 class Settings(namedtuple("Settings", "task variant init train_frac magnitude decay error mask_lr prior "
-                                      "rest")):
+                                      "data rest")):
     """A run's settings but its seed (settings_of): variant, Boolean mask variant; decay 0 without
-    --mask-decay; prior, learned_prior's label; rest: other config keys, sorted (key, JSON)."""
+    --mask-decay; prior, learned_prior's label; data, data_label's (files read: runs on other data are
+    never averaged); rest: other config keys, sorted (key, JSON)."""
     label = property(lambda s: s.task + (f" ({s.variant})" if s.variant else ""))  # cyclic3 (direct)
     def text(self, field):
         """A field as tables and legends write it ("none": the exact prior, "—": not set)."""
@@ -755,7 +829,16 @@ class Settings(namedtuple("Settings", "task variant init train_frac magnitude de
         """The tables' order: task, train fraction, A, W, mask error, init, prior, mask lr, rest."""
         return (list(FAMILY_OF).index(self.task), self.train_frac or 0, self.magnitude or 0,
                 self.decay, edit_order(self.error), init_order.index(self.init), self.prior or "",
-                self.mask_lr or 0, self.rest)
+                self.mask_lr or 0, self.data or "", self.rest)
+
+def data_label(result):
+    """"<data folder> <8 hex of the fingerprint>" of a run on files (corpora, images), else None: generated
+    data (Boolean, arithmetic) follow from the task, the config and the seed."""
+    if FAMILY_OF[result["task"]] in ("boolean", "arithmetic") or not result.get("data_fingerprint"):
+        return None
+    digest = hashlib.sha256(json.dumps(result["data_fingerprint"], sort_keys=True).encode()).hexdigest()
+    folder = os.path.basename(os.path.normpath(result.get("data_dir") or ""))
+    return f"{folder} {digest[:8]}".strip()
 
 def settings_of(result):
     c = result["config"]
@@ -763,7 +846,7 @@ def settings_of(result):
     rest = tuple(sorted((k, json.dumps(v)) for k, v in c.items() if k not in own))
     return Settings(result["task"], c.get("mask_variant"), result["init"], c.get("train_frac"),
                     c.get("mask_magnitude"), c.get("mask_decay") or 0.0, c.get("mask_error"),
-                    c.get("mask_lr"), learned_prior(c), rest)
+                    c.get("mask_lr"), learned_prior(c), data_label(result), rest)
 
 def group_runs(results, init_order):
     """{Settings: its runs, seeds rising}, in the tables' order (Settings.order)."""
@@ -784,15 +867,37 @@ def config_differences(settings):
             for s in settings} if keys else {}
 
 # Each family's columns: (header, key of "final": mean ± std over seeds, or a function (the finished
-# runs' "final" dicts, Settings) -> text). The paper's numbers stand beside its own setting only.
+# runs' result.json dicts, Settings) -> text). The paper's numbers stand beside its own setting only,
+# with what a run changed of its preset (result.json's preset_changes) said beside them.
 def paper(table, i=None):
     """A column of the paper's numbers from table (its i-th number per cell, if i is given)."""
     def column(done, s):
         own_setting = not (s.error or s.prior) and s.train_frac == ARITHMETIC_TRAIN_FRAC.get(s.task)
         number = table.get((s.label, s.init)) if own_setting else None
-        return fmt(number[i] if number and i is not None else number)
+        cell = fmt(number[i] if number and i is not None else number)
+        changes = (done[0].get("preset_changes") or {}) if done and number else {}
+        said = [f"{key.replace('_', ' ')} {fmt_any(ours)}, not the preset's {fmt_any(theirs)}"
+                for key, (ours, theirs) in sorted(changes.items())]
+        return f"{cell} (this run: {'; '.join(said)})" if said else cell
     return column
+
+def fmt_any(value):
+    return fmt(value) if isinstance(value, float) else str(value)
+
 closer = lambda final: final["unseen_loss"] < final["unseen_mse_to_mdi"]   # to the target than to the MDI
+
+# A Boolean run fitted its training set when its training MSE is below 1 % of the variance of the target
+# over the seen points (R^2 > 0.99): a constant predictor (MSE = that variance) or a run cut short is not
+# counted as having learned the target, however its unseen predictions fall.
+FIT_FRACTION = 0.01
+
+@functools.lru_cache(maxsize=None)
+def seen_variance(task):
+    return boolean_dataset(task)["y_train"].var(unbiased=False).item()
+
+def fitted(result):
+    loss = result["final"].get("train_loss")
+    return loss is not None and loss < FIT_FRACTION * seen_variance(result["task"])
 plain = lambda *keys: [(key.replace("_", " "), key) for key in keys]     # header: the key, spaced
 PRIOR_MASS_COLUMNS = plain("prior_mass_init", "prior_mass_final")
 PERSISTENCE_COLUMNS = PRIOR_MASS_COLUMNS + plain("pattern_corr_init", "pattern_corr_final", "mask_drift")
@@ -801,7 +906,7 @@ TRUE_MASS_COLUMNS = plain("true_prior_mass_init", "true_prior_mass_final")
 BOOLEAN_COLUMNS = [
     *plain("train_loss", "test_loss"), ("test acc (%)", "test_acc"),
     ("unseen MSE to target", "unseen_loss"), ("unseen MSE to MDI", "unseen_mse_to_mdi"),
-    ("learned target", lambda done, s: f"{sum(map(closer, done))}/{len(done)}"),   # seeds
+    ("learned target", lambda done, s: f"{sum(closer(r['final']) and fitted(r) for r in done)}/{len(done)}"),
     ("paper loss", paper(PAPER_BOOLEAN, 0)), ("paper acc (%)", paper(PAPER_BOOLEAN, 1))]
 ARITHMETIC_COLUMNS = [
     ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), *plain("test_loss", "train_loss"),
@@ -825,15 +930,15 @@ def markdown_table(results, columns, init_order):
     """A row per Settings, mean ± std over seeds; a column per Settings field the grid varies or sets."""
     groups = group_runs(results, init_order)
     differences = config_differences(groups)
-    shown = [f for f in ("train_frac", "init", "magnitude", "decay", "error", "mask_lr", "prior")
+    shown = [f for f in ("train_frac", "init", "magnitude", "decay", "error", "mask_lr", "prior", "data")
              if f == "init" or len({getattr(s, f) for s in groups}) > 1
              or f in ("train_frac", "error", "mask_lr", "prior") and any(getattr(s, f) for s in groups)]
     config = ["config"] if differences else []
     header = ["task", *[SWEEPS.get(f, f) for f in shown], *config, "seeds", *[h for h, _ in columns]]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for s, runs in groups.items():
-        done = [r["final"] for r in runs if r["status"] == "done"]
-        cells = [how(done, s) if callable(how) else mean_std([f.get(how) for f in done])
+        done = [r for r in runs if r["status"] == "done"]
+        cells = [how(done, s) if callable(how) else mean_std([r["final"].get(how) for r in done])
                  for _, how in columns]
         keys = [s.label, *map(s.text, shown), *[differences[s] for _ in config], f"{len(done)}/{len(runs)}"]
         lines.append("| " + " | ".join(keys + cells) + " |")
@@ -849,7 +954,8 @@ def summary_line(result):
     value = lambda key: "n/a" if f[key] is None else \
         f"{f[key]:.2f}%" if "(%)" in HEADER[key] else fmt(f[key])    # KeyError: not a result
     notes = {"unseen_mse_to_mdi": family == "boolean" and
-             f" (closer to the {'target' if closer(f) else 'MDI'})",
+             f" (closer to the {'target' if closer(f) else 'MDI'}"
+             f"{'' if fitted(result) else '; the training set is not fitted'})",
              "test_loss": family == "arithmetic" and f" on {result['eval_pairs']} held-out pairs",
              "test_ppl": family == "language" and f["test_is_val"] and " (= val)"}
     said = [f"{HEADER[k].replace(' (%)', '').removeprefix('final ')} {value(k)}{notes.get(k) or ''}"
@@ -1023,7 +1129,7 @@ def sweep_points(groups, x, y, panel, line):
     values = {}
     for s, runs in groups.items():
         for v in [y(s, r["final"]) for r in runs if r["status"] == "done" and x(s) is not None]:
-            if v is not None:
+            if v is not None and math.isfinite(v):
                 values.setdefault(panel(s), {}).setdefault(line(s), {}).setdefault(x(s), []).append(v)
     return {p: {key: seed_band(by_x) for key, by_x in lines.items()} for p, lines in values.items()}
 
@@ -1118,8 +1224,8 @@ VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98
                        dtype=torch.float32) / 255    # five anchors of the viridis colour map
 
 def colormap(t):
-    """t in [0, 1], any shape -> RGB in [0, 1], shape t.shape + (3,)."""
-    pos = t.clamp(0, 1) * (len(VIRIDIS) - 1)
+    """t in [0, 1], any shape -> RGB in [0, 1], shape t.shape + (3,); NaN is drawn as 0."""
+    pos = t.nan_to_num(0.0).clamp(0, 1) * (len(VIRIDIS) - 1)
     lo = pos.floor().long().clamp(max=len(VIRIDIS) - 2)
     frac = (pos - lo)[..., None]
     return VIRIDIS[lo] * (1 - frac) + VIRIDIS[lo + 1] * frac
@@ -1196,6 +1302,7 @@ def attention_figure(snapshots, cls_token, causal=False):
         if not maps:
             return {}
         values = torch.stack(list(maps.values()))
+        values = values[values.isfinite()] if values.isfinite().any() else torch.zeros(1)
         lo, hi = (0.0, max(values.max().item(), 1e-6)) if "attention" in meaning else \
             (min(values.min().item(), -1e-6), 0.0)
         return {when: (f"{what}, {when} training", m, lo, hi, meaning) for when, m in maps.items()}

@@ -11,6 +11,17 @@ Read top to bottom (sections 1-7): one training loop for every family; a run is 
 prior after -> result.json. Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, tables).
 """
 
+import os
+import signal
+import sys
+
+if __name__ == "__main__":   # Ctrl-C or SIGTERM while torch loads (seconds): one line, exit 130 / 143
+    def interrupted_while_starting(signum, frame):
+        print("train.py: interrupted while starting; nothing was written", file=sys.stderr)
+        os._exit(128 + signum)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, interrupted_while_starting)
+
 import argparse
 import contextlib
 import hashlib
@@ -19,11 +30,9 @@ import io
 import itertools
 import json
 import math
-import os
 import pathlib
-import signal
+import re
 import statistics
-import sys
 import threading
 import time
 from collections import namedtuple
@@ -166,8 +175,22 @@ def write_atomic(path, data):
             raise WriteError(path, err) from None
         raise
 
+def finite(obj, where=""):
+    """(obj with every NaN or infinite float replaced by None, {where: "inf", ...} of those replaced):
+    result.json stays strict JSON, which has no Infinity or NaN."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None, {where: str(obj)}
+    if not isinstance(obj, (dict, list)):
+        return obj, {}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+    clean, bad = {}, {}
+    for key, value in items:
+        clean[key], more = finite(value, f"{where}.{key}" if where else str(key))
+        bad.update(more)
+    return (clean if isinstance(obj, dict) else list(clean.values())), bad
+
 def write_json(path, obj):
-    write_atomic(path, json.dumps(obj, indent=2) + "\n")
+    write_atomic(path, json.dumps(finite(obj)[0], indent=2, allow_nan=False) + "\n")
 
 def save_checkpoint(path, state):  # torch.save through write_atomic: never half a checkpoint
     buffer = io.BytesIO()
@@ -175,14 +198,17 @@ def save_checkpoint(path, state):  # torch.save through write_atomic: never half
     write_atomic(path, buffer.getvalue())
 
 def read_result(path, warn=True):
-    """A result.json as a dict, or None (with a warning naming it, if warn) if it is damaged."""
+    """A result.json as a dict, or None (with a warning naming it and the field, if warn) if it is
+    damaged or hand-edited into something the tables cannot read."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             result = json.load(f)
-        if not {"task", "init", "seed", "status", "config", "final"} <= set(result):
-            raise ValueError("fields are missing")
+        if not isinstance(result, dict):
+            raise ValueError("not a JSON object")
+        check_result(result)
         if result["status"] == "done":
             tasks.summary_line(result)           # the fields a table reads are all there
+            tasks.settings_of(result)
         return result
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
         if warn:
@@ -190,11 +216,50 @@ def read_result(path, warn=True):
                   file=sys.stderr)
         return None
 
+def check_result(result):
+    """ValueError naming the first field of a result.json that the tables could not read."""
+    def number(value):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    def bad(field, value, expected):
+        raise ValueError(f"field {field} is {json.dumps(value)[:40]}, not {expected}")
+    for field in ("task", "init", "seed", "status", "config", "final"):
+        if field not in result:
+            raise ValueError(f"field {field} is missing")
+    if result["task"] not in tasks.FAMILY_OF:
+        bad("task", result["task"], "a task of train.py")
+    if result["init"] not in INITS:
+        bad("init", result["init"], "an init of train.py")
+    if not isinstance(result["seed"], int) or isinstance(result["seed"], bool) or result["seed"] < 0:
+        bad("seed", result["seed"], "a whole number >= 0")
+    if result["status"] not in ("done", "running", "diverged"):
+        bad("status", result["status"], "done, running or diverged")
+    if not isinstance(result["config"], dict):
+        bad("config", result["config"], "an object")
+    for key in ("train_frac", "mask_magnitude", "mask_decay", "mask_lr", "mask_threshold", "epochs", "lr"):
+        value = result["config"].get(key)
+        if value is not None and not number(value):
+            bad(f"config.{key}", value, "a finite number")
+    for key in ("mask_error", "mask_variant", "mask_from"):
+        value = result["config"].get(key)
+        if value is not None and not isinstance(value, str):
+            bad(f"config.{key}", value, "text")
+    final = result["final"]
+    if result["status"] == "done":      # a table's numbers: a number (inf and NaN are shown), or null
+        if not isinstance(final, dict):
+            bad("final", final, "an object")
+        for key, value in final.items():
+            if key in tasks.HEADER and value is not None and (
+                    not isinstance(value, (int, float)) or isinstance(value, bool)):
+                bad(f"final.{key}", value, "a number")
+    if not number(result.get("seconds") or 0):
+        bad("seconds", result.get("seconds"), "a number")
+
 @contextlib.contextmanager
 def folder_lock(folder):
     """One writer per run folder: a flock on folder/.lock (holding the pid; the OS drops it when the process
-    ends, kill -9 too); else UsageError. At the end .lock goes, and the folder if the lock made it and it
-    stayed empty."""
+    ends, kill -9 too); else UsageError. Once locked, the temporary files of a writer killed mid-write
+    (write_atomic's <name>.tmp<pid>) are removed. At the end .lock goes, and the folder if the lock made
+    it and it stayed empty."""
     path, fd, made = os.path.join(folder, ".lock"), None, not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -203,14 +268,15 @@ def folder_lock(folder):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-                raise UsageError(f"{folder} is in use by another train.py run (pid {holder}): wait "
-                                 f"for it to end, or choose another --out") from None
+                raise in_use(folder, fd) from None
             if not os.path.exists(path) or not os.path.samestat(os.fstat(fd), os.stat(path)):
                 os.close(fd)    # the holder before us removed it between our open and our lock
                 fd = None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
+        for name in os.listdir(folder):
+            if re.fullmatch(r".+\.tmp\d+", name) and os.path.isfile(os.path.join(folder, name)):
+                os.remove(os.path.join(folder, name))
     except BaseException as err:
         if fd is not None:
             os.close(fd)
@@ -226,11 +292,32 @@ def folder_lock(folder):
                 os.rmdir(folder)
         os.close(fd)
 
+def in_use(folder, fd):
+    """The UsageError for a folder whose lock (open as fd) another process holds, naming its pid."""
+    holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+    return UsageError(f"{folder} is in use by another train.py run (pid {holder}): wait for it to end, "
+                      f"or choose another --out")
+
+def check_not_in_use(folder):
+    """in_use's UsageError if a live run holds folder's lock (probed, not taken)."""
+    try:
+        fd = os.open(os.path.join(folder, ".lock"), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise in_use(folder, fd) from None
+    finally:
+        os.close(fd)
+
 class Stop:
     """The SIGINT / SIGTERM handler, and where the run is. While the loop trains, a first signal only sets
     `signal` (the loop checkpoints its step, then stops); else, or at a second one, Interrupted is raised."""
     def __init__(self):
         self.pid, self.signal, self.training = os.getpid(), None, False
+        self.trained = False          # any run of this command began training (a failed write: exit 1)
+        self.summarizing = None       # --summarize's folder, while it writes the tables
         self.start(None, False, False)
     def start(self, folder, grid, resuming):  # a new run in folder: nothing trained yet
         self.folder, self.grid, self.at = folder, grid, None       # at: "epoch 2 (step 34)"
@@ -251,6 +338,9 @@ class Stop:
             return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
         return "no checkpoint was written, nothing to resume: rerun without --resume"
     def interrupted(self, signum=None):
+        if self.summarizing:
+            return Interrupted(signum or self.signal, f"interrupted while summarizing {self.summarizing}; "
+                                                      f"its tables are as they were")
         where = f"at {self.at}" if self.at else "before training started"
         return Interrupted(signum or self.signal, f"interrupted {where}; {self.advice()}")
 
@@ -276,12 +366,22 @@ def check_fingerprint(path, theirs, ours):
         print(f"train.py: note: {path} records no fingerprint of its data; the data is not checked",
               file=sys.stderr)
         return
-    short = lambda v: "none" if v is None else v if len(v) <= 40 else v[:40] + "…"
     for key in sorted(set(theirs) | set(ours)):
         if theirs.get(key) != ours.get(key):
-            raise UsageError(f"--resume: {path} was written by a run on other data: {key} "
-                             f"{short(theirs.get(key))}, this run has {short(ours.get(key))}: use "
-                             f"the same data, or another --out")
+            raise UsageError(f"--resume: {path} was written by a run on other data: "
+                             f"{data_difference(key, theirs.get(key), ours.get(key))}: use the same "
+                             f"data, or another --out")
+
+def data_difference(key, theirs, ours):
+    """What differs in one part of a fingerprint, in words: "valid.txt differs", "3 images added under
+    train/cat", "--bpe-file: none before, one now"."""
+    if theirs is None or ours is None:
+        return f"{key}: {'none before, one now' if theirs is None else 'there before, none now'}"
+    counts = [re.match(r"(\d+) files, ", v) for v in (theirs, ours)]
+    if all(counts) and counts[0].group(1) != counts[1].group(1):
+        before, now = (int(m.group(1)) for m in counts)
+        return f"{abs(now - before)} images {'added' if now > before else 'removed'} under {key}"
+    return f"{key} differs"
 
 def load_checkpoint(path, meta):
     """The checkpoint at path, or UsageError: unreadable, not ours, or another run's (flags or data)."""
@@ -310,6 +410,62 @@ def data_fingerprint(family, task, config, seed, data):
         task, config["train_frac"], seed, config["eval_size"])
     return {name: tasks.tensors_sha256(d[f"x_{part}"], d[f"y_{part}"])
             for name, part in (("train set", "train"), ("eval set", "eval")) if f"x_{part}" in d}
+
+RUN_FILES = ("result.json", "checkpoint.pt", "attention_before.pt", "attention_after.pt", "attention.svg")
+
+def files_in(folder, names):
+    return [name for name in names if os.path.isfile(os.path.join(folder, name))]
+
+def grid_runs(folder):
+    """The run folders directly below folder (a grid's root): those holding a run's files."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and files_in(e.path, RUN_FILES))
+
+def check_folder(folder, task, init, seed, config, resume, grid):
+    """One run per folder: UsageError, before anything is written, when folder holds a grid (for a
+    single run) or another run's files (without --resume any, with it those of another run)."""
+    check_not_in_use(folder)
+    if not grid and (files_in(folder, ("grid.json", "table.md")) or grid_runs(folder)):
+        raise UsageError(f"--out {folder} holds a grid{grid_hint(folder)}")
+    found = files_in(folder, RUN_FILES)
+    if not found or resume and ("checkpoint.pt" in found or same_run(folder, task, init, seed, config)):
+        return                        # --resume checks the checkpoint's config and data at its turn
+    raise UsageError(f"--out {folder} already holds a run ({', '.join(found)}): choose another --out"
+                     f"{'' if resume else ', or add --resume to continue or keep it'}")
+
+def check_grid_root(root):
+    check_not_in_use(root)
+    found = files_in(root, RUN_FILES)
+    if found:
+        raise UsageError(f"--out {root} holds a run ({', '.join(found)}), not a grid: choose another "
+                         f"--out for the grid")
+
+def grid_hint(folder):
+    """What to do instead of one run in a grid's root: its own command, or one run's folder."""
+    runs = grid_runs(folder)
+    example = f", e.g. --out {os.path.join(folder, runs[0])}" if runs else ""
+    return (f": continue the grid with its own command (its --task, --init, --seeds), or name one "
+            f"run's folder{example}")
+
+def same_run(folder, task, init, seed, config):
+    """folder's result.json records this task, init, seed and config (its data: checked later)."""
+    path = os.path.join(folder, "result.json")
+    old = os.path.exists(path) and read_result(path, warn=False)
+    return bool(old) and [old["task"], old["init"], old["seed"], old["config"]] == [task, init, seed, config]
+
+def choose_threads(given, device):
+    """(torch CPU threads for new runs, how the first line says it): --threads, else the cores no other
+    job keeps busy (the 1-minute load average), at least one: torch's threads spin against other jobs."""
+    if given:
+        return given, f"{given} thread{'s' * (given > 1)} (--threads)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0]
+    threads = max(1, min(torch.get_num_threads(), round(cores - load)))
+    return threads, f"{threads} thread{'s' * (threads > 1)} ({cores} cores, load {load:.1f})"
+
+def device_name(device):
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
 
 def finished_run(out_dir, task, init, seed, config, fingerprint):
     """out_dir's result.json if it is this very run (task, init, seed, config, data), done; else None."""
@@ -390,7 +546,10 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse prints the whole usage block; one line is enough
         raise UsageError(message)
 
-def number(kind, strict=True):  # argparse type: a finite kind(text) > 0 (>= 0 when not strict)
+FLOAT32_MAX = torch.finfo(torch.float32).max     # 3.4e38: a setting past it is inf inside the model
+
+def number(kind, strict=True):
+    """argparse type: kind(text) > 0 (>= 0 when not strict), finite in float32 (a whole number below 2^63)."""
     def parse(text):
         try:
             value = kind(text)
@@ -398,6 +557,9 @@ def number(kind, strict=True):  # argparse type: a finite kind(text) > 0 (>= 0 w
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
         if not math.isfinite(value) or value < 0 or (strict and value == 0):
             raise argparse.ArgumentTypeError(f"must be a number {'>' if strict else '>='} 0, got {text!r}")
+        if value > (2 ** 63 - 1 if kind is int else FLOAT32_MAX):
+            raise argparse.ArgumentTypeError(f"{text} is too large ({'2^63' if kind is int else 'float32'}"
+                                             f" ends at {2 ** 63 - 1 if kind is int else FLOAT32_MAX:.3g})")
         return value
     return parse
 
@@ -508,9 +670,12 @@ def check_args(args, task_names):
         raise UsageError("--mask-threshold applies with --mask-from only")
     out = args.out and pathlib.Path(args.out)
     try:
-        existing = out and next(p for p in (out, *out.parents) if p.exists())   # out or a parent
+        existing = out and next(p for p in (out, *out.parents) if p.exists() or p.is_symlink())
     except OSError as err:        # a name over 255 bytes (ENAMETOOLONG), a loop of links, ...
         raise UsageError(f"--out {args.out}: {err.strerror}")
+    if existing and not existing.exists():     # a link whose target is gone
+        raise UsageError(f"--out {args.out}: {existing} is a link to {os.readlink(existing)}, which does "
+                         f"not exist: make its target, or name another folder")
     if existing and not existing.is_dir():
         where = "" if existing == out else f": {existing}"
         raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
@@ -600,6 +765,9 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
         raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
     config.update(preset=args.preset, mask_decay=mask_decay or 0.0, mask_error=error, mask_lr=mask_lr,
                   mask_magnitude=magnitude or FAMILIES[family]["magnitude"])
+    if family == "language" and config["mask_magnitude"] * config["block_size"] > FLOAT32_MAX:
+        raise UsageError(f"--mask-magnitude {magnitude:g}: the GPT's bias s M reaches s x {config['block_size']}"
+                         f", past float32 ({FLOAT32_MAX:.3g}): choose a smaller scale")
     config["eval_every"] = args.eval_every or (max(1, config["iters"] // 5) if family == "language"
                                                else 1 if family == "vision" else 5)
     if args.mask_variant:
@@ -609,6 +777,11 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
     if family == "arithmetic":
         if train_frac and train_frac >= 1:
             raise UsageError(f"--train-frac must lie strictly between 0 and 1, got {train_frac:g}")
+        pairs = round((train_frac or 0.5) * tasks.ALL_PAIRS)     # --train-frac: a seeded share of them
+        if not 1 <= pairs < tasks.ALL_PAIRS:
+            raise UsageError(f"--train-frac {train_frac:g} trains on {pairs:,} of the {tasks.ALL_PAIRS:,} "
+                             f"pairs, holds out {tasks.ALL_PAIRS - pairs:,}: both need one or more "
+                             f"(from {1 / tasks.ALL_PAIRS:g} to {1 - 1 / tasks.ALL_PAIRS:g})")
         config.update(train_frac=train_frac or tasks.ARITHMETIC_TRAIN_FRAC[task],
                       eval_size=None if args.eval_size == "all" else args.eval_size or 100_000)
     if family == "vision":
@@ -617,19 +790,33 @@ def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=
         config.update(learned_prior_config(args.mask_from, threshold or 1.0, family == "language"))
     return config
 
+def preset_changes(family, task, config):
+    """{setting: [this run's value, its preset's]} for each preset setting the flags changed: table.md
+    says so beside the paper's numbers, which describe the preset."""
+    preset = {**PRESETS[family][config["preset"]],
+              **TASK_PRESETS.get((family, config["preset"]), {}).get(task, {})}
+    return {key: [config[key], value] for key, value in preset.items() if config.get(key, value) != value}
+
 def check_fits(family, config):
     """Refuse, before allocating, a model whose weights, Adam state and attention maps exceed the RAM."""
     L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
     longest_sum = 2 * tasks.OPERAND_DIGITS + max(tasks.ARITHMETIC_TASKS.values())   # operands, answer slots
     N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": longest_sum, "language": config.get("block_size"),
          "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
-    need = 4 * (4 * 12 * L * D * D + 3 * L * H * N * N * max(B, 64))
+    maps_of = lambda batch: 4 * 3 * L * H * N * N * max(batch, 64)               # bytes
+    weights, maps = 4 * 4 * 12 * L * D * D, maps_of(B)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have:
-        flag = {"language": f"--block-size {N}", "vision": f"--image-size {config.get('image_size')}"}
-        raise UsageError(f"{flag.get(family, f'--dim {D}')}: {L} layers x {H} heads x {N} x {N} "
-                         f"attention maps at width {D} need about {need / 2**30:.0f} GiB, this "
-                         f"machine has {have / 2**30:.0f} GiB: choose a smaller model, batch or input")
+    if weights + maps > have:   # name the flag to change: width, input length, or else the batch
+        inputs = {"language": f"--block-size {N}", "vision": f"--image-size {config.get('image_size')}"}
+        if weights > maps:
+            flag = f"--dim {D}"
+        elif weights + maps_of(64) > have:
+            flag = inputs.get(family, f"--layers {L}")
+        else:
+            flag = f"--batch-size {B}"
+        raise UsageError(f"{flag}: {L} layers x {H} heads x {N} x {N} attention maps at width {D} need "
+                         f"about {(weights + maps) / 2**30:.0f} GiB, this machine has "
+                         f"{have / 2**30:.0f} GiB: choose a smaller model, batch or input")
 
 def resolve_device(name):
     if name == "auto":
@@ -660,6 +847,9 @@ class Job:
     workers: Optional[int] = None      # vision: loader processes (default 8 on CUDA, 0 on the CPU)
     compile: bool = False              # vision: torch.compile
     progress: bool = True              # tqdm bars (on a terminal)
+    threads: Optional[int] = None      # torch CPU threads (choose_threads; --resume: the checkpoint's)
+    threads_given: bool = False        # --threads was given
+    data_dir: Optional[str] = None     # where its files were read (own data, corpora, images)
     def meta(self, world):  # what checkpoint.pt records of the run, for --resume to compare
         return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
                 "world_size": world, "data_fingerprint": self.fingerprint}
@@ -931,6 +1121,17 @@ def round_batches(exp, r, partial, device):
     set_rng_states(exp, device, at_cut)
     return batches, list(partial["losses"]), partial["rngs"]
 
+def progress_line(job, exp, entry, started):
+    """One evaluation in a line: "majority/mask/seed0 epoch 5/10: train loss 0.0123, test accuracy
+    87.50 %, 12 s" (seconds since this process began the run)."""
+    key, label = tasks.main_metric(job.task)
+    name, percent = label.split(" (")[0].split(",")[0], "(%)" in label
+    metric = entry.get(key)
+    shown = "n/a" if metric is None else f"{metric:.2f} %" if percent else tasks.fmt(metric)
+    last = exp.steps if exp.unit == "iter" else exp.rounds
+    return (f"{job.task}/{job.init}/seed{job.seed} {exp.unit} {entry[exp.unit]}/{last}: train loss "
+            f"{tasks.fmt(entry['train_loss'])}, {name} {shown}, {time.time() - started:.0f} s")
+
 def position(exp, r, step):  # where a run is: "epoch 3 (step 34)", or "iteration 37" for language
     return f"iteration {step}" if exp.unit == "iter" else f"epoch {r} (step {step})"
 
@@ -938,6 +1139,7 @@ def train(exp, state, job, place, stop):
     """Rounds of optimizer steps, each ending in a history entry (every eval_every rounds with exp.evaluate())
     and a checkpoint. Diverged on a non-finite loss; a signal: a checkpoint of this step, then Interrupted."""
     device, rank, world = place
+    started = time.time()
     net = DDP(exp.model) if world > 1 else exp.model
     net = torch.compile(net) if job.compile else net
     bar = tqdm(total=exp.steps, initial=state["step"], desc=f"{job.task}/{job.init}/seed{job.seed}",
@@ -986,6 +1188,9 @@ def train(exp, state, job, place, stop):
         evaluate = r % exp.eval_every == 0 or r == exp.rounds
         if evaluate:
             entry.update(exp.evaluate())         # evaluate and checkpoint every eval_every
+            if rank == 0:                        # a line a log keeps, as nanoGPT prints (bar or not)
+                bar.write(progress_line(job, exp, entry, started))
+                sys.stdout.flush()
         signum = agreed([stop.signal or 0], world, device)[0]   # one that came since the last step
         if evaluate or signum:
             keep(r)
@@ -1027,6 +1232,19 @@ def resume_from(checkpoint, meta, exp, place):
         state["partial"] = {"round": cut["round"], "done": cut["done"], **cut["ranks"][place.rank]}
     return state
 
+def use_threads_of_checkpoint(saved, job):
+    """--resume trains on with the checkpoint's thread count (the numbers depend on it in their last
+    digits) unless --threads says otherwise (then a note when the two differ)."""
+    if saved is None:
+        return job.threads
+    if not job.threads_given:
+        return saved
+    if job.threads != saved:
+        print(f"train.py: note: {job.out_dir} was trained with {saved} threads, --threads {job.threads} "
+              f"now: the numbers may differ from an uninterrupted run's in their last digits",
+              file=sys.stderr)
+    return job.threads
+
 def run(job, device, stop):
     """Build the job's experiment, snapshot its attention (before), train, snapshot (after), write
     result.json and the pictures to job.out_dir. Under torchrun rank 0 writes; the others return None."""
@@ -1041,9 +1259,11 @@ def run(job, device, stop):
            "vision": lambda: vision_setup(*common, job.data, rank, world, workers)}[job.family]()
     if config.get("mask_from"):                 # M from a trained run's attention, not by hand
         use_learned_prior(exp, config)
-    state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0}
+    state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0,
+             "threads": job.threads}
     if job.resume:
         state = resume_from(os.path.join(job.out_dir, "checkpoint.pt"), job.meta(world), exp, place)
+        state["threads"] = use_threads_of_checkpoint(state.get("threads"), job)
         stop.at = position(exp, state["partial"]["round"] if "partial" in state else state["round"],
                            state["step"])
         stop.kept = f"the checkpoint of {stop.at}"
@@ -1052,14 +1272,16 @@ def run(job, device, stop):
         state["before"] = snapshot(exp, device)
         if rank == 0:
             save_pictures(job.out_dir, {"before": state["before"]}, exp.model)
+    torch.set_num_threads(state["threads"])
     resumed_at = (state["step"] if exp.unit == "iter" else state["round"]) if job.resume else None
     result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
-              "world_size": world, "status": "running", "seconds": None,
+              "threads": state["threads"], "data_dir": job.data_dir, "preset_changes": preset_changes(
+                  job.family, task, config), "world_size": world, "status": "running", "seconds": None,
               "resumed_at": resumed_at, **exp.info, "data_fingerprint": job.fingerprint,
               "final": None, "history": state["history"]}
     start = time.time()
     try:
-        stop.training = True            # a first signal now stops the loop after its step
+        stop.training = stop.trained = True    # a first signal now stops the loop after its step
         train(exp, state, job, place, stop)
     except Diverged as err:
         result.update(status="diverged", error=str(err), seconds=time.time() - start)
@@ -1075,6 +1297,11 @@ def run(job, device, stop):
     result["final"] = {**exp.final(state, world),
                        **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
     result.update(status="done", seconds=time.time() - start)
+    result, not_finite = finite(result)          # result.json is strict JSON: null, and a note
+    if not_finite:
+        result["not_finite"] = not_finite
+        print(f"train.py: warning: {task} / {init} / seed {seed}: not finite, stored as null: "
+              f"{', '.join(f'{k} {v}' for k, v in not_finite.items())}", file=sys.stderr)
     write_json(os.path.join(job.out_dir, "result.json"), result)
     return result
 
@@ -1103,10 +1330,11 @@ def summarize(root):
         raise UsageError(f"--summarize: no readable result.json below {root}")
     first = {}                         # run -> (path, result.json) of its first copy
     for path, r in readable:
-        run_id = json.dumps([r["task"], r["init"], r["seed"], r["config"]], sort_keys=True)
+        run_id = json.dumps([r["task"], r["init"], r["seed"], r["config"], r.get("data_fingerprint")],
+                            sort_keys=True)
         if run_id in first:
             print(f"train.py: warning: {path} is the run of {first[run_id][0]} again (same task, "
-                  f"init, seed and config): counted once", file=sys.stderr)
+                  f"init, seed, config and data): counted once", file=sys.stderr)
         first.setdefault(run_id, (path, r))
     try:
         write_tables(root, [r for _, r in first.values()])
@@ -1135,8 +1363,6 @@ def load_data(family, task, config, args, device, cache):
 
 def train_all(args, family, task_names, device, stop, grid_lock):
     """Every run of the command, each in its locked folder, then a grid's tables (grid_lock: its lock)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
     seeds = args.seeds if args.seeds is not None else [args.seed]
     if args.seeds is None and args.seed == 0 and args.preset == "paper":
         seeds = [PAPER_SEEDS.get(family, PAPER_SEEDS.get(" ".join(task_names), 0))]
@@ -1147,18 +1373,32 @@ def train_all(args, family, task_names, device, stop, grid_lock):
             if (i in tasks.MASK_PRIOR_INITS or a == first_a) and (trains_mask(i) or r == first_lr)]
     grid, root = len(runs) > 1, args.out or "runs/grid"
     source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
-    results, failed, cache = [], 0, {}
-    writer, root_locked = int(os.environ.get("RANK", "0")) == 0, False   # torchrun: rank 0 writes
+    writer = int(os.environ.get("RANK", "0")) == 0   # torchrun: rank 0 writes
+    planned, cache = [], {}                        # every run's folder, config and data, checked up front
     for task, init, seed, sweeps in runs:
         name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps, source=source)
         out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
+        config = make_config(family, task, args, *sweeps)
+        data = load_data(family, task, config, args, device, cache)
+        check_fits(family, config)
+        if writer:                                 # torchrun: rank 0 locks and writes, and checks
+            check_folder(out_dir, task, init, seed, config, args.resume, grid)
+        planned.append((task, init, seed, config, out_dir, data))
+    if grid and writer:
+        check_grid_root(root)
+    threads = choose_threads(args.threads, device)
+    info = (planned[0][5] or {}).get("info", {}).get("data", {})
+    images = (f"; {info['train_images']:,} images to train, {info['eval_images']:,} held out, "
+              f"{len(info['classes'])} classes" if "train_images" in info else "")   # --task images
+    print(f"train.py: {len(planned)} run{'s' * (len(planned) > 1)} of {' '.join(task_names)} on "
+          f"{device_name(device)}, {threads[1]}, preset {args.preset}; results in "
+          f"{root if grid else planned[0][4]}{images}", flush=True)
+    results, failed, root_locked = [], 0, False
+    for task, init, seed, config, out_dir, data in planned:
         checkpoint = os.path.join(out_dir, "checkpoint.pt")
         resume = args.resume and (not grid or os.path.exists(checkpoint))   # a grid: runs with a checkpoint
         stop.start(out_dir, grid, resume)
-        config = make_config(family, task, args, *sweeps)
-        data = load_data(family, task, config, args, device, cache)
         fingerprint = data_fingerprint(family, task, config, seed, data)
-        check_fits(family, config)
         if args.resume and not grid and not os.path.isdir(out_dir):
             raise no_checkpoint(checkpoint)        # said before a folder is made for it
         if grid and writer and not root_locked:     # held until the grid's tables are written
@@ -1174,7 +1414,8 @@ def train_all(args, family, task_names, device, stop, grid_lock):
                               f"{out_dir} is left as it was")
                     continue
                 job = Job(family, task, init, seed, config, out_dir, data, fingerprint, resume,
-                          args.workers, args.compile, not args.no_progress)
+                          args.workers, args.compile, not args.no_progress, threads[0], bool(args.threads),
+                          None if family in ("boolean", "arithmetic") or task == "lm" else args.data_dir)
                 with subnormals_flushed(device):
                     result = run(job, device, stop)
         except Diverged as err:
@@ -1199,16 +1440,21 @@ def main(argv=None):
     """Exit 0; 1 when a run diverged or a write failed; 2 for bad input or an output folder that cannot
     be made, written or locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
     stop = Stop()
+    if hasattr(sys.stdout, "reconfigure"):             # a path that is not UTF-8 prints, escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
+    threads = torch.get_num_threads()                  # put back at the end (in-process callers)
     try:
-        args = build_parser().parse_args(argv)
-        if args.summarize:
-            return summarize(args.summarize)
-        device = resolve_device(args.device)
-        family = check_args(args, list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task)
-        merge_repeats(args)
-        task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
-        with signals_caught(stop), contextlib.ExitStack() as grid_lock:
-            return train_all(args, family, task_names, device, stop, grid_lock)
+        with signals_caught(stop):
+            args = build_parser().parse_args(argv)
+            if args.summarize:
+                stop.summarizing = args.summarize
+                return summarize(args.summarize)
+            device = resolve_device(args.device)
+            family = check_args(args, list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task)
+            merge_repeats(args)
+            task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
+            with contextlib.ExitStack() as grid_lock:
+                return train_all(args, family, task_names, device, stop, grid_lock)
     except (UsageError, tasks.DataError) as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
@@ -1216,9 +1462,11 @@ def main(argv=None):
         if int(os.environ.get("RANK", "0")) == 0:      # torchrun: every rank stops, rank 0 says so
             print(f"train.py: {err}", file=sys.stderr)
         return err.exit_code
-    except WriteError as err:
+    except WriteError as err:   # before any training (e.g. a full disk at the start): bad output, 2
         print(f"train.py: error: {err}; {stop.advice()}", file=sys.stderr)
-        return 1
+        return 1 if stop.trained else 2
+    finally:
+        torch.set_num_threads(threads)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,12 +29,19 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def one_thread_args(args):
+    """args with --threads 1: without it train.py picks the free cores, and a run's last digits
+    depend on its thread count, so two runs compared bit for bit must share it."""
+    return args if "--threads" in args else [*args, "--threads", "1"]
+
+
 def kill_then_resume(args, tmp_path, monkeypatch):
     """Run train.main(args) to the end in tmp_path/whole; run it again in tmp_path/killed, killed
     right after its first checkpoint.pt is written (KeyboardInterrupt), then --resume it. Returns
     both result.json dicts (whole, resumed) for the caller to compare. (save_checkpoint also
     writes attention_before.pt before training: that one is let through.)"""
     import train  # the repository root is on sys.path only from this file's top on
+    args = one_thread_args(args)
     assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
     real_save = train.save_checkpoint
 
@@ -60,6 +67,7 @@ def interrupt_then_resume(args, tmp_path, monkeypatch, capsys, step, signum=sign
     and one line on stderr; then --resume it. Returns (whole result.json, resumed result.json,
     that line, (whole, resumed) final weights from checkpoint.pt) for the caller to compare."""
     import train
+    args = one_thread_args(args)
     assert train.main([*args, "--out", str(tmp_path / "whole")]) == 0
     real_train = train.train
     monkeypatch.setattr(train, "train", train_raising(real_train, step, signum))
@@ -98,7 +106,7 @@ def same_weights(a, b):
 
 # The Boolean family's tiny run: 1 epoch, width 8, 1 layer of 2 heads, one batch per epoch.
 BOOLEAN_TINY = ["--epochs", "1", "--dim", "8", "--layers", "1", "--heads", "2", "--batch-size",
-                "1024", "--no-progress"]
+                "1024", "--no-progress", "--threads", "1"]
 
 
 @pytest.fixture

@@ -342,4 +342,20 @@ def test_cyclic3_variants_are_registered():
     torch.testing.assert_close(maskprior.boolean_mask("majority", 4, 3),
                                maskprior.mask_majority(4, 3))
     with pytest.raises(KeyError, match="direct"):
-        maskprior.boolean_mask("2parity", 4, 3, "direct")
+        maskprior.boolean_mask("majority", 4, 3, "direct")
+
+
+def test_2parity_composed_builds_the_product_then_lets_cls_read_it():
+    """--mask-variant composed of 2parity (Principle 4): layers 1-2 open x0 <-> x1 with CLS closed (the
+    paper's 2parity pattern), layers 3-4 let CLS read x0 and x1 while every bit sees only itself."""
+    d, x0, x1 = 15, BIT, BIT + 1
+    m = maskprior.boolean_mask("2parity", 4, 3, "composed")
+    assert m.shape == (4, 3, d + 1, d + 1)
+    assert torch.equal(m[:, :1].expand_as(m), m)                       # every head alike
+    assert torch.equal(m[:2], maskprior.mask_2parity(2, 3, d))         # the build layers
+    for layer in (2, 3):
+        keys = opened(m[layer, 0])
+        assert keys[0] == {0, x0, x1}                                  # CLS reads the two bits
+        assert all(keys[i] == {i} for i in range(1, d + 1))           # every bit only itself
+    assert set(m.unique().tolist()) == {maskprior.OPEN, maskprior.CLOSE}
+    assert maskprior.BOOLEAN_MASK_VARIANTS["2parity"]["direct"] is maskprior.mask_2parity
