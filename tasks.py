@@ -1,17 +1,20 @@
-"""Tasks and their metrics, the data side of every experiment in the paper, then its reports:
+"""Tasks and their metrics, the data side of every experiment in the paper, in its order, then reports:
 
   1. Boolean GOTU tasks (Section 5.1, Table 1; Abbe et al. "Generalization on the Unseen").
-  2. Language modelling (Appendix "Wiki-text and Tiny-stories"), GPT-2 tokens through tiktoken.
-  3. Three-digit arithmetic (Section 5.2, Table "Performance of arithmetic tasks").
-  4. Image classification (Section 5.3): CIFAR-10/100, ImageNet100, the user's own ImageFolder tree.
-  5. Result tables (table.md beside the paper's numbers, a run's summary line) and line charts.
-  6. Heat maps of attention maps and mask biases: attention.svg, persistence, learned priors.
-Imports torch and the standard library (torchvision, PIL, tiktoken only where needed), never train.py.
+  2. Three-digit arithmetic (Section 5.2, Table "Performance of arithmetic tasks").
+  3. Image classification (Section 5.3): CIFAR-10/100, ImageNet100 through torchvision.
+  4. Language modelling (Appendix "Wiki-text and Tiny-stories"), GPT-2 tokens through tiktoken.
+  5. Your own data: a folder of images (--task images), text files (--task text), and their checks.
+  6. Reports: result tables (table.md beside the paper's numbers, a run's summary line), line charts.
+  7. Pictures: heat maps of attention maps and mask biases (attention.svg, persistence, learned priors).
+Each loader returns its tensors or data sets and, under "sources", what it read (train.py fingerprints
+it). Reports read what result.json records. Imports torch and the standard library (torchvision, PIL,
+tiktoken only where needed), never train.py.
 """
+
 
 import base64
 import contextlib
-import ctypes
 import functools
 import hashlib
 import itertools
@@ -26,6 +29,7 @@ from typing import Callable, Optional
 from xml.sax.saxutils import escape
 
 import torch
+
 
 def autocast(device):
     """bf16 autocast on CUDA, a no-op on the CPU: the evaluations here and train.py's steps."""
@@ -42,39 +46,8 @@ def paper_table(inits, rows):
     """{(task, init): numbers} of a table of the paper written as {task: [its numbers per init]}."""
     return {(t, i): cell for t, cells in rows.items() for i, cell in zip(inits, cells, strict=True)}
 
-# Fingerprints of a run's data in checkpoint.pt and result.json (--resume refuses other data, --summarize
-# never averages over two): generated data by its tensors, files by their content and their paths relative
-# to the data folder (a copy elsewhere, or a touched file, is the same data).
-def tensors_sha256(*tensors):
-    """sha256 of the tensors' dtypes, shapes and bytes, as "sha256 <hex>"."""
-    digest = hashlib.sha256()
-    for t in tensors:
-        t = t.detach().cpu().contiguous()       # kept alive while its memory is read below
-        digest.update(f"{t.dtype} {tuple(t.shape)};".encode())
-        digest.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
-    return f"sha256 {digest.hexdigest()}"
-
-def file_sha256(path):
-    """sha256 of a file's content, read in 1 MiB pieces (a corpus can be gigabytes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for piece in iter(lambda: f.read(1 << 20), b""):
-            digest.update(piece)
-    return f"sha256 {digest.hexdigest()}"
-
-def files_listing(paths, root):
-    """"<count> files, <bytes> bytes, sha256 <hex>" over each path below root and its content's sha256
-    (os.fsencode: a file name that is not UTF-8 is hashed by its bytes)."""
-    digest, total = hashlib.sha256(), 0
-    for path in paths:
-        total += os.path.getsize(path)
-        digest.update(os.fsencode(os.path.relpath(path, root)) + f"\t{file_sha256(path)}\n".encode())
-    return f"{len(paths)} files, {total} bytes, sha256 {digest.hexdigest()}"
-
-def corpus_fingerprint(data_dir, paths, bpe_file):
-    """{file below data_dir: its sha256, "--bpe-file": the ranks file's sha256 or None}."""
-    found = {os.path.relpath(path, data_dir): file_sha256(path) for path in dict.fromkeys(paths)}
-    return {**found, "--bpe-file": bpe_file and file_sha256(bpe_file)}
+class DataError(Exception):
+    """A missing or unreadable dataset or tokenizer file; the message says what to put where."""
 
 # === 1. Boolean GOTU tasks (Section 5.1; the tasks of aryol/GOTU, Abbe et al. 2023) ===============
 # Bits x in {-1, +1}^d, d = 15, shape (P, d) throughout; every function returns (P,). Training uses
@@ -179,7 +152,220 @@ PAPER_BOOLEAN = paper_table(("default", "structured-svd", "structured-opt", "mas
     "majority": [(0.509, 87.40), (0.516, 87.40), (0.495, 87.40), (0.0051, 100.00), (0.50, 87.4)],
     "threesym": [(7.621, None), (7.616, None), (7.635, None), (2.9745, None), (7.62, None)]})
 
-# === 2. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup") ========
+# === 2. Three-digit arithmetic (Section 5.2) ======================================================
+# Tables "Arithmetic task setup" and "Performance of arithmetic tasks": all 10^6 pairs 0 <= a, b <= 999
+# (pair id 1000 a + b), a seeded fraction to train; an encoder predicts the whole answer in one pass from
+# six operand digits and one placeholder per answer digit, every number least significant first:
+#
+#   position   0   1   2   3   4   5   6   7  ...  6+K-1
+#   token     a0  a1  a2  b0  b1  b2   _   _  ...   _        a0 = units digit of a, _ = token 10
+#   target                             c0  c1  ...  c(K-1)   c_k = the 10^k digit of a + b or a * b
+#
+# so digit i of a and of b sit at the same offset, and a carry's source c_{k-1} right before the digit
+# it changes (maskprior.py's masks assume this order). K = 4 for addition, 6 for multiplication.
+ARITHMETIC_TASKS = {"addition": 4, "multiplication": 6}          # task -> answer digits K
+ARITHMETIC_TRAIN_FRAC = {"addition": 0.004, "multiplication": 0.03}  # the paper's Table
+OPERAND_DIGITS = 3
+PLACEHOLDER = 10                                                # token of an answer slot
+ARITHMETIC_VOCAB = 11                                           # digits 0-9 and the placeholder
+ALL_PAIRS = 10 ** (2 * OPERAND_DIGITS)
+
+def digits(n, count):
+    """(P,) integers -> (P, count) decimal digits, least significant first."""
+    return torch.div(n[:, None], 10 ** torch.arange(count), rounding_mode="floor") % 10
+
+def arithmetic_split(train_frac, seed):
+    """(train ids, held-out ids): the first round(train_frac * 10^6) of a seeded permutation train."""
+    if not 0 < train_frac < 1:
+        raise ValueError(f"train_frac must lie in (0, 1), got {train_frac}")
+    perm = torch.randperm(ALL_PAIRS, generator=torch.Generator().manual_seed(seed))
+    n_train = max(1, round(train_frac * ALL_PAIRS))
+    return perm[:n_train], perm[n_train:]
+
+def arithmetic_examples(task, ids):
+    """Pair ids (P,) -> input tokens (P, 6 + K) and answer digits (P, K), in the layout above."""
+    k = ARITHMETIC_TASKS[task]
+    a, b = ids // 1000, ids % 1000
+    value = a + b if task == "addition" else a * b
+    slots = torch.full((len(ids), k), PLACEHOLDER)
+    tokens = torch.cat([digits(a, OPERAND_DIGITS), digits(b, OPERAND_DIGITS), slots], 1)
+    return tokens, digits(value, k)
+
+def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
+    """Train and evaluation tensors; evaluation: a seeded sample of eval_size held-out pairs (None: all)."""
+    train_ids, held_out = arithmetic_split(train_frac, seed)
+    if eval_size is not None and eval_size < len(held_out):
+        pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed + 1))
+        held_out = held_out[pick[:eval_size]]
+    x_train, y_train = arithmetic_examples(task, train_ids)
+    x_eval, y_eval = arithmetic_examples(task, held_out)
+    return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval,
+            "eval_pairs": len(held_out), "held_out_pairs": ALL_PAIRS - len(train_ids)}
+
+def arithmetic_metrics(logits, answers):
+    """Table "Performance of arithmetic tasks": sequence (all digits right) and digit accuracy (%),
+    cross-entropy per digit, accuracy per answer position; logits (P, K, 10), answers (P, K)."""
+    right = logits.argmax(-1) == answers                                  # (P, K)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), answers.flatten())
+    return {"test_loss": loss.item(), "seq_acc": 100.0 * right.all(1).float().mean().item(),
+            "digit_acc": 100.0 * right.float().mean().item(),
+            "position_acc": (100.0 * right.float().mean(0)).tolist()}
+
+def answer_logits(model, tokens):
+    """Digit logits of the answer slots, the positions after the six operand digits: (B, K, 10)."""
+    return model(tokens)[:, 2 * OPERAND_DIGITS:]
+
+@torch.inference_mode()
+def arithmetic_logits(model, x, batch=512):
+    """answer_logits over many pairs, (P, K, 10) float32 on the CPU; larger batches measured slower."""
+    out = []
+    with evaluating(model) as device:
+        for i in range(0, len(x), batch):
+            with autocast(device):
+                out.append(answer_logits(model, x[i:i + batch].to(device)).float().cpu())
+    return torch.cat(out)
+
+# The paper's Table "Performance of arithmetic tasks" (seq acc %, digit acc %, loss) at ARITHMETIC_TRAIN_FRAC.
+PAPER_ARITHMETIC = paper_table(("default", "structured-svd", "structured-opt", "mask"), {
+    "multiplication": [(5.01, 70.78, 2.27), (11.13, 74.57, 1.77), (27.82, 82.37, 0.85), (69.49, 94.13, 0.20)],
+    "addition": [(1.19, 40.59, 4.51), (0.87, 38.56, 4.59), (3.39, 49.87, 3.40), (77.49, 93.86, 0.23)]})
+
+# === 3. Image classification (Section 5.3) ========================================================
+# Tables "Experimental setup for CIFAR10", "... for CIFAR100", "... for ImageNet100"; torchvision reads
+# the data and augments it. cifar10, cifar100: the python-pickle layout (CIFAR_LAYOUT) in --data-dir,
+# checked by torchvision's MD5 sums; imagenet100: an ImageFolder tree DATA/imagenet100/{train,val}/
+# <class>/<image> (e.g. https://huggingface.co/datasets/clane9/imagenet-100 as image files); images:
+# the user's own (image_folder_dataset). --download (CIFAR only) is opt-in; else missing data: DataError.
+VISION_TASKS = ("cifar10", "cifar100", "imagenet100", "images")
+VISION_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet100": 100}
+CIFAR_LAYOUT = {  # folder torchvision expects under --data-dir, and the files in it
+    "cifar10": ("cifar-10-batches-py",
+                tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")),
+    "cifar100": ("cifar-100-python", ("train", "test", "meta"))}
+IMAGENET100_FOLDER = "imagenet100"
+# Per-channel mean and std for Normalize: CIFAR's own (as timm's CIFAR recipes) and ImageNet's.
+NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+                 "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+                 **dict.fromkeys(("imagenet100", "images"), ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))}
+RESIZED_CROP_TASKS = ("imagenet100", "images")   # images of any size: timm's ImageNet crops
+
+def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scale=0.08, channels=3):
+    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S), C = 1 for
+    grey images; train: random crop (CIFAR padded by S / 8, else timm's RandomResizedCrop), flip, the
+    tables' "RandAug (m9)"; test: resize (then, but for CIFAR, timm's centre crop of crop_pct 0.875)."""
+    from torchvision.transforms import v2
+    mean, std = NORMALIZATION[name]
+    if channels == 1:
+        mean, std = (statistics.fmean(mean),), (statistics.fmean(std),)
+    if train and name in RESIZED_CROP_TASKS:
+        geometry = [v2.RandomResizedCrop(image_size, scale=(crop_scale, 1.0), antialias=True)]
+    elif train:
+        geometry = [v2.Resize(image_size, antialias=True), v2.RandomCrop(image_size, padding=image_size // 8)]
+    elif name in RESIZED_CROP_TASKS:
+        geometry = [v2.Resize(int(image_size / 0.875), antialias=True), v2.CenterCrop(image_size)]
+    else:
+        geometry = [v2.Resize(image_size, antialias=True)]
+    augment = [v2.RandomHorizontalFlip(), v2.RandAugment(magnitude=randaugment_magnitude)] if train else []
+    return v2.Compose([v2.ToImage(), *geometry, *augment, v2.ToDtype(torch.float32, scale=True),
+                       v2.Normalize(mean, std)])
+
+def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
+    """The tables' "Mixup / CutMix 0.8 / 1.0" as timm's Mixup (switch probability 0.5): images,
+    soft_targets = mix(images (B, C, H, W), labels (B,)); an alpha of 0 turns one off (both: one-hot)."""
+    from torchvision.transforms import v2
+    mixers = ([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []) + \
+             ([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else [])
+    if not mixers:
+        return lambda images, labels: (images, torch.nn.functional.one_hot(labels, num_classes).float())
+    return v2.RandomChoice(mixers)
+
+def _cifar(name, data_dir, transform, train, download):
+    """torchvision's CIFAR10 / CIFAR100 split, or DataError naming the folder and layout."""
+    from torchvision import datasets
+    folder, files = CIFAR_LAYOUT[name]
+    path = os.path.join(data_dir, folder)
+    pretty, cls = ("CIFAR-10", datasets.CIFAR10) if name == "cifar10" else ("CIFAR-100", datasets.CIFAR100)
+    if not download and not all(os.path.isfile(os.path.join(path, f)) for f in files):
+        raise DataError(f"{pretty}: expected {path}/ holding {', '.join(files)} (the python "
+                        f"version, unpacked; --data-dir {data_dir}), or pass --download")
+    try:
+        return cls(data_dir, train=train, transform=transform, download=download)
+    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted" (MD5 mismatch)
+        raise DataError(f"{pretty} in {path} failed torchvision's MD5 check of its files ({err})")
+    except OSError as err:       # --download without a network
+        raise DataError(f"{pretty}: download into {path} failed ({err})")
+
+def _imagenet100(data_dir, split, transform):
+    """One split of ImageNet100 as torchvision's ImageFolder, or DataError naming the folders."""
+    from torchvision import datasets
+    root = os.path.join(data_dir, IMAGENET100_FOLDER)
+    path = os.path.join(root, split)
+    if not os.path.isdir(path) or not any(os.scandir(path)):
+        raise DataError(f"ImageNet100: expected two folders, {root}/train and {root}/val, each "
+                        f"with one sub-folder of images per class ({path} is missing or empty); "
+                        f"--download cannot fetch it")
+    try:
+        return datasets.ImageFolder(path, transform=transform)
+    except (OSError, RuntimeError, ValueError) as err:   # e.g. class folders without images
+        raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
+
+def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9, crop_scale=0.08):
+    """{"train", "test", "classes", "sources", "root"} (images: also "channels", "info")."""
+    if name == "imagenet100" and download:
+        raise DataError("ImageNet100 has no --download; build the ImageFolder tree "
+                        f"{data_dir}/{IMAGENET100_FOLDER}/{{train,val}}/<class>/<image>")
+    if name == "images":
+        if download:
+            raise DataError(f"--task images has no --download; it reads your own images: {IMAGES_LAYOUT}")
+        return image_folder_dataset(data_dir, image_size, randaugment_magnitude, crop_scale)
+    train_tf = vision_transform(name, image_size, True, randaugment_magnitude, crop_scale)
+    test_tf = vision_transform(name, image_size, False)
+    if name == "imagenet100":
+        train, test = _imagenet100(data_dir, "train", train_tf), _imagenet100(data_dir, "val", test_tf)
+        files = lambda dataset: [path for path, _ in dataset.samples]
+        sources = {f"{IMAGENET100_FOLDER}/train": files(train),
+                       f"{IMAGENET100_FOLDER}/val": files(test)}
+    else:
+        train = _cifar(name, data_dir, train_tf, True, download)
+        test = _cifar(name, data_dir, test_tf, False, False)
+        folder, files = CIFAR_LAYOUT[name]
+        sources = {folder: [os.path.join(data_dir, folder, f) for f in files]}
+    return {"train": train, "test": test, "classes": VISION_CLASSES[name], "sources": sources,
+            "root": data_dir}
+
+def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
+    """Training loader over this process's share of each shuffled epoch (a DistributedSampler, its own
+    generator seeding its workers), test loader over every world-th image (the ranks' sums add up)."""
+    from torch.utils.data import DataLoader, DistributedSampler, Subset
+    sampler = DistributedSampler(data["train"], world, rank, shuffle=True, seed=seed, drop_last=True)
+    train = DataLoader(data["train"], batch_size // world, sampler=sampler, num_workers=workers,
+                       pin_memory=pin_memory, drop_last=True, generator=torch.Generator())
+    test = DataLoader(Subset(data["test"], range(rank, len(data["test"]), world)),
+                      batch_size // world, num_workers=workers, pin_memory=pin_memory)
+    return train, test, sampler
+
+@torch.no_grad()
+def vision_scores(model, loader):
+    """(correct top-1 predictions, summed cross-entropy, images) over a test loader."""
+    correct, total, count = 0, 0.0, 0
+    with evaluating(model) as device:
+        for images, labels in loader:
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            with autocast(device):
+                logits = model(images)
+            correct += (logits.argmax(-1) == labels).sum().item()
+            total += torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").item()
+            count += len(labels)
+    return correct, total, count
+
+# The paper's Table "Best Top-1 accuracy (%) on vision benchmarks that are all using ViT-T model"
+# (Section 5.3); mask-fixed from Appendix A.2's Table "Best Top-1 accuracy (%) on vision benchmarks.
+# Values in parentheses ...", which prints ImageNet100's mask init as 85.82 (Section 5.3: 85.92).
+PAPER_VISION = paper_table(("default", "mimetic", "impulse", "mask-fixed", "mask"), {
+    "cifar10": [94.20, 94.80, 95.12, 94.16, 95.66], "cifar100": [74.00, 76.80, 76.47, 78.77, 77.95],
+    "imagenet100": [83.38, 84.38, 83.16, 81.78, 85.92]})
+
+# === 4. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup") ========
 # Four corpora, dicts of 1-D int64 token tensors {"train", "val", "test"}; GPT-2 tokens but for lm and
 # text without --bpe-file (UTF-8 bytes, vocab 256). lm: pydoc_data.topics, English prose shipped with
 # Python (nothing to download); tinystories: the first 12k stories to train, 2k to validate (and test,
@@ -189,15 +375,9 @@ GPT2_VOCAB = 50257
 END_OF_TEXT = "<|endoftext|>"
 TINYSTORIES_FILES = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
 WIKITEXT2_FILES = tuple(f"wikitext-2-raw/wiki.{split}.raw" for split in ("train", "valid", "test"))
-TEXT_FILES = ("train.txt", "valid.txt", "test.txt")    # --task text: the last one optional
-TEXT_LAYOUT = ("DIR/train.txt and DIR/valid.txt (DIR/test.txt optional), UTF-8 text; byte tokens, "
-               "or GPT-2's with --bpe-file")
 BPE_HELP = ("GPT-2's ranks file: r50k_base.tiktoken (the same ids as 'gpt2'; sha256 306cd27f...dd930),"
             " e.g. from a machine with internet: python -c \"import tiktoken; "
             "tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR set, then copy the cached file")
-
-class DataError(Exception):
-    """A missing or unreadable dataset or tokenizer file; the message says what to put where."""
 
 def embedded_corpus():
     """pydoc_data.topics joined in key order: English technical prose from the standard library."""
@@ -282,36 +462,12 @@ def _decoder(encoding):
             return "\ufffd".encode()
     return lambda ids: b"".join(map(piece, ids)).decode("utf-8", "replace")
 
-def text_dataset(data_dir, bpe_file=None):
-    """--task text (TEXT_FILES in data_dir); DataError for a missing, empty, binary or non-UTF-8 file."""
-    files = {s: os.path.join(data_dir, n) for s, n in zip(("train", "val", "test"), TEXT_FILES)}
-    if not os.path.exists(files["test"]):
-        files["test"] = files["val"]
-    texts = {}
-    for split, path in files.items():
-        texts[split] = _read(data_dir, os.path.basename(path), "text")
-        if not texts[split].strip():
-            raise DataError(f"text: {path} is empty (or white space only)")
-        if "\0" in texts[split]:
-            raise DataError(f"text: {path} holds NUL bytes: a binary file (or UTF-16), not UTF-8 text")
-    enc = None if bpe_file is None else gpt2_encoding(bpe_file)
-    encode = lambda t: byte_tokens(t) if enc is None else \
-        torch.tensor(enc.encode_ordinary(t), dtype=torch.long)
-    streams = {k: encode(t) for k, t in texts.items()}
-    vocab, decode, tokenizer = (256, decode_bytes, "UTF-8 bytes") if enc is None else \
-        (enc.n_vocab, _decoder(enc), f"GPT-2 BPE ({bpe_file})")
-    test_is_val = files["test"] == files["val"]
-    info = {"files": files, "tokenizer": tokenizer, "test_is_val": test_is_val,
-            "tokens": {k: len(v) for k, v in streams.items()}}
-    return {**streams, "vocab_size": vocab, "decode": decode, "test_is_val": test_is_val, "files": files,
-            "info": {"data": info}, "fingerprint": corpus_fingerprint(data_dir, files.values(), bpe_file)}
-
 def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
-    """{"train", "val", "test"} token streams, "vocab_size", "decode", "fingerprint" (for --resume)."""
-    if name == "lm":   # the corpus is Python's own: its fingerprint is the token stream's
+    """{"train", "val", "test"} token streams, "vocab_size", "decode", "sources" (what was read)."""
+    if name == "lm":   # the corpus is Python's own: its source is the token stream
         tokens = byte_tokens(embedded_corpus())
         return {**split_tokens(tokens), "vocab_size": 256, "decode": decode_bytes,
-                "test_is_val": False, "fingerprint": {"pydoc_data.topics": tensors_sha256(tokens)}}
+                "test_is_val": False, "sources": {"pydoc_data.topics": tokens}, "root": None}
     if name == "text":
         return text_dataset(data_dir, bpe_file)
     if name == "tinystories":
@@ -328,8 +484,12 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
     else:
         raise ValueError(f"unknown language task {name!r}")
     return {**dict(zip(("train", "val", "test"), streams)), "vocab_size": enc.n_vocab,
-            "decode": _decoder(enc), "test_is_val": name == "tinystories", "fingerprint":
-            corpus_fingerprint(data_dir, [os.path.join(data_dir, f) for f in files], bpe_file)}
+            "decode": _decoder(enc), "test_is_val": name == "tinystories", "root": data_dir,
+            "sources": corpus_sources(data_dir, [os.path.join(data_dir, f) for f in files], bpe_file)}
+
+def corpus_sources(data_dir, paths, bpe_file):
+    """{file below data_dir: its path (each once), "--bpe-file": the ranks file or None}."""
+    return {**{os.path.relpath(path, data_dir): path for path in dict.fromkeys(paths)}, "--bpe-file": bpe_file}
 
 def check_lm_splits(data, block_size):
     """DataError for a context longer than a split (named by its file for --task text)."""
@@ -376,162 +536,37 @@ PAPER_LM = paper_table(("default", "mask", "mimetic"), {
     "wikitext2": [(172.78, 181.91), (166.76, 179.70), (178.34, 188.87)],
     "tinystories": [(10.42, 10.49), (10.40, 10.48), (10.64, 10.60)]})
 
-# === 3. Three-digit arithmetic (Section 5.2) ======================================================
-# Tables "Arithmetic task setup" and "Performance of arithmetic tasks": all 10^6 pairs 0 <= a, b <= 999
-# (pair id 1000 a + b), a seeded fraction to train; an encoder predicts the whole answer in one pass from
-# six operand digits and one placeholder per answer digit, every number least significant first:
-#
-#   position   0   1   2   3   4   5   6   7  ...  6+K-1
-#   token     a0  a1  a2  b0  b1  b2   _   _  ...   _        a0 = units digit of a, _ = token 10
-#   target                             c0  c1  ...  c(K-1)   c_k = the 10^k digit of a + b or a * b
-#
-# so digit i of a and of b sit at the same offset, and a carry's source c_{k-1} right before the digit
-# it changes (maskprior.py's masks assume this order). K = 4 for addition, 6 for multiplication.
-ARITHMETIC_TASKS = {"addition": 4, "multiplication": 6}          # task -> answer digits K
-ARITHMETIC_TRAIN_FRAC = {"addition": 0.004, "multiplication": 0.03}  # the paper's Table
-OPERAND_DIGITS = 3
-PLACEHOLDER = 10                                                # token of an answer slot
-ARITHMETIC_VOCAB = 11                                           # digits 0-9 and the placeholder
-ALL_PAIRS = 10 ** (2 * OPERAND_DIGITS)
+# === 5. Your own data: a folder of images (--task images), text files (--task text) ==============
+# Both are checked up front: bad data (empty, binary, one class, an unreadable image, ...) is one
+# DataError naming the file, before anything trains.
+TEXT_FILES = ("train.txt", "valid.txt", "test.txt")    # --task text: the last one optional
+TEXT_LAYOUT = ("DIR/train.txt and DIR/valid.txt (DIR/test.txt optional), UTF-8 text; byte tokens, "
+               "or GPT-2's with --bpe-file")
 
-def digits(n, count):
-    """(P,) integers -> (P, count) decimal digits, least significant first."""
-    return torch.div(n[:, None], 10 ** torch.arange(count), rounding_mode="floor") % 10
-
-def arithmetic_split(train_frac, seed):
-    """(train ids, held-out ids): the first round(train_frac * 10^6) of a seeded permutation train."""
-    if not 0 < train_frac < 1:
-        raise ValueError(f"train_frac must lie in (0, 1), got {train_frac}")
-    perm = torch.randperm(ALL_PAIRS, generator=torch.Generator().manual_seed(seed))
-    n_train = max(1, round(train_frac * ALL_PAIRS))
-    return perm[:n_train], perm[n_train:]
-
-def arithmetic_examples(task, ids):
-    """Pair ids (P,) -> input tokens (P, 6 + K) and answer digits (P, K), in the layout above."""
-    k = ARITHMETIC_TASKS[task]
-    a, b = ids // 1000, ids % 1000
-    value = a + b if task == "addition" else a * b
-    slots = torch.full((len(ids), k), PLACEHOLDER)
-    tokens = torch.cat([digits(a, OPERAND_DIGITS), digits(b, OPERAND_DIGITS), slots], 1)
-    return tokens, digits(value, k)
-
-def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
-    """Train and evaluation tensors; evaluation: a seeded sample of eval_size held-out pairs (None: all)."""
-    train_ids, held_out = arithmetic_split(train_frac, seed)
-    if eval_size is not None and eval_size < len(held_out):
-        pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed + 1))
-        held_out = held_out[pick[:eval_size]]
-    x_train, y_train = arithmetic_examples(task, train_ids)
-    x_eval, y_eval = arithmetic_examples(task, held_out)
-    return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval,
-            "eval_pairs": len(held_out), "held_out_pairs": ALL_PAIRS - len(train_ids)}
-
-def arithmetic_metrics(logits, answers):
-    """Table "Performance of arithmetic tasks": sequence (all digits right) and digit accuracy (%),
-    cross-entropy per digit, accuracy per answer position; logits (P, K, 10), answers (P, K)."""
-    right = logits.argmax(-1) == answers                                  # (P, K)
-    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), answers.flatten())
-    return {"test_loss": loss.item(), "seq_acc": 100.0 * right.all(1).float().mean().item(),
-            "digit_acc": 100.0 * right.float().mean().item(),
-            "position_acc": (100.0 * right.float().mean(0)).tolist()}
-
-def answer_logits(model, tokens):
-    """Digit logits of the answer slots, the positions after the six operand digits: (B, K, 10)."""
-    return model(tokens)[:, 2 * OPERAND_DIGITS:]
-
-@torch.inference_mode()
-def arithmetic_logits(model, x, batch=512):
-    """answer_logits over many pairs, (P, K, 10) float32 on the CPU; larger batches measured slower."""
-    out = []
-    with evaluating(model) as device:
-        for i in range(0, len(x), batch):
-            with autocast(device):
-                out.append(answer_logits(model, x[i:i + batch].to(device)).float().cpu())
-    return torch.cat(out)
-
-# The paper's Table "Performance of arithmetic tasks" (seq acc %, digit acc %, loss) at ARITHMETIC_TRAIN_FRAC.
-PAPER_ARITHMETIC = paper_table(("default", "structured-svd", "structured-opt", "mask"), {
-    "multiplication": [(5.01, 70.78, 2.27), (11.13, 74.57, 1.77), (27.82, 82.37, 0.85), (69.49, 94.13, 0.20)],
-    "addition": [(1.19, 40.59, 4.51), (0.87, 38.56, 4.59), (3.39, 49.87, 3.40), (77.49, 93.86, 0.23)]})
-
-# === 4. Image classification (Section 5.3) ========================================================
-# Tables "Experimental setup for CIFAR10", "... for CIFAR100", "... for ImageNet100"; torchvision reads
-# the data and augments it. cifar10, cifar100: the python-pickle layout (CIFAR_LAYOUT) in --data-dir,
-# checked by torchvision's MD5 sums; imagenet100: an ImageFolder tree DATA/imagenet100/{train,val}/
-# <class>/<image> (e.g. https://huggingface.co/datasets/clane9/imagenet-100 as image files); images:
-# the user's own (image_folder_dataset). --download (CIFAR only) is opt-in; else missing data: DataError.
-VISION_TASKS = ("cifar10", "cifar100", "imagenet100", "images")
-VISION_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet100": 100}
-CIFAR_LAYOUT = {  # folder torchvision expects under --data-dir, and the files in it
-    "cifar10": ("cifar-10-batches-py",
-                tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")),
-    "cifar100": ("cifar-100-python", ("train", "test", "meta"))}
-IMAGENET100_FOLDER = "imagenet100"
-# Per-channel mean and std for Normalize: CIFAR's own (as timm's CIFAR recipes) and ImageNet's.
-NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-                 "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-                 **dict.fromkeys(("imagenet100", "images"), ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))}
-RESIZED_CROP_TASKS = ("imagenet100", "images")   # images of any size: timm's ImageNet crops
-
-def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scale=0.08, channels=3):
-    """The image pipeline (torchvision.transforms.v2), uint8 PIL image -> normalised (C, S, S), C = 1 for
-    grey images; train: random crop (CIFAR padded by S / 8, else timm's RandomResizedCrop), flip, the
-    tables' "RandAug (m9)"; test: resize (then, but for CIFAR, timm's centre crop of crop_pct 0.875)."""
-    from torchvision.transforms import v2
-    mean, std = NORMALIZATION[name]
-    if channels == 1:
-        mean, std = (statistics.fmean(mean),), (statistics.fmean(std),)
-    if train and name in RESIZED_CROP_TASKS:
-        geometry = [v2.RandomResizedCrop(image_size, scale=(crop_scale, 1.0), antialias=True)]
-    elif train:
-        geometry = [v2.Resize(image_size, antialias=True), v2.RandomCrop(image_size, padding=image_size // 8)]
-    elif name in RESIZED_CROP_TASKS:
-        geometry = [v2.Resize(int(image_size / 0.875), antialias=True), v2.CenterCrop(image_size)]
-    else:
-        geometry = [v2.Resize(image_size, antialias=True)]
-    augment = [v2.RandomHorizontalFlip(), v2.RandAugment(magnitude=randaugment_magnitude)] if train else []
-    return v2.Compose([v2.ToImage(), *geometry, *augment, v2.ToDtype(torch.float32, scale=True),
-                       v2.Normalize(mean, std)])
-
-def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
-    """The tables' "Mixup / CutMix 0.8 / 1.0" as timm's Mixup (switch probability 0.5): images,
-    soft_targets = mix(images (B, C, H, W), labels (B,)); an alpha of 0 turns one off (both: one-hot)."""
-    from torchvision.transforms import v2
-    mixers = ([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []) + \
-             ([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else [])
-    if not mixers:
-        return lambda images, labels: (images, torch.nn.functional.one_hot(labels, num_classes).float())
-    return v2.RandomChoice(mixers)
-
-def _cifar(name, data_dir, transform, train, download):
-    """torchvision's CIFAR10 / CIFAR100 split, or DataError naming the folder and layout."""
-    from torchvision import datasets
-    folder, files = CIFAR_LAYOUT[name]
-    path = os.path.join(data_dir, folder)
-    pretty, cls = ("CIFAR-10", datasets.CIFAR10) if name == "cifar10" else ("CIFAR-100", datasets.CIFAR100)
-    if not download and not all(os.path.isfile(os.path.join(path, f)) for f in files):
-        raise DataError(f"{pretty}: expected {path}/ holding {', '.join(files)} (the python "
-                        f"version, unpacked; --data-dir {data_dir}), or pass --download")
-    try:
-        return cls(data_dir, train=train, transform=transform, download=download)
-    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted" (MD5 mismatch)
-        raise DataError(f"{pretty} in {path} failed torchvision's MD5 check of its files ({err})")
-    except OSError as err:       # --download without a network
-        raise DataError(f"{pretty}: download into {path} failed ({err})")
-
-def _imagenet100(data_dir, split, transform):
-    """One split of ImageNet100 as torchvision's ImageFolder, or DataError naming the folders."""
-    from torchvision import datasets
-    root = os.path.join(data_dir, IMAGENET100_FOLDER)
-    path = os.path.join(root, split)
-    if not os.path.isdir(path) or not any(os.scandir(path)):
-        raise DataError(f"ImageNet100: expected two folders, {root}/train and {root}/val, each "
-                        f"with one sub-folder of images per class ({path} is missing or empty); "
-                        f"--download cannot fetch it")
-    try:
-        return datasets.ImageFolder(path, transform=transform)
-    except (OSError, RuntimeError, ValueError) as err:   # e.g. class folders without images
-        raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
+def text_dataset(data_dir, bpe_file=None):
+    """--task text (TEXT_FILES in data_dir); DataError for a missing, empty, binary or non-UTF-8 file."""
+    files = {s: os.path.join(data_dir, n) for s, n in zip(("train", "val", "test"), TEXT_FILES)}
+    if not os.path.exists(files["test"]):
+        files["test"] = files["val"]
+    texts = {}
+    for split, path in files.items():
+        texts[split] = _read(data_dir, os.path.basename(path), "text")
+        if not texts[split].strip():
+            raise DataError(f"text: {path} is empty (or white space only)")
+        if "\0" in texts[split]:
+            raise DataError(f"text: {path} holds NUL bytes: a binary file (or UTF-16), not UTF-8 text")
+    enc = None if bpe_file is None else gpt2_encoding(bpe_file)
+    encode = lambda t: byte_tokens(t) if enc is None else \
+        torch.tensor(enc.encode_ordinary(t), dtype=torch.long)
+    streams = {k: encode(t) for k, t in texts.items()}
+    vocab, decode, tokenizer = (256, decode_bytes, "UTF-8 bytes") if enc is None else \
+        (enc.n_vocab, _decoder(enc), f"GPT-2 BPE ({bpe_file})")
+    test_is_val = files["test"] == files["val"]
+    info = {"files": files, "tokenizer": tokenizer, "test_is_val": test_is_val,
+            "tokens": {k: len(v) for k, v in streams.items()}}
+    return {**streams, "vocab_size": vocab, "decode": decode, "test_is_val": test_is_val, "files": files,
+            "info": {"data": info}, "sources": corpus_sources(data_dir, files.values(), bpe_file),
+            "root": data_dir}
 
 # --task images (IMAGES_LAYOUT): classes sorted by name (label = position, as ImageFolder), hidden and
 # non-image files skipped, each file read once (a folder reached twice through a link, e.g. a loop
@@ -688,15 +723,15 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
             "eval_images": len(datasets[1]), "channels": channels, "resized_to": image_size,
             "source_size_min": [min(widths), min(heights)], "source_size_max": [max(widths), max(heights)],
             **({"wide_range": wide} if wide else {})}
-    # Fingerprinted per class folder (and role): a refusal of --resume names the folder that changed
-    fingerprint = {}
+    # Sources per class folder (and role): a refusal of --resume names the folder that changed
+    sources = {}
     for files, top, role in ((train, layout["train_folder"], "trained on"),
                              (held, layout["eval_folder"], "held out")):
         for name, paths in files.items():
             key = f"{name} ({role})" if top == data_dir else os.path.relpath(os.path.join(top, name), data_dir)
-            fingerprint[key] = files_listing(paths, data_dir)
+            sources[key] = paths
     return {"train": datasets[0], "test": datasets[1], "classes": len(classes),
-            "channels": channels, "info": {"data": info}, "fingerprint": fingerprint}
+            "channels": channels, "info": {"data": info}, "sources": sources, "root": data_dir}
 
 def check_held_out_apart(train, held):
     """DataError naming a file that is both trained on and held out (the same file, by any path)."""
@@ -707,70 +742,19 @@ def check_held_out_apart(train, held):
             raise DataError(f"images: {path} is held out and also trained on (as {trained[identity(path)]}):"
                             f" a file may be in one of the two only")
 
-def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9, crop_scale=0.08):
-    """{"train", "test", "classes", "fingerprint"} (images: also "channels", "info")."""
-    if name == "imagenet100" and download:
-        raise DataError("ImageNet100 has no --download; build the ImageFolder tree "
-                        f"{data_dir}/{IMAGENET100_FOLDER}/{{train,val}}/<class>/<image>")
-    if name == "images":
-        if download:
-            raise DataError(f"--task images has no --download; it reads your own images: {IMAGES_LAYOUT}")
-        return image_folder_dataset(data_dir, image_size, randaugment_magnitude, crop_scale)
-    train_tf = vision_transform(name, image_size, True, randaugment_magnitude, crop_scale)
-    test_tf = vision_transform(name, image_size, False)
-    if name == "imagenet100":
-        train, test = _imagenet100(data_dir, "train", train_tf), _imagenet100(data_dir, "val", test_tf)
-        listing = lambda dataset: files_listing([p for p, _ in dataset.samples], data_dir)
-        fingerprint = {f"{IMAGENET100_FOLDER}/train": listing(train),
-                       f"{IMAGENET100_FOLDER}/val": listing(test)}
-    else:
-        train = _cifar(name, data_dir, train_tf, True, download)
-        test = _cifar(name, data_dir, test_tf, False, False)
-        folder, files = CIFAR_LAYOUT[name]
-        fingerprint = {folder: files_listing([os.path.join(data_dir, folder, f) for f in files], data_dir)}
-    return {"train": train, "test": test, "classes": VISION_CLASSES[name], "fingerprint": fingerprint}
-
-def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
-    """Training loader over this process's share of each shuffled epoch (a DistributedSampler, its own
-    generator seeding its workers), test loader over every world-th image (the ranks' sums add up)."""
-    from torch.utils.data import DataLoader, DistributedSampler, Subset
-    sampler = DistributedSampler(data["train"], world, rank, shuffle=True, seed=seed, drop_last=True)
-    train = DataLoader(data["train"], batch_size // world, sampler=sampler, num_workers=workers,
-                       pin_memory=pin_memory, drop_last=True, generator=torch.Generator())
-    test = DataLoader(Subset(data["test"], range(rank, len(data["test"]), world)),
-                      batch_size // world, num_workers=workers, pin_memory=pin_memory)
-    return train, test, sampler
-
-@torch.no_grad()
-def vision_scores(model, loader):
-    """(correct top-1 predictions, summed cross-entropy, images) over a test loader."""
-    correct, total, count = 0, 0.0, 0
-    with evaluating(model) as device:
-        for images, labels in loader:
-            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            with autocast(device):
-                logits = model(images)
-            correct += (logits.argmax(-1) == labels).sum().item()
-            total += torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").item()
-            count += len(labels)
-    return correct, total, count
-
-# The paper's Table "Best Top-1 accuracy (%) on vision benchmarks that are all using ViT-T model"
-# (Section 5.3); mask-fixed from Appendix A.2's Table "Best Top-1 accuracy (%) on vision benchmarks.
-# Values in parentheses ...", which prints ImageNet100's mask init as 85.82 (Section 5.3: 85.92).
-PAPER_VISION = paper_table(("default", "mimetic", "impulse", "mask-fixed", "mask"), {
-    "cifar10": [94.20, 94.80, 95.12, 94.16, 95.66], "cifar100": [74.00, 76.80, 76.47, 78.77, 77.95],
-    "imagenet100": [83.38, 84.38, 83.16, 81.78, 85.92]})
-
-# === 5. Result tables: ours beside the paper's numbers above (table.md, by train.py) ==============
+# === 6. Reports: result tables, ours beside the paper's numbers above (table.md) ==================
 # A table's row (a chart's line) is a Settings, mean ± std over its seeds; runs differing in another
 # config key (epochs, lr, ...) are never averaged: rows of their own, a "config" column naming the keys.
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
-MASK_PRIOR_INITS = ("mask", "mask-fixed", "mask-hadamard")   # train.py's INITS whose M is the prior
 
 def fmt(value, digits=4):
-    return "n/a" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
+    """A number as tables print it: 4 significant digits, whole from 1000 on; None: "n/a"."""
+    if value is None:
+        return "n/a"
+    if abs(value) < 1000:
+        return f"{value:.{digits}g}"
+    return f"{value:.0f}"
 
 def mean_std(values):
     """"mean ± std" of the finite values; seeds without one are counted: "0.5 ± 0.1 (1 of 3: inf)"."""
@@ -778,25 +762,16 @@ def mean_std(values):
     others = [v for v in values if v is None or not math.isfinite(v)]
     if not values:
         return "—"
-    note = f" ({len(others)} of {len(values)}: {', '.join(sorted({fmt(v) for v in others}))})" if others else ""
+    said = ", ".join(sorted({fmt(v) for v in others}))      # "inf", "n/a", ...
     if not numbers:
-        return ", ".join(sorted({fmt(v) for v in others}))
+        return said
+    note = f" ({len(others)} of {len(values)}: {said})" if others else ""
     try:
         std = statistics.stdev(numbers) if len(numbers) > 1 else 0.0
         text = f"{fmt(statistics.fmean(numbers))} ± {fmt(std, 2)}"
     except OverflowError:                # finite values whose sum is not: beyond float range
         text = "overflow"
     return text + note
-
-def run_name(task, init, seed, variant=None, train_frac=None, magnitude=None, decay=None,
-             error=None, mask_lr=None, threshold=None, source=None):
-    """A run's folder name, <task>-<init>-seed<seed>, then each setting the command gave (defaults
-    unnamed): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>, -mlr<lr>, -from-<run>-tau<TAU>."""
-    kind, fraction = edit_order(error)
-    given = [train_frac and f"frac{train_frac:g}", variant, magnitude and f"A{magnitude:g}",
-             decay is not None and f"wd{decay:g}", error and f"err-{kind}{fraction:g}",
-             mask_lr and f"mlr{mask_lr:g}", source and f"from-{source}-tau{threshold or 1:g}"]
-    return "-".join([f"{task}-{init}-seed{seed}", *filter(None, given)])
 
 def edit_order(error):
     """(kind, fraction) of a mask error, its sort key: the exact prior (None) first."""
@@ -813,18 +788,23 @@ SWEEPS = {"train_frac": "train frac", "magnitude": "A", "decay": "mask decay", "
           "mask_lr": "mask lr", "prior": "prior", "data": "data"}
 
 class Settings(namedtuple("Settings", "task variant init train_frac magnitude decay error mask_lr prior "
-                                      "data rest")):
+                                      "data mask_prior rest")):
     """A run's settings but its seed (settings_of): variant, Boolean mask variant; decay 0 without
     --mask-decay; prior, learned_prior's label; data, data_label's (files read: runs on other data are
-    never averaged); rest: other config keys, sorted (key, JSON)."""
-    label = property(lambda s: s.task + (f" ({s.variant})" if s.variant else ""))  # cyclic3 (direct)
+    never averaged); mask_prior: its M starts at a prior; rest: other config keys, sorted (key, JSON)."""
+    @property
+    def label(self):                   # the task, and a mask variant: "cyclic3 (direct)"
+        return f"{self.task} ({self.variant})" if self.variant else self.task
     def text(self, field):
         """A field as tables and legends write it ("none": the exact prior, "—": not set)."""
         value = getattr(self, field)
-        if field == "prior":
-            return value or ("hand-made" if self.init in MASK_PRIOR_INITS else "—")
-        return value if isinstance(value, str) else f"{value:g}" if value is not None else \
-            "none" if field == "error" else "—"
+        if field == "prior" and not value:
+            return "hand-made" if self.mask_prior else "—"
+        if isinstance(value, str):
+            return value
+        if value is not None:
+            return f"{value:g}"
+        return "none" if field == "error" else "—"
     def order(self, init_order):
         """The tables' order: task, train fraction, A, W, mask error, init, prior, mask lr, rest."""
         return (list(FAMILY_OF).index(self.task), self.train_frac or 0, self.magnitude or 0,
@@ -841,12 +821,15 @@ def data_label(result):
     return f"{folder} {digest[:8]}".strip()
 
 def settings_of(result):
+    """A result.json's Settings: its task, init and the config keys train.py sweeps, by name."""
     c = result["config"]
     own = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_variant")
     rest = tuple(sorted((k, json.dumps(v)) for k, v in c.items() if k not in own))
+    # result.json says whether M starts at a prior; one written before it did: the three mask inits
+    mask_prior = result.get("mask_prior", result["init"] in ("mask", "mask-fixed", "mask-hadamard"))
     return Settings(result["task"], c.get("mask_variant"), result["init"], c.get("train_frac"),
                     c.get("mask_magnitude"), c.get("mask_decay") or 0.0, c.get("mask_error"),
-                    c.get("mask_lr"), learned_prior(c), data_label(result), rest)
+                    c.get("mask_lr"), learned_prior(c), data_label(result), mask_prior, rest)
 
 def group_runs(results, init_order):
     """{Settings: its runs, seeds rising}, in the tables' order (Settings.order)."""
@@ -1219,7 +1202,7 @@ def result_tables(results, init_order):
                "imperfect_prior.svg": imperfect_figure(groups, init_order)}
     return "\n".join(sections), {name: svg for name, svg in figures.items() if svg}
 
-# === 6. Pictures: heat maps of attention maps and mask biases (attention.svg, persistence figure) =
+# === 7. Pictures: heat maps of attention maps and mask biases (attention.svg, persistence figure) =
 VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
                        dtype=torch.float32) / 255    # five anchors of the viridis colour map
 

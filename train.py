@@ -2,13 +2,17 @@
 
     python train.py --task majority --init mask                    # Boolean GOTU, Section 5.1
     python train.py --task addition --init default mask            # arithmetic, Section 5.2
-    python train.py --task lm --init mask                          # language, Appendix "Wiki-text"
     python train.py --task cifar10 --init impulse --data-dir data  # vision, Section 5.3
+    python train.py --task lm --init mask                          # language, Appendix "Wiki-text"
     python train.py --task images --data-dir DIR                   # your own images (text: --help)
     python train.py --summarize runs/grid                          # tables of finished runs
 
-Read top to bottom (sections 1-7): one training loop for every family; a run is prior before -> train ->
-prior after -> result.json. Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, tables).
+Part A, the experiment, read beside the paper: the presets (its setup tables) and inits (Table 1's
+rows), the optimizer, each family's setup, ONE training loop (`train`), one run (prior before ->
+train -> prior after -> result.json), the command line and `main`. Part B, the run machinery behind
+it: errors, atomic files, the folder lock, signals, checkpoints and --resume, data fingerprints, RNG
+state, torchrun, threads and devices. Uses maskprior.py (models, masks, QK baselines) and tasks.py
+(data, metrics, tables).
 """
 
 import os
@@ -24,8 +28,9 @@ if __name__ == "__main__":   # Ctrl-C or SIGTERM while torch loads (seconds): on
 
 import argparse
 import contextlib
-import hashlib
+import ctypes
 import fcntl
+import hashlib
 import io
 import itertools
 import json
@@ -48,7 +53,11 @@ from tqdm import tqdm
 import maskprior
 import tasks
 
-# === 1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu") ======
+# ==================================================================================================
+# Part A. The experiment
+# ==================================================================================================
+
+# === A.1 Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu") =====
 # Boolean GOTU, Table "Training setup for Boolean tasks" (layers, heads, Adam, lr, batch, epochs; an unnamed
 # schedule, cosine here). The rest is the aryol/GOTU code's model, which the paper builds on: width 256,
 # coupled weight decay on every parameter but M (its decay: --mask-decay), positions and CLS drawn from
@@ -107,6 +116,7 @@ TASK_PRESETS = {
 # Table "NLP task setup" fixes seed 1337 and Table "Experimental setup for ImageNet100" seed 42.
 PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 
+# === A.2 Inits: the rows of Table 1 and of the vision and language tables =========================
 # --init -> (MaskedSelfAttention's mode, where the prior goes: mask_inits, add_prior). The prior is always the
 # task's own pattern ("the same prior, in M or in W_Q / W_K"), or in mask inits --mask-from's learned one.
 INITS = {
@@ -121,7 +131,11 @@ INITS = {
     "impulse": ("none", "svd"),                 # vision: the impulse pattern in W_Q/W_K by SVD
 }
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
-trains_mask = lambda init: INITS[init][0] in ("learnable", "hadamard")   # M trained (not mask-fixed)
+MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask")   # M holds the prior
+
+def trains_mask(init):
+    """M is a parameter the optimizer moves (learnable and Hadamard; not mask-fixed, not vanilla)."""
+    return INITS[init][0] in ("learnable", "hadamard")
 
 # The four families (their tasks: tasks.FAMILY_OF): inits, the paper's mask magnitude A (open +A, closed -A).
 FAMILIES = {
@@ -132,728 +146,28 @@ FAMILIES = {
 }
 PRESETS = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS, "language": LM_PRESETS,
            "vision": VISION_PRESETS}
-FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),  # flag: takers
-                "head_dim": ("boolean", "arithmetic"), "pos_std": ("boolean", "arithmetic"),
-                "cls_std": ("boolean",), "mlp_dim": ("boolean", "arithmetic", "vision"),
-                "mask_variant": ("boolean",), "mask_error": ("boolean", "arithmetic"),
-                "eval_size": ("arithmetic",),
-                **dict.fromkeys(("iters", "block_size", "bpe_file"), ("language",)),
-                **dict.fromkeys(("image_size", "patch_size", "warmup_epochs", "workers", "download",
-                                 "compile"), ("vision",))}
 
-# === 2. Utilities: errors, files, lock, signals, checkpoints, --resume, torchrun, optimizer =======
-class UsageError(Exception):
-    """Bad input from the user: one line on stderr, exit code 2."""
-
-class Diverged(Exception):  # the training loss became NaN or infinite
-    pass
-
-class WriteError(Exception):
-    """A file the run could not write (disk full, read-only, ...): the path and the OS's reason; exit 1."""
-    def __init__(self, path, err):
-        super().__init__(f"cannot write {path}: {err.strerror or err}")
-
-class Interrupted(BaseException):
-    """SIGINT / SIGTERM: main exits 128 + its number; a BaseException, so no `except Exception` eats it."""
-    def __init__(self, signum, message):
-        super().__init__(message)
-        self.exit_code = 128 + signum
-
-def write_atomic(path, data):
-    """Bytes or text to path via a temporary file, fsync, rename: never half a file; OSError -> WriteError."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        if isinstance(err, OSError):
-            raise WriteError(path, err) from None
-        raise
-
-def finite(obj, where=""):
-    """(obj with every NaN or infinite float replaced by None, {where: "inf", ...} of those replaced):
-    result.json stays strict JSON, which has no Infinity or NaN."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None, {where: str(obj)}
-    if not isinstance(obj, (dict, list)):
-        return obj, {}
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-    clean, bad = {}, {}
-    for key, value in items:
-        clean[key], more = finite(value, f"{where}.{key}" if where else str(key))
-        bad.update(more)
-    return (clean if isinstance(obj, dict) else list(clean.values())), bad
-
-def write_json(path, obj):
-    write_atomic(path, json.dumps(finite(obj)[0], indent=2, allow_nan=False) + "\n")
-
-def save_checkpoint(path, state):  # torch.save through write_atomic: never half a checkpoint
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    write_atomic(path, buffer.getvalue())
-
-def read_result(path, warn=True):
-    """A result.json as a dict, or None (with a warning naming it and the field, if warn) if it is
-    damaged or hand-edited into something the tables cannot read."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            result = json.load(f)
-        if not isinstance(result, dict):
-            raise ValueError("not a JSON object")
-        check_result(result)
-        if result["status"] == "done":
-            tasks.summary_line(result)           # the fields a table reads are all there
-            tasks.settings_of(result)
-        return result
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
-        if warn:
-            print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})",
-                  file=sys.stderr)
-        return None
-
-def check_result(result):
-    """ValueError naming the first field of a result.json that the tables could not read."""
-    def number(value):
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    def bad(field, value, expected):
-        raise ValueError(f"field {field} is {json.dumps(value)[:40]}, not {expected}")
-    for field in ("task", "init", "seed", "status", "config", "final"):
-        if field not in result:
-            raise ValueError(f"field {field} is missing")
-    if result["task"] not in tasks.FAMILY_OF:
-        bad("task", result["task"], "a task of train.py")
-    if result["init"] not in INITS:
-        bad("init", result["init"], "an init of train.py")
-    if not isinstance(result["seed"], int) or isinstance(result["seed"], bool) or result["seed"] < 0:
-        bad("seed", result["seed"], "a whole number >= 0")
-    if result["status"] not in ("done", "running", "diverged"):
-        bad("status", result["status"], "done, running or diverged")
-    if not isinstance(result["config"], dict):
-        bad("config", result["config"], "an object")
-    for key in ("train_frac", "mask_magnitude", "mask_decay", "mask_lr", "mask_threshold", "epochs", "lr"):
-        value = result["config"].get(key)
-        if value is not None and not number(value):
-            bad(f"config.{key}", value, "a finite number")
-    for key in ("mask_error", "mask_variant", "mask_from"):
-        value = result["config"].get(key)
-        if value is not None and not isinstance(value, str):
-            bad(f"config.{key}", value, "text")
-    final = result["final"]
-    if result["status"] == "done":      # a table's numbers: a number (inf and NaN are shown), or null
-        if not isinstance(final, dict):
-            bad("final", final, "an object")
-        for key, value in final.items():
-            if key in tasks.HEADER and value is not None and (
-                    not isinstance(value, (int, float)) or isinstance(value, bool)):
-                bad(f"final.{key}", value, "a number")
-    if not number(result.get("seconds") or 0):
-        bad("seconds", result.get("seconds"), "a number")
-
-@contextlib.contextmanager
-def folder_lock(folder):
-    """One writer per run folder: a flock on folder/.lock (holding the pid; the OS drops it when the process
-    ends, kill -9 too); else UsageError. Once locked, the temporary files of a writer killed mid-write
-    (write_atomic's <name>.tmp<pid>) are removed. At the end .lock goes, and the folder if the lock made
-    it and it stayed empty."""
-    path, fd, made = os.path.join(folder, ".lock"), None, not os.path.isdir(folder)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        while fd is None:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise in_use(folder, fd) from None
-            if not os.path.exists(path) or not os.path.samestat(os.fstat(fd), os.stat(path)):
-                os.close(fd)    # the holder before us removed it between our open and our lock
-                fd = None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        for name in os.listdir(folder):
-            if re.fullmatch(r".+\.tmp\d+", name) and os.path.isfile(os.path.join(folder, name)):
-                os.remove(os.path.join(folder, name))
-    except BaseException as err:
-        if fd is not None:
-            os.close(fd)
-        if isinstance(err, OSError):
-            raise UsageError(f"cannot write {err.filename or folder}: {err.strerror}") from None
-        raise
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(path)     # removed while still locked, so that no one locks a stale file
-            if made:            # a run refused before it wrote anything leaves no folder behind
-                os.rmdir(folder)
-        os.close(fd)
-
-def in_use(folder, fd):
-    """The UsageError for a folder whose lock (open as fd) another process holds, naming its pid."""
-    holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-    return UsageError(f"{folder} is in use by another train.py run (pid {holder}): wait for it to end, "
-                      f"or choose another --out")
-
-def check_not_in_use(folder):
-    """in_use's UsageError if a live run holds folder's lock (probed, not taken)."""
-    try:
-        fd = os.open(os.path.join(folder, ".lock"), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise in_use(folder, fd) from None
-    finally:
-        os.close(fd)
-
-class Stop:
-    """The SIGINT / SIGTERM handler, and where the run is. While the loop trains, a first signal only sets
-    `signal` (the loop checkpoints its step, then stops); else, or at a second one, Interrupted is raised."""
-    def __init__(self):
-        self.pid, self.signal, self.training = os.getpid(), None, False
-        self.trained = False          # any run of this command began training (a failed write: exit 1)
-        self.summarizing = None       # --summarize's folder, while it writes the tables
-        self.start(None, False, False)
-    def start(self, folder, grid, resuming):  # a new run in folder: nothing trained yet
-        self.folder, self.grid, self.at = folder, grid, None       # at: "epoch 2 (step 34)"
-        self.kept = "its checkpoint" if resuming else None        # what checkpoint.pt holds
-    def __call__(self, signum, frame):
-        if os.getpid() != self.pid:   # a DataLoader worker forked from us: as without this handler
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt     # on which torch's worker loop ends quietly
-            os._exit(128 + signum)
-        if self.training and self.signal is None:
-            self.signal = signum
-        else:
-            raise self.interrupted(signum)
-    def advice(self):  # what is on disk, and how to go on
-        if self.kept:
-            return f"{self.kept} is kept in {self.folder}: rerun with --resume"
-        if self.grid:
-            return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
-        return "no checkpoint was written, nothing to resume: rerun without --resume"
-    def interrupted(self, signum=None):
-        if self.summarizing:
-            return Interrupted(signum or self.signal, f"interrupted while summarizing {self.summarizing}; "
-                                                      f"its tables are as they were")
-        where = f"at {self.at}" if self.at else "before training started"
-        return Interrupted(signum or self.signal, f"interrupted {where}; {self.advice()}")
-
-@contextlib.contextmanager
-def signals_caught(stop):
-    """stop handles SIGINT and SIGTERM inside the block; the handlers from before are put back."""
-    main = threading.current_thread() is threading.main_thread()   # only it may set handlers
-    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-
-def no_checkpoint(path):
-    return UsageError(f"--resume: no checkpoint at {path}: run without --resume first")
-
-def check_fingerprint(path, theirs, ours):
-    """UsageError naming the first part of the data that differs; no fingerprint at all: a note."""
-    if ours is None:
-        return
-    if theirs is None:
-        print(f"train.py: note: {path} records no fingerprint of its data; the data is not checked",
-              file=sys.stderr)
-        return
-    for key in sorted(set(theirs) | set(ours)):
-        if theirs.get(key) != ours.get(key):
-            raise UsageError(f"--resume: {path} was written by a run on other data: "
-                             f"{data_difference(key, theirs.get(key), ours.get(key))}: use the same "
-                             f"data, or another --out")
-
-def data_difference(key, theirs, ours):
-    """What differs in one part of a fingerprint, in words: "valid.txt differs", "3 images added under
-    train/cat", "--bpe-file: none before, one now"."""
-    if theirs is None or ours is None:
-        return f"{key}: {'none before, one now' if theirs is None else 'there before, none now'}"
-    counts = [re.match(r"(\d+) files, ", v) for v in (theirs, ours)]
-    if all(counts) and counts[0].group(1) != counts[1].group(1):
-        before, now = (int(m.group(1)) for m in counts)
-        return f"{abs(now - before)} images {'added' if now > before else 'removed'} under {key}"
-    return f"{key} differs"
-
-def load_checkpoint(path, meta):
-    """The checkpoint at path, or UsageError: unreadable, not ours, or another run's (flags or data)."""
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-    except FileNotFoundError:
-        raise no_checkpoint(path)
-    except Exception as err:
-        raise UsageError(f"--resume: {path} is damaged or not a checkpoint ({type(err).__name__}"
-                         f"): delete it, or use another --out")
-    if not isinstance(saved, dict) or not {"meta", "model", "state"} <= set(saved):
-        raise UsageError(f"--resume: {path} is not a checkpoint written by train.py")
-    theirs = {**saved["meta"], **saved["meta"]["config"]}
-    for key, value in {**meta, **meta["config"]}.items():
-        if key not in ("config", "data_fingerprint") and theirs.get(key) != value:
-            raise UsageError(f"--resume: {path} was written by a run with {key} {theirs.get(key)!r}, "
-                             f"this run has {value!r}: use the same flags, or another --out")
-    check_fingerprint(path, saved["meta"].get("data_fingerprint"), meta.get("data_fingerprint"))
-    return saved
-
-def data_fingerprint(family, task, config, seed, data):
-    """What --resume checks the data against (tasks.py, "Fingerprints"): generated tensors, or files."""
-    if family not in ("boolean", "arithmetic"):
-        return data["fingerprint"]
-    d = tasks.boolean_dataset(task) if family == "boolean" else tasks.arithmetic_dataset(
-        task, config["train_frac"], seed, config["eval_size"])
-    return {name: tasks.tensors_sha256(d[f"x_{part}"], d[f"y_{part}"])
-            for name, part in (("train set", "train"), ("eval set", "eval")) if f"x_{part}" in d}
-
-RUN_FILES = ("result.json", "checkpoint.pt", "attention_before.pt", "attention_after.pt", "attention.svg")
-
-def files_in(folder, names):
-    return [name for name in names if os.path.isfile(os.path.join(folder, name))]
-
-def grid_runs(folder):
-    """The run folders directly below folder (a grid's root): those holding a run's files."""
-    if not os.path.isdir(folder):
-        return []
-    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and files_in(e.path, RUN_FILES))
-
-def check_folder(folder, task, init, seed, config, resume, grid):
-    """One run per folder: UsageError, before anything is written, when folder holds a grid (for a
-    single run) or another run's files (without --resume any, with it those of another run)."""
-    check_not_in_use(folder)
-    if not grid and (files_in(folder, ("grid.json", "table.md")) or grid_runs(folder)):
-        raise UsageError(f"--out {folder} holds a grid{grid_hint(folder)}")
-    found = files_in(folder, RUN_FILES)
-    if not found or resume and ("checkpoint.pt" in found or same_run(folder, task, init, seed, config)):
-        return                        # --resume checks the checkpoint's config and data at its turn
-    raise UsageError(f"--out {folder} already holds a run ({', '.join(found)}): choose another --out"
-                     f"{'' if resume else ', or add --resume to continue or keep it'}")
-
-def check_grid_root(root):
-    check_not_in_use(root)
-    found = files_in(root, RUN_FILES)
-    if found:
-        raise UsageError(f"--out {root} holds a run ({', '.join(found)}), not a grid: choose another "
-                         f"--out for the grid")
-
-def grid_hint(folder):
-    """What to do instead of one run in a grid's root: its own command, or one run's folder."""
-    runs = grid_runs(folder)
-    example = f", e.g. --out {os.path.join(folder, runs[0])}" if runs else ""
-    return (f": continue the grid with its own command (its --task, --init, --seeds), or name one "
-            f"run's folder{example}")
-
-def same_run(folder, task, init, seed, config):
-    """folder's result.json records this task, init, seed and config (its data: checked later)."""
-    path = os.path.join(folder, "result.json")
-    old = os.path.exists(path) and read_result(path, warn=False)
-    return bool(old) and [old["task"], old["init"], old["seed"], old["config"]] == [task, init, seed, config]
-
-def choose_threads(given, device):
-    """(torch CPU threads for new runs, how the first line says it): --threads, else the cores no other
-    job keeps busy (the 1-minute load average), at least one: torch's threads spin against other jobs."""
-    if given:
-        return given, f"{given} thread{'s' * (given > 1)} (--threads)"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    load = os.getloadavg()[0]
-    threads = max(1, min(torch.get_num_threads(), round(cores - load)))
-    return threads, f"{threads} thread{'s' * (threads > 1)} ({cores} cores, load {load:.1f})"
-
-def device_name(device):
-    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
-
-def finished_run(out_dir, task, init, seed, config, fingerprint):
-    """out_dir's result.json if it is this very run (task, init, seed, config, data), done; else None."""
-    path = os.path.join(out_dir, "result.json")
-    old = os.path.exists(path) and read_result(path)
-    keys = ("task", "init", "seed", "config", "data_fingerprint")
-    same = old and old["status"] == "done" and [old.get(k) for k in keys] == [
-        task, init, seed, config, fingerprint]
-    return old if same else None
-
-def rng_states(exp, device):
-    """Every random stream a step draws from: torch's CPU one, exp's generators, CUDA's (dropout)."""
-    states = [torch.get_rng_state(), *[g.get_state() for g in exp.generators]]
-    return states + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
-
-def set_rng_states(exp, device, states):
-    torch.set_rng_state(states[0])
-    for generator, state in zip(exp.generators, states[1:]):
-        generator.set_state(state)
-    if device.type == "cuda" and len(states) > 1 + len(exp.generators):
-        torch.cuda.set_rng_state(states[-1], device)
-
-Place = namedtuple("Place", "device rank world")    # where a process trains (torchrun: its rank)
-
-def distributed_setup(device):
-    """torchrun (WORLD_SIZE > 1): join the process group (NCCL on CUDA, gloo on the CPU); its Place."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return Place(device, 0, 1)
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Place(device, dist.get_rank(), world)
-
-@contextlib.contextmanager
-def subnormals_flushed(device):
-    """On the CPU, floats below 1.2e-38 read as zero while a run trains: attention where M shuts pairs, and
-    its gradients, are such subnormals, many times slower on x86 (tests/bench_denormal.py)."""
-    was_on = (torch.tensor([torch.finfo(torch.float32).tiny]) / 4).item() == 0   # torch has no getter
-    torch.set_flush_denormal(was_on or device.type == "cpu")
-    try:
-        yield
-    finally:
-        torch.set_flush_denormal(was_on)
-
-def gather(obj, world):  # every rank's obj as a list indexed by rank ([obj] without torchrun)
-    out = [obj] * world
-    if world > 1:
-        dist.all_gather_object(out, obj)
-    return out
-
-def agreed(values, world, device):
-    """Under torchrun each value's maximum over the ranks: all ranks raise Diverged, or stop, at once."""
-    if world == 1:
-        return values
-    flags = torch.tensor([float(v) for v in values], device=device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return [int(v) for v in flags.tolist()]
-
+# === A.3 The optimizer ============================================================================
 def make_optimizer(model, config):
-    """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer) or AdamW decaying weight
-    matrices only (nanoGPT, timm). M is a group of its own: --mask-decay (default 0), --mask-lr."""
+    """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer: weight decay enters the
+    gradient, so Adam rescales it) or AdamW decaying weight matrices only (nanoGPT, timm). M is a group of
+    its own, decayed by --mask-decay alone (default 0: decay pulls M toward the neutral mask, Appendix
+    A.1, and so erodes the prior whose persistence is Section 6.1's point) at --mask-lr (default --lr)."""
     groups = {"weights": [], "others": [], "mask": []}
     for name, p in model.named_parameters():
         decays = config["optimizer"] == "adam" or (p.dim() >= 2 and name not in ("pos", "cls"))
-        if p.requires_grad:
-            groups["mask" if name.endswith("mask") else "weights" if decays else "others"].append(p)
-    decay = {"weights": config["weight_decay"], "others": 0.0, "mask": config["mask_decay"]}
-    Optimizer = torch.optim.Adam if config["optimizer"] == "adam" else torch.optim.AdamW
-    lrs = {"mask": config.get("mask_lr") or config["lr"]}
-    return Optimizer([{"params": ps, "weight_decay": decay[g], "lr": lrs.get(g, config["lr"])}
-                      for g, ps in groups.items() if ps])
-
-# === 3. Command line: the flags, their checks, and each run's config ==============================
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse prints the whole usage block; one line is enough
-        raise UsageError(message)
-
-FLOAT32_MAX = torch.finfo(torch.float32).max     # 3.4e38: a setting past it is inf inside the model
-
-def number(kind, strict=True):
-    """argparse type: kind(text) > 0 (>= 0 when not strict), finite in float32 (a whole number below 2^63)."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
-        if not math.isfinite(value) or value < 0 or (strict and value == 0):
-            raise argparse.ArgumentTypeError(f"must be a number {'>' if strict else '>='} 0, got {text!r}")
-        if value > (2 ** 63 - 1 if kind is int else FLOAT32_MAX):
-            raise argparse.ArgumentTypeError(f"{text} is too large ({'2^63' if kind is int else 'float32'}"
-                                             f" ends at {2 ** 63 - 1 if kind is int else FLOAT32_MAX:.3g})")
-        return value
-    return parse
-
-def build_parser():  # the command line in five groups, each list of choices printed once
-    every_task = list(tasks.FAMILY_OF)
-    p = Parser(prog="train.py", usage="python train.py [--task TASK ...] [--init INIT ...] [options]",
-               description=__doc__.split("\n")[0], epilog=tasks.OWN_DATA_HELP,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
-    count, natural = number(int, strict=False), number(int)
-    rate, share = number(float), number(float, strict=False)
-    g = p.add_argument_group("what to run")
-    g.add_argument("--task", nargs="+", default=["majority"], choices=every_task + ["all"],
-                   metavar="TASK", help=f"{', '.join(every_task)}; all: the Boolean four")
-    g.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS), metavar="INIT",
-                   help=f"{', '.join(INITS)} (default mask)")
-    g.add_argument("--seed", type=count, default=0, help="random seed (default 0; paper: its own)")
-    g.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid")
-    g.add_argument("--preset", choices=["cpu", "paper"], default="cpu",
-                   help="cpu (quick, default) or paper (the paper's tables)")
-    g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs")
-    g = p.add_argument_group("the mask prior (inits mask, mask-fixed, mask-hadamard)")
-    g.add_argument("--mask-magnitude", type=rate, nargs="+", metavar="A",
-                   help="open +A, closed -A (GPT: scale s); several: a sweep")
-    g.add_argument("--mask-decay", type=share, nargs="+", metavar="W",
-                   help="weight decay on M alone (default 0); several: a sweep")
-    g.add_argument("--mask-lr", type=rate, nargs="+", metavar="LR",
-                   help="lr of M alone (default --lr); several: a sweep")
-    g.add_argument("--mask-error", nargs="+", metavar="KIND:P",
-                   help="extra|missing|moved:P edits the prior; none: exact")
-    g.add_argument("--mask-from", metavar="DIR", help="M from the attention maps of the finished run DIR")
-    g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU",
-                   help="open where attention >= TAU / row's keys (default 1)")
-    variants = sorted({v for choices in maskprior.BOOLEAN_MASK_VARIANTS.values() for v in choices})
-    g.add_argument("--mask-variant", choices=variants,
-                   help="2parity, cyclic3: the product over two layers (composed) or one (direct)")
-    g = p.add_argument_group("overrides of the preset")
-    for name, kind, text in (
-            ("epochs", natural, "epochs (Boolean, arithmetic, vision)"),
-            ("iters", natural, "optimizer steps (language)"), ("lr", rate, "learning rate"),
-            ("batch-size", natural, "examples per step"), ("layers", natural, "Transformer layers"),
-            ("heads", natural, "attention heads"), ("dim", natural, "model width"),
-            ("head-dim", natural, "width of each head (default: dim / heads)"),
-            ("mlp-dim", natural, "MLP hidden width (default: the preset's, or from --dim)"),
-            ("pos-std", share, "std of the learned positions' start"),
-            ("cls-std", share, "Boolean: std of the CLS token's start (0: zeros)"),
-            ("weight-decay", share, "weight decay on all but M"),
-            ("block-size", natural, "language: tokens per window"),
-            ("image-size", natural, "vision: image side, pixels"),
-            ("patch-size", natural, "vision: patch side, pixels"),
-            ("warmup-epochs", count, "vision: epochs of lr warmup"),
-            ("eval-every", natural, "rounds between evaluations and checkpoints")):
-        g.add_argument(f"--{name}", type=kind, metavar="X" if kind in (rate, share) else "N", help=text)
-    g = p.add_argument_group("data")
-    g.add_argument("--train-frac", type=rate, nargs="+", metavar="F",
-                   help="arithmetic: fraction of pairs to train on (a sweep)")
-    g.add_argument("--eval-size", type=lambda t: t if t == "all" else natural(t), metavar="N",
-                   help="arithmetic: held-out pairs scored, or all (100000)")
-    g.add_argument("--data-dir", default="data", metavar="DIR",
-                   help="where corpus and image files live (default data)")
-    g.add_argument("--bpe-file", metavar="FILE", help="GPT-2's ranks file for tiktoken, offline")
-    g.add_argument("--download", action="store_true", help="vision: fetch CIFAR if missing")
-    g.add_argument("--workers", type=count, metavar="N", help="vision: loader processes")
-    g = p.add_argument_group("output and resume")
-    g.add_argument("--out", metavar="DIR", help="output folder (default runs/<run name> or runs/grid)")
-    g.add_argument("--resume", action="store_true", help="continue from checkpoint.pt (a grid: all)")
-    g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1")
-    g.add_argument("--threads", type=natural, metavar="N", help="torch CPU threads")
-    g.add_argument("--compile", action="store_true", help="vision: torch.compile the model")
-    g.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    return p
-
-def check_args(args, task_names):
-    """One family per command; family-only flags and inits belong to it. Returns the family."""
-    families = {tasks.FAMILY_OF[t] for t in task_names}
-    if len(families) > 1:
-        raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
-    family = families.pop()
-    for flag, takers in FAMILY_FLAGS.items():
-        value = getattr(args, flag)                 # None / False when not given (0 is given)
-        if value is not None and value is not False and family not in takers:
-            raise UsageError(f"--{flag.replace('_', '-')} applies to {' and '.join(takers)} tasks only")
-    wrong = [i for i in args.init if i not in FAMILIES[family]["inits"]]
-    if wrong:
-        raise UsageError(f"--init {wrong[0]} is not available for {family} tasks "
-                         f"(choose from {', '.join(FAMILIES[family]['inits'])})")
-    try:   # --mask-error: 'none' -> None, KIND:FRACTION -> "kind:fraction" (config's mask_error)
-        edits = [maskprior.parse_edit(text) for text in args.mask_error or ()]
-        args.mask_error = args.mask_error and [e and "%s:%s" % e for e in edits]
-    except ValueError as err:
-        raise UsageError(f"argument --mask-error: {err}")
-    no_mask = [i for i in args.init if i not in tasks.MASK_PRIOR_INITS]
-    if any(args.mask_error or ()) and no_mask:
-        raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
-    if args.mask_lr and not any(map(trains_mask, args.init)):
-        raise UsageError(f"--mask-lr: --init {' '.join(args.init)} has no trainable mask")
-    if args.mask_from is not None:              # replaces a mask init's hand-made pattern
-        if no_mask:
-            raise UsageError(f"--mask-from: --init {no_mask[0]} has no mask prior to replace "
-                             f"(mask, mask-fixed or mask-hadamard only)")
-        if any(args.mask_error or ()):
-            raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give "
-                             "one of the two")
-        if args.out and os.path.realpath(args.out) == os.path.realpath(args.mask_from):
-            raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite "
-                             f"its source")
-        args.mask_threshold = args.mask_threshold or [1.0]
-    elif args.mask_threshold:
-        raise UsageError("--mask-threshold applies with --mask-from only")
-    out = args.out and pathlib.Path(args.out)
-    try:
-        existing = out and next(p for p in (out, *out.parents) if p.exists() or p.is_symlink())
-    except OSError as err:        # a name over 255 bytes (ENAMETOOLONG), a loop of links, ...
-        raise UsageError(f"--out {args.out}: {err.strerror}")
-    if existing and not existing.exists():     # a link whose target is gone
-        raise UsageError(f"--out {args.out}: {existing} is a link to {os.readlink(existing)}, which does "
-                         f"not exist: make its target, or name another folder")
-    if existing and not existing.is_dir():
-        where = "" if existing == out else f": {existing}"
-        raise UsageError(f"--out {args.out}{where} is a file, not a folder: name a folder")
-    return family
-
-# Flags whose values make a grid's axes (the sweeps: in tasks.run_name's order): a value given twice would
-# train one run twice into one folder and count it twice in the table, so it runs once.
-SWEEP_FLAGS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_threshold")
-GRID_FLAGS = ("task", "init", "seeds", *SWEEP_FLAGS)
-
-def merge_repeats(args):
-    """Each grid flag's repeated values merged (first order kept), with a note on stderr per flag."""
-    show = lambda v: "none" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
-    for flag in GRID_FLAGS:
-        values = getattr(args, flag)
-        if values and len(set(values)) < len(values):
-            again = [v for i, v in enumerate(values) if v in values[:i]]
-            print(f"train.py: note: --{flag.replace('_', '-')} {show(again[0])} is given more than "
-                  f"once; each run is trained once", file=sys.stderr)
-            setattr(args, flag, list(dict.fromkeys(values)))
-
-# --mask-from names a finished run whose attention maps become M (use_learned_prior below).
-def read_source(folder):
-    """The finished run --mask-from names: (result.json, mean attention after (L, H, N, N), its sha256)."""
-    bad = lambda why: UsageError(f"--mask-from {folder}: {why}")
-    if not os.path.isdir(folder):
-        raise bad("no such folder")
-    path = os.path.join(folder, "result.json")
-    if not os.path.isfile(path):
-        raise bad("no result.json there: not a run folder of train.py")
-    result = read_result(path, warn=False)
-    if result is None:
-        raise bad("result.json is damaged or not a result of train.py")
-    if result["status"] != "done":
-        raise bad(f"not a finished run (status {result['status']!r}): name a run whose result.json says done")
-    try:
-        with open(os.path.join(folder, "attention_after.pt"), "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise bad("no attention_after.pt there: it holds the attention maps")
-    try:   # a dict of tensors: nothing but tensors needs unpickling (weights_only)
-        saved = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise bad(f"attention_after.pt is damaged or not one of train.py's ({type(err).__name__})")
-    attn = saved.get("attn") if isinstance(saved, dict) else None
-    if not isinstance(attn, torch.Tensor) or attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
-        raise bad("attention_after.pt holds no mean attention maps (a layers x heads x N x N "
-                  "tensor under 'attn')")
-    if not torch.isfinite(attn).all():
-        raise bad("attention_after.pt's mean attention is not finite (NaN or inf)")
-    return result, attn.float(), hashlib.sha256(raw).hexdigest()
-
-def learned_prior_config(folder, tau, causal):
-    """result.json config's record of the source run (the hash: --resume refuses a re-trained one)."""
-    result, attn, digest = read_source(folder)
-    learned = maskprior.learned_mask(attn, 1.0, tau, causal)
-    return {"mask_from": os.path.normpath(folder), "mask_from_sha256": digest,
-            "mask_from_task": result["task"], "mask_from_init": result["init"],
-            "mask_from_train_frac": result["config"].get("train_frac"), "mask_from_seed": result["seed"],
-            "mask_threshold": tau, "mask_density": maskprior.open_fraction(learned, causal)}
-
-def check_vision_config(config):
-    """Patches tile the image; a too long warmup is shortened; ImageNet100's lr x batch / 512."""
-    if config["image_size"] % config["patch_size"]:
-        raise UsageError(f"--image-size {config['image_size']} is not a multiple of the patch "
-                         f"size {config['patch_size']}")
-    if config["warmup_epochs"] >= config["epochs"]:
-        config.update(warmup_shortened_from=config["warmup_epochs"], warmup_epochs=config["epochs"] - 1)
-    if config["lr_base_size"]:
-        config["lr"] = config["lr"] * config["batch_size"] / config["lr_base_size"]
-
-def make_config(family, task, args, train_frac=None, magnitude=None, mask_decay=None, error=None,
-                mask_lr=None, threshold=None):
-    """The run's config: the preset, its per-task changes, the flags given, then derived keys."""
-    config = {**PRESETS[family][args.preset], **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
-    for key in ("epochs", "iters", "lr", "batch_size", "layers", "heads", "dim", "block_size",
-                "image_size", "patch_size", "warmup_epochs", "weight_decay"):
-        if getattr(args, key) is not None and key in config:
-            config[key] = getattr(args, key)
-    if args.dim is not None and "mlp_dim" in config:   # ViT MLPs are 4 x wide, encoders 1 x
-        config.update(mlp_dim=4 * args.dim if family == "vision" else args.dim,
-                      **({"head_dim": None} if "head_dim" in config else {}))
-    for key in ("head_dim", "mlp_dim", "pos_std", "cls_std"):     # after --dim, which resets two
-        if getattr(args, key) is not None and key in config:
-            config[key] = getattr(args, key)
-    if not config.get("head_dim") and config["dim"] < config["heads"]:
-        raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
-    config.update(preset=args.preset, mask_decay=mask_decay or 0.0, mask_error=error, mask_lr=mask_lr,
-                  mask_magnitude=magnitude or FAMILIES[family]["magnitude"])
-    if family == "language" and config["mask_magnitude"] * config["block_size"] > FLOAT32_MAX:
-        raise UsageError(f"--mask-magnitude {magnitude:g}: the GPT's bias s M reaches s x {config['block_size']}"
-                         f", past float32 ({FLOAT32_MAX:.3g}): choose a smaller scale")
-    config["eval_every"] = args.eval_every or (max(1, config["iters"] // 5) if family == "language"
-                                               else 1 if family == "vision" else 5)
-    if args.mask_variant:
-        if task not in maskprior.BOOLEAN_MASK_VARIANTS:
-            raise UsageError(f"--mask-variant: {task} has one mask pattern only")
-        config["mask_variant"] = args.mask_variant
-    if family == "arithmetic":
-        if train_frac and train_frac >= 1:
-            raise UsageError(f"--train-frac must lie strictly between 0 and 1, got {train_frac:g}")
-        pairs = round((train_frac or 0.5) * tasks.ALL_PAIRS)     # --train-frac: a seeded share of them
-        if not 1 <= pairs < tasks.ALL_PAIRS:
-            raise UsageError(f"--train-frac {train_frac:g} trains on {pairs:,} of the {tasks.ALL_PAIRS:,} "
-                             f"pairs, holds out {tasks.ALL_PAIRS - pairs:,}: both need one or more "
-                             f"(from {1 / tasks.ALL_PAIRS:g} to {1 - 1 / tasks.ALL_PAIRS:g})")
-        config.update(train_frac=train_frac or tasks.ARITHMETIC_TRAIN_FRAC[task],
-                      eval_size=None if args.eval_size == "all" else args.eval_size or 100_000)
-    if family == "vision":
-        check_vision_config(config)
-    if args.mask_from is not None:
-        config.update(learned_prior_config(args.mask_from, threshold or 1.0, family == "language"))
-    return config
-
-def preset_changes(family, task, config):
-    """{setting: [this run's value, its preset's]} for each preset setting the flags changed: table.md
-    says so beside the paper's numbers, which describe the preset."""
-    preset = {**PRESETS[family][config["preset"]],
-              **TASK_PRESETS.get((family, config["preset"]), {}).get(task, {})}
-    return {key: [config[key], value] for key, value in preset.items() if config.get(key, value) != value}
-
-def check_fits(family, config):
-    """Refuse, before allocating, a model whose weights, Adam state and attention maps exceed the RAM."""
-    L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
-    longest_sum = 2 * tasks.OPERAND_DIGITS + max(tasks.ARITHMETIC_TASKS.values())   # operands, answer slots
-    N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": longest_sum, "language": config.get("block_size"),
-         "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
-    maps_of = lambda batch: 4 * 3 * L * H * N * N * max(batch, 64)               # bytes
-    weights, maps = 4 * 4 * 12 * L * D * D, maps_of(B)
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if weights + maps > have:   # name the flag to change: width, input length, or else the batch
-        inputs = {"language": f"--block-size {N}", "vision": f"--image-size {config.get('image_size')}"}
-        if weights > maps:
-            flag = f"--dim {D}"
-        elif weights + maps_of(64) > have:
-            flag = inputs.get(family, f"--layers {L}")
+        if not p.requires_grad:
+            continue
+        if name.endswith("mask"):
+            groups["mask"].append(p)
         else:
-            flag = f"--batch-size {B}"
-        raise UsageError(f"{flag}: {L} layers x {H} heads x {N} x {N} attention maps at width {D} need "
-                         f"about {(weights + maps) / 2**30:.0f} GiB, this machine has "
-                         f"{have / 2**30:.0f} GiB: choose a smaller model, batch or input")
+            groups["weights" if decays else "others"].append(p)
+    decay = {"weights": config["weight_decay"], "others": 0.0, "mask": config["mask_decay"]}
+    lrs = {"weights": config["lr"], "others": config["lr"], "mask": config.get("mask_lr") or config["lr"]}
+    Optimizer = torch.optim.Adam if config["optimizer"] == "adam" else torch.optim.AdamW
+    return Optimizer([{"params": ps, "weight_decay": decay[g], "lr": lrs[g]} for g, ps in groups.items() if ps])
 
-def resolve_device(name):
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"--device: unknown device {name!r}")
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device {name}: only cpu and cuda are supported")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return device
-
-# === 4. The experiment families: each setup returns an Experiment =================================
-@dataclass
-class Job:
-    """One run of a command (main builds one per cell of its grid): what to train and where."""
-    family: str
-    task: str
-    init: str
-    seed: int
-    config: dict                       # make_config: the preset, the flags, derived keys
-    out_dir: str
-    data: object = None                # language, vision: the corpus / images (load_data)
-    fingerprint: Optional[dict] = None # what --resume checks the data against (data_fingerprint)
-    resume: bool = False
-    workers: Optional[int] = None      # vision: loader processes (default 8 on CUDA, 0 on the CPU)
-    compile: bool = False              # vision: torch.compile
-    progress: bool = True              # tqdm bars (on a terminal)
-    threads: Optional[int] = None      # torch CPU threads (choose_threads; --resume: the checkpoint's)
-    threads_given: bool = False        # --threads was given
-    data_dir: Optional[str] = None     # where its files were read (own data, corpora, images)
-    def meta(self, world):  # what checkpoint.pt records of the run, for --resume to compare
-        return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
-                "world_size": world, "data_fingerprint": self.fingerprint}
-
+# === A.4 The experiment of each family: its data (built once), model, loss, evaluation ============
 @dataclass
 class Experiment:
     """What a setup returns; a round: an epoch, or eval_every language iterations."""
@@ -874,82 +188,32 @@ class Experiment:
     true_pattern: Optional[torch.Tensor] = None  # the task's exact pattern (persistence "true_")
     generators: tuple = ()             # random streams besides torch's own, kept by checkpoints
     info: dict = field(default_factory=dict)  # further result.json fields (init_seconds: QK init)
+    net: Optional[torch.nn.Module] = None     # what the loop calls: the model, or its DDP / compiled form
 
-def scaled_pattern(pattern, config, family):
-    """The pattern with open +A and closed -A, A = --mask-magnitude (the paper's A by default)."""
-    return pattern * (config["mask_magnitude"] / FAMILIES[family]["magnitude"])
-
-def add_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NORM_P):
-    """Put a QK init's prior into W_Q / W_K, drawing from a generator seeded by seed; returns its
-    seconds. pos_scale first scales the positions (maskprior.NORM_P; 1 for N(0, 1) positions)."""
-    prior, generator, start = INITS[init][1], torch.Generator().manual_seed(seed), time.time()
-    if prior == "svd":
-        maskprior.structured_svd_init_(model, pattern, generator=generator, pos_scale=pos_scale,
-                                       **(svd_scales or {}))
-    elif prior == "opt":
-        maskprior.structured_opt_init_(model, pattern, generator=generator, pos_scale=pos_scale)
-    elif prior == "mimetic":
-        maskprior.mimetic_init_(model, generator=generator)
-    return time.time() - start
-
-def mask_inits(init, pattern):
-    """Each layer's initial M for init (INITS): the (L, H, N, N) pattern, zeros, or None (no M)."""
-    return {"mask": pattern, "zero": torch.zeros_like(pattern)}.get(INITS[init][1])
-
-# --- The prior learned from a trained model (--mask-from) ---------------------------------------
-def use_learned_prior(exp, config):
-    """After the usual setup, M := maskprior.learned_mask of the source's attention, +-A over the model's
-    scale s; exp.pattern becomes the learned pattern, exp.true_pattern the hand-made one (GPT: neither)."""
-    folder = config["mask_from"]
-    _, attn, digest = read_source(folder)
-    if digest != config["mask_from_sha256"]:
-        raise UsageError(f"--mask-from {folder}: attention_after.pt changed while this run "
-                         f"started: start it again")
-    layers = maskprior.attention_modules(exp.model)                 # each M: (H, N, N)
-    ours = (len(layers), *layers[0].mask.shape)
-    if tuple(attn.shape) != ours:
-        shape = lambda s: f"{s[0]} layers x {s[1]} heads x {s[2]} x {s[3]}"
-        raise UsageError(f"--mask-from {folder}: its attention maps are {shape(attn.shape)}, this "
-                         f"model's {shape(ours)}: the source needs the same --layers, --heads and "
-                         f"sequence length")
-    learned = maskprior.learned_mask(attn, config["mask_magnitude"] / layers[0].mask_scale,
-                                     config["mask_threshold"], layers[0].causal)    # (L, H, N, N)
-    with torch.no_grad():
-        for attention, mask in zip(layers, learned):
-            attention.mask.copy_(mask)
-    if exp.pattern is not None:
-        exp.true_pattern = exp.pattern if exp.true_pattern is None else exp.true_pattern
-        exp.pattern = learned
-
-def build_encoder(init, pattern, config, seed, device, svd_scales=None, **shape):
-    """maskprior.Transformer on device with the init's prior, in M or in W_Q / W_K; (model, seconds)."""
-    pos_std = config["pos_std"]                      # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
-    model = maskprior.Transformer(
-        masks=mask_inits(init, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
-        heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
-        cls_std=config.get("cls_std", 0.0), **shape)
-    # Structured inits scale positions drawn at 0.02 by NORM_P = 18 (to std 0.36) before their solve;
-    # larger starts are scaled up to that std at most, never down (N(0, 1) positions: factor 1).
-    pos_scale = maskprior.NORM_P if pos_std == 0 else min(maskprior.NORM_P, max(1.0, 0.36 / pos_std))
-    seconds = add_prior(model, init, pattern, seed, svd_scales, pos_scale)
-    return model.to(device), seconds
-
-def cosine(optimizer, steps, floor=0.0):
-    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps, eta_min=floor)
-
-def encoder_experiment(model, x, y, seed, config, *functions, **fields):
-    """Boolean / arithmetic: a cosine over all steps, each epoch all (x, y) in seeded shuffled batches."""
-    steps = math.ceil(len(x) / config["batch_size"]) * config["epochs"]
-    optimizer = make_optimizer(model, config)
-    shuffle = torch.Generator().manual_seed(seed)
-    batches = lambda epoch: ((x[idx], y[idx]) for idx in torch.randperm(
-        len(x), generator=shuffle).split(config["batch_size"]))
-    return Experiment(model, optimizer, cosine(optimizer, steps), config["epochs"], steps, batches,
-                      *functions, eval_every=config["eval_every"], generators=(shuffle,), **fields)
+def load_data(family, task, config, seed, args, device, cache):
+    """A run's data, each built or read once (cache): the Boolean cube and seen set (Section 5.1), the
+    arithmetic split of this seed (Section 5.2), a corpus (Appendix), an image set (Section 5.3)."""
+    if family == "boolean":
+        key = (task,)
+        if key not in cache:
+            cache[key] = tasks.boolean_dataset(task)
+    elif family == "arithmetic":
+        key = (task, config["train_frac"], seed, config["eval_size"])
+        if key not in cache:
+            cache[key] = tasks.arithmetic_dataset(task, *key[1:])
+    elif family == "language":
+        key = (task,)
+        if key not in cache:
+            cache[key] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
+        tasks.check_lm_splits(cache[key], config["block_size"])
+    else:
+        key = (task, config["image_size"], config["randaugment"], config["crop_scale"])
+        if key not in cache:
+            cache[key] = vision_data(task, key[1:], args, device)
+    return cache[key]
 
 # --- Boolean GOTU (Section 5.1, Table 1): train on the seen points, test on the whole cube -----
-def boolean_setup(task, init, seed, config, device):
-    data = tasks.boolean_dataset(task)
+def boolean_setup(task, init, seed, config, device, data):
     exact = maskprior.boolean_mask(task, config["layers"], config["heads"],
                                    config.get("mask_variant"))                    # (L, H, N, N)
     pattern = maskprior.edited_prior(exact, config.get("mask_error"), seed, cls_row=True)
@@ -970,8 +234,7 @@ def boolean_setup(task, init, seed, config, device):
         true_pattern=exact, info={"init_seconds": seconds})
 
 # --- Three-digit arithmetic (Section 5.2): train on a seeded fraction, score held-out pairs ---
-def arithmetic_setup(task, init, seed, config, device):
-    data = tasks.arithmetic_dataset(task, config["train_frac"], seed, config["eval_size"])
+def arithmetic_setup(task, init, seed, config, device, data):
     exact = maskprior.ARITHMETIC_MASKS[task](config["layers"], config["heads"])
     pattern = maskprior.edited_prior(exact, config.get("mask_error"), seed)       # (L, H, N, N)
     # Structured SVD on arithmetic opens with 10000 and closes with 0 (Table "Arithmetic task
@@ -1106,101 +369,251 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
                       eval_every=config["eval_every"], probe=probe, probe_batch=16, pattern=pattern,
                       info={"init_seconds": seconds, **data.get("info", {})})
 
-# === 5. The training loop: the same for every family ==============================================
-def round_batches(exp, r, partial, device):
-    """(round r's batches, losses so far, random states at its start). A round a checkpoint cut (partial)
-    is drawn again from its start's states, done batches skipped, the cut's states put back."""
-    if partial is None:
-        round_start = rng_states(exp, device)       # before exp.batches, which may seed
-        return iter(exp.batches(r)), [], round_start
-    at_cut = rng_states(exp, device)
-    set_rng_states(exp, device, partial["rngs"])
-    batches = iter(exp.batches(r))
-    for _ in range(partial["done"]):
-        next(batches)
-    set_rng_states(exp, device, at_cut)
-    return batches, list(partial["losses"]), partial["rngs"]
+# --- What the setups share: the encoder with its prior, its experiment, the data of vision runs ---
+def encoder_experiment(model, x, y, seed, config, *functions, **fields):
+    """Boolean / arithmetic: a cosine over all steps, each epoch all (x, y) in seeded shuffled batches."""
+    steps = math.ceil(len(x) / config["batch_size"]) * config["epochs"]
+    optimizer = make_optimizer(model, config)
+    shuffle = torch.Generator().manual_seed(seed)
+    batches = lambda epoch: ((x[idx], y[idx]) for idx in torch.randperm(
+        len(x), generator=shuffle).split(config["batch_size"]))
+    return Experiment(model, optimizer, cosine(optimizer, steps), config["epochs"], steps, batches,
+                      *functions, eval_every=config["eval_every"], generators=(shuffle,), **fields)
 
-def progress_line(job, exp, entry, started):
-    """One evaluation in a line: "majority/mask/seed0 epoch 5/10: train loss 0.0123, test accuracy
-    87.50 %, 12 s" (seconds since this process began the run)."""
-    key, label = tasks.main_metric(job.task)
-    name, percent = label.split(" (")[0].split(",")[0], "(%)" in label
-    metric = entry.get(key)
-    shown = "n/a" if metric is None else f"{metric:.2f} %" if percent else tasks.fmt(metric)
-    last = exp.steps if exp.unit == "iter" else exp.rounds
-    return (f"{job.task}/{job.init}/seed{job.seed} {exp.unit} {entry[exp.unit]}/{last}: train loss "
-            f"{tasks.fmt(entry['train_loss'])}, {name} {shown}, {time.time() - started:.0f} s")
+def build_encoder(init, pattern, config, seed, device, svd_scales=None, **shape):
+    """maskprior.Transformer on device with the init's prior, in M or in W_Q / W_K; (model, seconds)."""
+    pos_std = config["pos_std"]                      # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
+    model = maskprior.Transformer(
+        masks=mask_inits(init, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
+        heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
+        cls_std=config.get("cls_std", 0.0), **shape)
+    # Structured inits scale positions drawn at 0.02 by NORM_P = 18 (to std 0.36) before their solve;
+    # larger starts are scaled up to that std at most, never down (N(0, 1) positions: factor 1).
+    pos_scale = maskprior.NORM_P if pos_std == 0 else min(maskprior.NORM_P, max(1.0, 0.36 / pos_std))
+    seconds = add_prior(model, init, pattern, seed, svd_scales, pos_scale)
+    return model.to(device), seconds
 
-def position(exp, r, step):  # where a run is: "epoch 3 (step 34)", or "iteration 37" for language
-    return f"iteration {step}" if exp.unit == "iter" else f"epoch {r} (step {step})"
+def add_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NORM_P):
+    """Put a QK init's prior into W_Q / W_K, drawing from a generator seeded by seed; returns its
+    seconds. pos_scale first scales the positions (maskprior.NORM_P; 1 for N(0, 1) positions)."""
+    prior, generator, start = INITS[init][1], torch.Generator().manual_seed(seed), time.time()
+    if prior == "svd":
+        maskprior.structured_svd_init_(model, pattern, generator=generator, pos_scale=pos_scale,
+                                       **(svd_scales or {}))
+    elif prior == "opt":
+        maskprior.structured_opt_init_(model, pattern, generator=generator, pos_scale=pos_scale)
+    elif prior == "mimetic":
+        maskprior.mimetic_init_(model, generator=generator)
+    return time.time() - start
 
-def train(exp, state, job, place, stop):
-    """Rounds of optimizer steps, each ending in a history entry (every eval_every rounds with exp.evaluate())
-    and a checkpoint. Diverged on a non-finite loss; a signal: a checkpoint of this step, then Interrupted."""
-    device, rank, world = place
-    started = time.time()
-    net = DDP(exp.model) if world > 1 else exp.model
-    net = torch.compile(net) if job.compile else net
-    bar = tqdm(total=exp.steps, initial=state["step"], desc=f"{job.task}/{job.init}/seed{job.seed}",
-               leave=False, dynamic_ncols=True,
-               disable=None if job.progress and rank == 0 else True)   # None: off unless a terminal
-    def keep(r, partial=None):
-        """checkpoint.pt of this step (rank 0 writes); partial: a round cut after partial["done"]."""
-        rngs = gather(rng_states(exp, device), world)
-        if rank == 0:
-            save_checkpoint(os.path.join(job.out_dir, "checkpoint.pt"), {
-                "meta": job.meta(world), "model": exp.model.state_dict(),
-                "optimizer": exp.optimizer.state_dict(), "schedule": exp.schedule.state_dict(),
-                "rng": rngs, "state": state, "partial": partial})
-        if world > 1:
-            dist.barrier()
-        stop.kept = f"the checkpoint of {position(exp, r, state['step'])}"
+def mask_inits(init, pattern):
+    """Each layer's initial M for init (INITS): the (L, H, N, N) pattern, zeros, or None (no M)."""
+    return {"mask": pattern, "zero": torch.zeros_like(pattern)}.get(INITS[init][1])
+
+def scaled_pattern(pattern, config, family):
+    """The pattern with open +A and closed -A, A = --mask-magnitude (the paper's A by default)."""
+    return pattern * (config["mask_magnitude"] / FAMILIES[family]["magnitude"])
+
+def cosine(optimizer, steps, floor=0.0):
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps, eta_min=floor)
+
+def vision_data(task, key, args, device):
+    """A vision data set (tasks.vision_dataset); under torchrun rank 0 downloads it first (--download)."""
+    image_size, randaugment, crop_scale = key
+    _, rank, world = distributed_setup(device)
+    if args.download and rank == 0:
+        tasks.vision_dataset(task, args.data_dir, image_size, True, randaugment, crop_scale)
+    if world > 1 and args.download:
+        dist.barrier()
+    return tasks.vision_dataset(task, args.data_dir, image_size, False, randaugment, crop_scale)
+
+# --- The prior learned from a trained model (--mask-from) ---------------------------------------
+def use_learned_prior(exp, config):
+    """After the usual setup, M := maskprior.learned_mask of the source's attention, +-A over the model's
+    scale s; exp.pattern becomes the learned pattern, exp.true_pattern the hand-made one (GPT: neither)."""
+    folder = config["mask_from"]
+    _, attn, digest = read_source(folder)
+    if digest != config["mask_from_sha256"]:
+        raise UsageError(f"--mask-from {folder}: attention_after.pt changed while this run "
+                         f"started: start it again")
+    layers = maskprior.attention_modules(exp.model)                 # each M: (H, N, N)
+    ours = (len(layers), *layers[0].mask.shape)
+    if tuple(attn.shape) != ours:
+        shape = lambda s: f"{s[0]} layers x {s[1]} heads x {s[2]} x {s[3]}"
+        raise UsageError(f"--mask-from {folder}: its attention maps are {shape(attn.shape)}, this "
+                         f"model's {shape(ours)}: the source needs the same --layers, --heads and "
+                         f"sequence length")
+    learned = maskprior.learned_mask(attn, config["mask_magnitude"] / layers[0].mask_scale,
+                                     config["mask_threshold"], layers[0].causal)    # (L, H, N, N)
+    with torch.no_grad():
+        for attention, mask in zip(layers, learned):
+            attention.mask.copy_(mask)
+    if exp.pattern is not None:
+        exp.true_pattern = exp.pattern if exp.true_pattern is None else exp.true_pattern
+        exp.pattern = learned
+
+# --mask-from names a finished run whose attention maps become M (use_learned_prior below).
+def read_source(folder):
+    """The finished run --mask-from names: (result.json, mean attention after (L, H, N, N), its sha256)."""
+    bad = lambda why: UsageError(f"--mask-from {folder}: {why}")
+    if not os.path.isdir(folder):
+        raise bad("no such folder")
+    path = os.path.join(folder, "result.json")
+    if not os.path.isfile(path):
+        raise bad("no result.json there: not a run folder of train.py")
+    result = read_result(path, warn=False)
+    if result is None:
+        raise bad("result.json is damaged or not a result of train.py")
+    if result["status"] != "done":
+        raise bad(f"not a finished run (status {result['status']!r}): name a run whose result.json says done")
+    try:
+        with open(os.path.join(folder, "attention_after.pt"), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise bad("no attention_after.pt there: it holds the attention maps")
+    try:   # a dict of tensors: nothing but tensors needs unpickling (weights_only)
+        saved = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise bad(f"attention_after.pt is damaged or not one of train.py's ({type(err).__name__})")
+    attn = saved.get("attn") if isinstance(saved, dict) else None
+    if not isinstance(attn, torch.Tensor) or attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
+        raise bad("attention_after.pt holds no mean attention maps (a layers x heads x N x N "
+                  "tensor under 'attn')")
+    if not torch.isfinite(attn).all():
+        raise bad("attention_after.pt's mean attention is not finite (NaN or inf)")
+    return result, attn.float(), hashlib.sha256(raw).hexdigest()
+
+def learned_prior_config(folder, tau, causal):
+    """result.json config's record of the source run (the hash: --resume refuses a re-trained one)."""
+    result, attn, digest = read_source(folder)
+    learned = maskprior.learned_mask(attn, 1.0, tau, causal)
+    return {"mask_from": os.path.normpath(folder), "mask_from_sha256": digest,
+            "mask_from_task": result["task"], "mask_from_init": result["init"],
+            "mask_from_train_frac": result["config"].get("train_frac"), "mask_from_seed": result["seed"],
+            "mask_threshold": tau, "mask_density": maskprior.open_fraction(learned, causal)}
+
+@dataclass
+class Job:
+    """One run of a command (main builds one per cell of its grid): what to train and where."""
+    family: str
+    task: str
+    init: str
+    seed: int
+    config: dict                       # make_config: the preset, the flags, derived keys
+    out_dir: str
+    data: object = None                # language, vision: the corpus / images (load_data)
+    fingerprint: Optional[dict] = None # what --resume checks the data against (data_fingerprint)
+    resume: bool = False
+    workers: Optional[int] = None      # vision: loader processes (default 8 on CUDA, 0 on the CPU)
+    compile: bool = False              # vision: torch.compile
+    progress: bool = True              # tqdm bars (on a terminal)
+    threads: Optional[int] = None      # torch CPU threads (choose_threads; --resume: the checkpoint's)
+    threads_given: bool = False        # --threads was given
+    data_dir: Optional[str] = None     # where its files were read (own data, corpora, images)
+    def meta(self, world):  # what checkpoint.pt records of the run, for --resume to compare
+        return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
+                "world_size": world, "data_fingerprint": self.fingerprint}
+
+# === A.5 The training loop: the same for every family =============================================
+def train(exp, state, guard):
+    """Rounds of minibatch steps (a round: an epoch, or eval_every language iterations), each step
+    batch -> loss -> backward -> step -> lr schedule, each round ending in a history entry of its mean
+    training loss and, every eval_every rounds and after the last, an evaluation. guard (Part B) owns
+    the rest: it cuts a round a checkpoint interrupted back to its batches left, stops a NaN loss before
+    its step (Diverged), keeps checkpoints, and on a signal saves the step under way and stops."""
     for r in range(state["round"] + 1, exp.rounds + 1):
-        batches, losses, round_start = round_batches(exp, r, state.pop("partial", None), device)
-        for batch in batches:
-            start = time.time()
-            loss = exp.loss_of(net, batch)
-            state["step"] += 1
-            diverged, signum = agreed([not torch.isfinite(loss.detach()), stop.signal or 0], world, device)
-            if diverged:
-                raise Diverged(f"loss became {loss.item()} at step {state['step']} ({exp.unit} {r})")
+        for batch in guard.batches(r, state):          # round r's batches (after a cut: those left)
+            loss = exp.loss_of(exp.net, batch)          # forward: the family's training loss
+            guard.check(loss, r, state)                 # NaN or infinite on any rank: Diverged
             exp.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             exp.optimizer.step()
-            exp.schedule.step()
-            losses.append(loss.item())           # .item() waits for the step: timing is honest
-            state["train_seconds"] += time.time() - start
-            state["samples"] += len(batch[0])
-            bar.update()
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            stop.at = position(exp, r, state["step"])
-            signum = signum if world > 1 else stop.signal   # torchrun: the one all ranks agreed on
-            if signum:
-                keep(r, {"round": r, "done": len(losses),
-                         "ranks": gather({"losses": losses, "rngs": round_start}, world)})
-                raise stop.interrupted(signum)
-        train_loss = statistics.fmean(gather(statistics.fmean(losses), world))   # over the ranks
-        entry = {exp.unit: state["step"] if exp.unit == "iter" else r, "train_loss": train_loss,
-                 "lr": exp.schedule.get_last_lr()[0]}
+            exp.schedule.step()                         # every setup's schedule steps per batch
+            guard.stepped(loss, batch, r, state)        # its time, the bar; a signal: stop here
+        entry = {exp.unit: state["step"] if exp.unit == "iter" else r,
+                 "train_loss": guard.round_loss(), "lr": exp.schedule.get_last_lr()[0]}
         state["history"].append(entry)
         state["round"] = r
         evaluate = r % exp.eval_every == 0 or r == exp.rounds
         if evaluate:
-            entry.update(exp.evaluate())         # evaluate and checkpoint every eval_every
-            if rank == 0:                        # a line a log keeps, as nanoGPT prints (bar or not)
-                bar.write(progress_line(job, exp, entry, started))
-                sys.stdout.flush()
-        signum = agreed([stop.signal or 0], world, device)[0]   # one that came since the last step
-        if evaluate or signum:
-            keep(r)
-        if signum:
-            raise stop.interrupted(signum)
-    if stop.signal:                 # came after the last checkpoint: it holds the whole run
-        raise stop.interrupted()
-    bar.close()
+            entry.update(exp.evaluate())                # e.g. Table 1's accuracy on the whole cube
+            guard.report(entry)                         # a line a log keeps
+        guard.round_done(r, state, evaluate)            # a checkpoint at each evaluation
+    guard.finished()
 
-# === 6. One run: the prior before, training, the prior after, result.json and the pictures ========
+# === A.6 One run: the prior before, training, the prior after (Section 6.1), result.json ==========
+def run(job, device, stop):
+    """Build the job's experiment, snapshot its attention (before), train, snapshot (after), write
+    result.json and the pictures to job.out_dir. Under torchrun rank 0 writes; the others return None."""
+    device, rank, world = place = distributed_setup(device)
+    torch.manual_seed(job.seed)                 # the same initial weights on every rank
+    exp = setup(job, place)
+    if job.config.get("mask_from"):             # M from a trained run's attention, not by hand
+        use_learned_prior(exp, job.config)
+    exp.net = DDP(exp.model) if world > 1 else exp.model   # torchrun: gradients averaged over ranks
+    exp.net = torch.compile(exp.net) if job.compile else exp.net
+    state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0,
+             "threads": job.threads}
+    if job.resume:                              # the checkpoint's weights, optimizer, RNG and state
+        state = resume_from(os.path.join(job.out_dir, "checkpoint.pt"), job.meta(world), exp, place)
+        state["threads"] = use_threads_of_checkpoint(state.get("threads"), job)
+    else:                                       # the prior as initialised: Section 6.1's "before"
+        os.makedirs(job.out_dir, exist_ok=True)
+        state["before"] = snapshot(exp, device)
+        if rank == 0:
+            save_pictures(job.out_dir, {"before": state["before"]}, exp.model)
+    torch.set_num_threads(state["threads"])
+    result = result_record(job, exp, state, device, world)
+    start = time.time()
+    try:
+        with Guard(exp, state, job, place, stop) as guard:
+            train(exp, state, guard)
+    except Diverged as err:
+        result.update(status="diverged", error=str(err), seconds=time.time() - start)
+        if rank == 0:
+            write_json(os.path.join(job.out_dir, "result.json"), result)
+        raise
+    if rank != 0:
+        return None
+    after = snapshot(exp, device)                 # the prior after training: does it persist?
+    save_pictures(job.out_dir, {"before": state["before"], "after": after}, exp.model)
+    result["final"] = {**exp.final(state, world),
+                       **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
+    result.update(status="done", seconds=time.time() - start)
+    result, not_finite = finite(result)          # result.json is strict JSON: null, and a note
+    if not_finite:
+        result["not_finite"] = not_finite
+        print(f"train.py: warning: {job.task} / {job.init} / seed {job.seed}: not finite, stored as "
+              f"null: {', '.join(f'{k} {v}' for k, v in not_finite.items())}", file=sys.stderr)
+    write_json(os.path.join(job.out_dir, "result.json"), result)
+    return result
+
+def setup(job, place):
+    """The job's Experiment from its family's setup (A.4)."""
+    task, init, seed, config, data = job.task, job.init, job.seed, job.config, job.data
+    if job.family == "boolean":
+        return boolean_setup(task, init, seed, config, place.device, data)
+    if job.family == "arithmetic":
+        return arithmetic_setup(task, init, seed, config, place.device, data)
+    if job.family == "language":
+        return lm_setup(task, init, seed, config, place.device, data, place.rank)
+    workers = job.workers
+    if workers is None:                         # loader processes: 8 beside a GPU, none on the CPU
+        workers = 8 if place.device.type == "cuda" else 0
+    return vision_setup(task, init, seed, config, place.device, data, place.rank, place.world, workers)
+
+def result_record(job, exp, state, device, world):
+    """result.json as it starts: the run, its config, machine and data; "final" once it is done."""
+    resumed_at = None
+    if job.resume:
+        resumed_at = state["step"] if exp.unit == "iter" else state["round"]
+    return {"task": job.task, "init": job.init, "seed": job.seed, "config": job.config, "device": str(device),
+            "threads": state["threads"], "data_dir": job.data_dir,
+            "preset_changes": preset_changes(job.family, job.task, job.config),
+            "mask_prior": job.init in MASK_PRIOR_INITS, "world_size": world, "status": "running",
+            "seconds": None, "resumed_at": resumed_at, **exp.info, "data_fingerprint": job.fingerprint,
+            "final": None, "history": state["history"]}
+
 def snapshot(exp, device):
     """The prior as the model holds it now: mean attention maps on the probe inputs and the mask
     bias log sigmoid(s M), both (L, H, N, N) or None; a ViT's centre patch on the first probe."""
@@ -1220,92 +633,370 @@ def save_pictures(out_dir, snapshots, model):
     if svg:
         write_atomic(os.path.join(out_dir, "attention.svg"), svg)
 
-def resume_from(checkpoint, meta, exp, place):
-    """checkpoint.pt loaded into exp; returns its state (a cut round in state["partial"])."""
-    saved = load_checkpoint(checkpoint, meta)
-    exp.model.load_state_dict(saved["model"])
-    exp.optimizer.load_state_dict(saved["optimizer"])
-    exp.schedule.load_state_dict(saved["schedule"])
-    set_rng_states(exp, place.device, saved["rng"][place.rank])
-    state, cut = saved["state"], saved.get("partial")      # cut: the round a signal cut, if any
-    if cut:
-        state["partial"] = {"round": cut["round"], "done": cut["done"], **cut["ranks"][place.rank]}
-    return state
+# === A.7 The command line: the flags, a run's settings, its config; main ==========================
+@dataclass(frozen=True)
+class RunSettings:
+    """One run of a command, a cell of its grid, by name: its task, init and seed, and the value of
+    each swept setting (None: the flag was not given; the preset's, or the paper's, value holds)."""
+    task: str
+    init: str
+    seed: int
+    train_frac: Optional[float] = None     # --train-frac: the share of pairs trained on (arithmetic)
+    mask_magnitude: Optional[float] = None  # --mask-magnitude: open +A, closed -A
+    mask_decay: Optional[float] = None     # --mask-decay: weight decay on M alone
+    mask_error: Optional[str] = None       # --mask-error: "kind:fraction" edits the prior
+    mask_lr: Optional[float] = None        # --mask-lr: the lr of M alone
+    mask_threshold: Optional[float] = None  # --mask-threshold: tau of a prior learned by --mask-from
 
-def use_threads_of_checkpoint(saved, job):
-    """--resume trains on with the checkpoint's thread count (the numbers depend on it in their last
-    digits) unless --threads says otherwise (then a note when the two differ)."""
-    if saved is None:
-        return job.threads
-    if not job.threads_given:
-        return saved
-    if job.threads != saved:
-        print(f"train.py: note: {job.out_dir} was trained with {saved} threads, --threads {job.threads} "
-              f"now: the numbers may differ from an uninterrupted run's in their last digits",
-              file=sys.stderr)
-    return job.threads
+    def folder(self, variant=None, source=None):
+        """The run's folder name: <task>-<init>-seed<seed>, then each setting the command gave (defaults
+        unnamed): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>, -mlr<lr>, -from-<run>-tau<TAU>."""
+        parts = [f"{self.task}-{self.init}-seed{self.seed}"]
+        if self.train_frac:
+            parts.append(f"frac{self.train_frac:g}")
+        if variant:
+            parts.append(variant)
+        if self.mask_magnitude:
+            parts.append(f"A{self.mask_magnitude:g}")
+        if self.mask_decay is not None:
+            parts.append(f"wd{self.mask_decay:g}")
+        if self.mask_error:
+            kind, fraction = tasks.edit_order(self.mask_error)
+            parts.append(f"err-{kind}{fraction:g}")
+        if self.mask_lr:
+            parts.append(f"mlr{self.mask_lr:g}")
+        if source:
+            parts.append(f"from-{source}-tau{self.mask_threshold or 1:g}")
+        return "-".join(parts)
 
-def run(job, device, stop):
-    """Build the job's experiment, snapshot its attention (before), train, snapshot (after), write
-    result.json and the pictures to job.out_dir. Under torchrun rank 0 writes; the others return None."""
-    device, rank, world = place = distributed_setup(device)
-    torch.manual_seed(job.seed)                 # the same initial weights on every rank
-    task, init, seed, config = job.task, job.init, job.seed, job.config
-    common = (task, init, seed, config, device)
-    workers = job.workers if job.workers is not None else 8 if device.type == "cuda" else 0
-    exp = {"boolean": lambda: boolean_setup(*common),
-           "arithmetic": lambda: arithmetic_setup(*common),
-           "language": lambda: lm_setup(*common, job.data, rank),
-           "vision": lambda: vision_setup(*common, job.data, rank, world, workers)}[job.family]()
-    if config.get("mask_from"):                 # M from a trained run's attention, not by hand
-        use_learned_prior(exp, config)
-    state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0,
-             "threads": job.threads}
-    if job.resume:
-        state = resume_from(os.path.join(job.out_dir, "checkpoint.pt"), job.meta(world), exp, place)
-        state["threads"] = use_threads_of_checkpoint(state.get("threads"), job)
-        stop.at = position(exp, state["partial"]["round"] if "partial" in state else state["round"],
-                           state["step"])
-        stop.kept = f"the checkpoint of {stop.at}"
-    else:
-        os.makedirs(job.out_dir, exist_ok=True)
-        state["before"] = snapshot(exp, device)
-        if rank == 0:
-            save_pictures(job.out_dir, {"before": state["before"]}, exp.model)
-    torch.set_num_threads(state["threads"])
-    resumed_at = (state["step"] if exp.unit == "iter" else state["round"]) if job.resume else None
-    result = {"task": task, "init": init, "seed": seed, "config": config, "device": str(device),
-              "threads": state["threads"], "data_dir": job.data_dir, "preset_changes": preset_changes(
-                  job.family, task, config), "world_size": world, "status": "running", "seconds": None,
-              "resumed_at": resumed_at, **exp.info, "data_fingerprint": job.fingerprint,
-              "final": None, "history": state["history"]}
-    start = time.time()
+# The flags whose values a grid sweeps, as RunSettings names them; each value given twice runs once.
+SWEEPS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_threshold")
+
+# Family-only flags (flag: the families that take it), checked by check_args.
+FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),
+                "head_dim": ("boolean", "arithmetic"), "pos_std": ("boolean", "arithmetic"),
+                "cls_std": ("boolean",), "mlp_dim": ("boolean", "arithmetic", "vision"),
+                "mask_variant": ("boolean",), "mask_error": ("boolean", "arithmetic"),
+                "eval_size": ("arithmetic",),
+                **dict.fromkeys(("iters", "block_size", "bpe_file"), ("language",)),
+                **dict.fromkeys(("image_size", "patch_size", "warmup_epochs", "workers", "download",
+                                 "compile"), ("vision",))}
+
+def build_parser():  # the command line in five groups, each list of choices printed once
+    every_task = list(tasks.FAMILY_OF)
+    p = Parser(prog="train.py", usage="python train.py [--task TASK ...] [--init INIT ...] [options]",
+               description=__doc__.split("\n")[0], epilog=tasks.OWN_DATA_HELP,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    count, natural = number(int, strict=False), number(int)
+    rate, share = number(float), number(float, strict=False)
+    g = p.add_argument_group("what to run")
+    g.add_argument("--task", nargs="+", default=["majority"], choices=every_task + ["all"],
+                   metavar="TASK", help=f"{', '.join(every_task)}; all: the Boolean four")
+    g.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS), metavar="INIT",
+                   help=f"{', '.join(INITS)} (default mask)")
+    g.add_argument("--seed", type=count, default=0, help="random seed (default 0; paper: its own)")
+    g.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid")
+    g.add_argument("--preset", choices=["cpu", "paper"], default="cpu",
+                   help="cpu (quick, default) or paper (the paper's tables)")
+    g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs")
+    g = p.add_argument_group("the mask prior (inits mask, mask-fixed, mask-hadamard)")
+    g.add_argument("--mask-magnitude", type=rate, nargs="+", metavar="A",
+                   help="open +A, closed -A (GPT: scale s); several: a sweep")
+    g.add_argument("--mask-decay", type=share, nargs="+", metavar="W",
+                   help="weight decay on M alone (default 0); several: a sweep")
+    g.add_argument("--mask-lr", type=rate, nargs="+", metavar="LR",
+                   help="lr of M alone (default --lr); several: a sweep")
+    g.add_argument("--mask-error", nargs="+", type=mask_edit, metavar="KIND:P",
+                   help="extra|missing|moved:P edits the prior; none: exact")
+    g.add_argument("--mask-from", metavar="DIR", help="M from the attention maps of the finished run DIR")
+    g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU",
+                   help="open where attention >= TAU / row's keys (default 1)")
+    variants = sorted({v for choices in maskprior.BOOLEAN_MASK_VARIANTS.values() for v in choices})
+    g.add_argument("--mask-variant", choices=variants,
+                   help="2parity, cyclic3: the product over two layers (composed) or one (direct)")
+    g = p.add_argument_group("overrides of the preset")
+    for name, kind, text in (
+            ("epochs", natural, "epochs (Boolean, arithmetic, vision)"),
+            ("iters", natural, "optimizer steps (language)"), ("lr", rate, "learning rate"),
+            ("batch-size", natural, "examples per step"), ("layers", natural, "Transformer layers"),
+            ("heads", natural, "attention heads"), ("dim", natural, "model width"),
+            ("head-dim", natural, "width of each head (default: dim / heads)"),
+            ("mlp-dim", natural, "MLP hidden width (default: the preset's, or from --dim)"),
+            ("pos-std", share, "std of the learned positions' start"),
+            ("cls-std", share, "Boolean: std of the CLS token's start (0: zeros)"),
+            ("weight-decay", share, "weight decay on all but M"),
+            ("block-size", natural, "language: tokens per window"),
+            ("image-size", natural, "vision: image side, pixels"),
+            ("patch-size", natural, "vision: patch side, pixels"),
+            ("warmup-epochs", count, "vision: epochs of lr warmup"),
+            ("eval-every", natural, "rounds between evaluations and checkpoints")):
+        g.add_argument(f"--{name}", type=kind, metavar="X" if kind in (rate, share) else "N", help=text)
+    g = p.add_argument_group("data")
+    g.add_argument("--train-frac", type=rate, nargs="+", metavar="F",
+                   help="arithmetic: fraction of pairs to train on (a sweep)")
+    g.add_argument("--eval-size", type=lambda t: t if t == "all" else natural(t), metavar="N",
+                   help="arithmetic: held-out pairs scored, or all (100000)")
+    g.add_argument("--data-dir", default="data", metavar="DIR",
+                   help="where corpus and image files live (default data)")
+    g.add_argument("--bpe-file", metavar="FILE", help="GPT-2's ranks file for tiktoken, offline")
+    g.add_argument("--download", action="store_true", help="vision: fetch CIFAR if missing")
+    g.add_argument("--workers", type=count, metavar="N", help="vision: loader processes")
+    g = p.add_argument_group("output and resume")
+    g.add_argument("--out", metavar="DIR", help="output folder (default runs/<run name> or runs/grid)")
+    g.add_argument("--resume", action="store_true", help="continue from checkpoint.pt (a grid: all)")
+    g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1")
+    g.add_argument("--threads", type=natural, metavar="N", help="torch CPU threads")
+    g.add_argument("--compile", action="store_true", help="vision: torch.compile the model")
+    g.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    return p
+
+def mask_edit(text):
+    """argparse type of --mask-error: "none" -> None (the exact prior), KIND:P -> "kind:p"."""
     try:
-        stop.training = stop.trained = True    # a first signal now stops the loop after its step
-        train(exp, state, job, place, stop)
-    except Diverged as err:
-        result.update(status="diverged", error=str(err), seconds=time.time() - start)
-        if rank == 0:
-            write_json(os.path.join(job.out_dir, "result.json"), result)
-        raise
-    finally:
-        stop.training = False
-    if rank != 0:
-        return None
-    after = snapshot(exp, device)
-    save_pictures(job.out_dir, {"before": state["before"], "after": after}, exp.model)
-    result["final"] = {**exp.final(state, world),
-                       **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
-    result.update(status="done", seconds=time.time() - start)
-    result, not_finite = finite(result)          # result.json is strict JSON: null, and a note
-    if not_finite:
-        result["not_finite"] = not_finite
-        print(f"train.py: warning: {task} / {init} / seed {seed}: not finite, stored as null: "
-              f"{', '.join(f'{k} {v}' for k, v in not_finite.items())}", file=sys.stderr)
-    write_json(os.path.join(job.out_dir, "result.json"), result)
-    return result
+        edit = maskprior.parse_edit(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err))
+    return edit and "%s:%s" % edit
 
-# === 7. Tables, and main: one run, or a grid of tasks x inits x seeds x each sweep's settings =====
+def check_args(args, task_names):
+    """One family per command; family-only flags and inits belong to it. Returns the family."""
+    families = {tasks.FAMILY_OF[t] for t in task_names}
+    if len(families) > 1:
+        raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
+    family = families.pop()
+    for flag, takers in FAMILY_FLAGS.items():
+        value = getattr(args, flag)                 # None / False when not given (0 is given)
+        if value is not None and value is not False and family not in takers:
+            raise UsageError(f"--{flag.replace('_', '-')} applies to {' and '.join(takers)} tasks only")
+    wrong = [i for i in args.init if i not in FAMILIES[family]["inits"]]
+    if wrong:
+        raise UsageError(f"--init {wrong[0]} is not available for {family} tasks "
+                         f"(choose from {', '.join(FAMILIES[family]['inits'])})")
+    no_mask = [i for i in args.init if i not in MASK_PRIOR_INITS]
+    if any(args.mask_error or ()) and no_mask:
+        raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
+    if args.mask_lr and not any(map(trains_mask, args.init)):
+        raise UsageError(f"--mask-lr: --init {' '.join(args.init)} has no trainable mask")
+    if args.mask_from is not None:              # replaces a mask init's hand-made pattern
+        if no_mask:
+            raise UsageError(f"--mask-from: --init {no_mask[0]} has no mask prior to replace "
+                             f"(mask, mask-fixed or mask-hadamard only)")
+        if any(args.mask_error or ()):
+            raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give "
+                             "one of the two")
+        if args.out and os.path.realpath(args.out) == os.path.realpath(args.mask_from):
+            raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite "
+                             f"its source")
+    elif args.mask_threshold:
+        raise UsageError("--mask-threshold applies with --mask-from only")
+    check_out(args.out)
+    return family
+
+def check_out(out):
+    """UsageError for an --out that is, or lies below, a file, or a link to nothing."""
+    out = out and pathlib.Path(out)
+    try:
+        existing = out and next(p for p in (out, *out.parents) if p.exists() or p.is_symlink())
+    except OSError as err:        # a name over 255 bytes (ENAMETOOLONG), a loop of links, ...
+        raise UsageError(f"--out {out}: {err.strerror}")
+    if existing and not existing.exists():     # a link whose target is gone
+        raise UsageError(f"--out {out}: {existing} is a link to {os.readlink(existing)}, which does "
+                         f"not exist: make its target, or name another folder")
+    if existing and not existing.is_dir():
+        where = "" if existing == out else f": {existing}"
+        raise UsageError(f"--out {out}{where} is a file, not a folder: name a folder")
+
+def grid_values(args):
+    """{flag: its values} for every grid axis (task, init, seeds and SWEEPS), each value once (a value
+    given twice would train one run twice into one folder), with a note on stderr per repeated flag."""
+    values = {"task": args.task, "init": args.init, "seeds": args.seeds}
+    values.update({flag: getattr(args, flag) for flag in SWEEPS})
+    if args.mask_from is not None and not values["mask_threshold"]:
+        values["mask_threshold"] = [1.0]         # tau = 1: open where a key gets its share
+    for flag, given in values.items():
+        if given and len(set(given)) < len(given):
+            again = next(v for i, v in enumerate(given) if v in given[:i])
+            shown = "none" if again is None else f"{again:g}" if isinstance(again, float) else str(again)
+            print(f"train.py: note: --{flag.replace('_', '-')} {shown} is given more than once; each "
+                  f"run is trained once", file=sys.stderr)
+            values[flag] = list(dict.fromkeys(given))
+    return argparse.Namespace(**values)
+
+def grid(args, family, task_names):
+    """Every RunSettings the command asks for: tasks x sweeps x inits x seeds. A sweep of --mask-magnitude
+    only acts on M (the other inits run once, at its first value), --mask-lr on a trained M."""
+    values = grid_values(args)
+    seeds = values.seeds if values.seeds is not None else [args.seed]
+    if values.seeds is None and args.seed == 0 and args.preset == "paper":
+        seeds = [PAPER_SEEDS.get(family, PAPER_SEEDS.get(" ".join(task_names), 0))]
+    sweeps = {flag: getattr(values, flag) or [None] for flag in SWEEPS}
+    runs = []
+    for task, *swept, init, seed in itertools.product(task_names, *sweeps.values(), values.init, seeds):
+        settings = dict(zip(SWEEPS, swept))
+        if init not in MASK_PRIOR_INITS and settings["mask_magnitude"] != sweeps["mask_magnitude"][0]:
+            continue
+        if not trains_mask(init):
+            if settings["mask_lr"] != sweeps["mask_lr"][0]:
+                continue
+            settings["mask_lr"] = None
+        runs.append(RunSettings(task, init, seed, **settings))
+    return runs
+
+def make_config(family, settings, args):
+    """The run's config (result.json "config"): the preset, its per-task changes, the flags given, the
+    run's swept settings, then derived keys. Checks what only the whole config can tell."""
+    task = settings.task
+    config = {**PRESETS[family][args.preset], **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
+    for key in ("epochs", "iters", "lr", "batch_size", "layers", "heads", "dim", "block_size",
+                "image_size", "patch_size", "warmup_epochs", "weight_decay"):
+        if getattr(args, key) is not None and key in config:
+            config[key] = getattr(args, key)
+    if args.dim is not None and "mlp_dim" in config:   # ViT MLPs are 4 x wide, encoders 1 x
+        config["mlp_dim"] = 4 * args.dim if family == "vision" else args.dim
+        if "head_dim" in config:
+            config["head_dim"] = None                  # dim / heads
+    for key in ("head_dim", "mlp_dim", "pos_std", "cls_std"):     # after --dim, which resets two
+        if getattr(args, key) is not None and key in config:
+            config[key] = getattr(args, key)
+    if not config.get("head_dim") and config["dim"] < config["heads"]:
+        raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
+    magnitude = settings.mask_magnitude or FAMILIES[family]["magnitude"]
+    config.update(preset=args.preset, mask_decay=settings.mask_decay or 0.0, mask_error=settings.mask_error,
+                  mask_lr=settings.mask_lr, mask_magnitude=magnitude)
+    if family == "language" and magnitude * config["block_size"] > FLOAT32_MAX:
+        raise UsageError(f"--mask-magnitude {magnitude:g}: the GPT's bias s M reaches s x {config['block_size']}"
+                         f", past float32 ({FLOAT32_MAX:.3g}): choose a smaller scale")
+    if args.eval_every:
+        config["eval_every"] = args.eval_every
+    elif family == "language":
+        config["eval_every"] = max(1, config["iters"] // 5)     # five evaluations in a run
+    else:
+        config["eval_every"] = 1 if family == "vision" else 5   # vision every epoch, encoders every 5
+    if args.mask_variant:
+        if task not in maskprior.BOOLEAN_MASK_VARIANTS:
+            raise UsageError(f"--mask-variant: {task} has one mask pattern only")
+        config["mask_variant"] = args.mask_variant
+    if family == "arithmetic":
+        config["train_frac"] = check_train_frac(settings.train_frac, task)
+        config["eval_size"] = None if args.eval_size == "all" else args.eval_size or 100_000
+    if family == "vision":
+        check_vision_config(config)
+    if args.mask_from is not None:
+        config.update(learned_prior_config(args.mask_from, settings.mask_threshold or 1.0,
+                                           family == "language"))
+    return config
+
+def check_train_frac(train_frac, task):
+    """--train-frac (else the paper's, Table "Arithmetic task setup"): one pair or more trains, one or
+    more is held out."""
+    if train_frac and train_frac >= 1:
+        raise UsageError(f"--train-frac must lie strictly between 0 and 1, got {train_frac:g}")
+    fraction = train_frac or tasks.ARITHMETIC_TRAIN_FRAC[task]
+    pairs = round(fraction * tasks.ALL_PAIRS)
+    if not 1 <= pairs < tasks.ALL_PAIRS:
+        raise UsageError(f"--train-frac {fraction:g} trains on {pairs:,} of the {tasks.ALL_PAIRS:,} "
+                         f"pairs, holds out {tasks.ALL_PAIRS - pairs:,}: both need one or more "
+                         f"(from {1 / tasks.ALL_PAIRS:g} to {1 - 1 / tasks.ALL_PAIRS:g})")
+    return fraction
+
+def preset_changes(family, task, config):
+    """{setting: [this run's value, its preset's]} for each preset setting the flags changed: table.md
+    says so beside the paper's numbers, which describe the preset."""
+    preset = {**PRESETS[family][config["preset"]],
+              **TASK_PRESETS.get((family, config["preset"]), {}).get(task, {})}
+    return {key: [config[key], value] for key, value in preset.items() if config.get(key, value) != value}
+
+def check_vision_config(config):
+    """Patches tile the image; a too long warmup is shortened; ImageNet100's lr x batch / 512."""
+    if config["image_size"] % config["patch_size"]:
+        raise UsageError(f"--image-size {config['image_size']} is not a multiple of the patch "
+                         f"size {config['patch_size']}")
+    if config["warmup_epochs"] >= config["epochs"]:
+        config.update(warmup_shortened_from=config["warmup_epochs"], warmup_epochs=config["epochs"] - 1)
+    if config["lr_base_size"]:
+        config["lr"] = config["lr"] * config["batch_size"] / config["lr_base_size"]
+
+def train_all(args, family, task_names, device, stop, grid_lock):
+    """Every run of the command, each in its locked folder, then a grid's tables (grid_lock: its lock).
+    Every run's config, data and folder are checked before the first one trains."""
+    runs = grid(args, family, task_names)
+    is_grid, root = len(runs) > 1, args.out or "runs/grid"
+    source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
+    writer = int(os.environ.get("RANK", "0")) == 0   # torchrun: rank 0 writes
+    planned, cache = [], {}
+    for settings in runs:
+        name = settings.folder(args.mask_variant, source)
+        out_dir = os.path.join(root, name) if is_grid else args.out or os.path.join("runs", name)
+        config = make_config(family, settings, args)
+        if family in ("language", "vision"):      # files: read (and checked) before any run starts
+            load_data(family, settings.task, config, settings.seed, args, device, cache)
+        check_fits(family, config)
+        if writer:                                 # torchrun: rank 0 locks and writes, and checks
+            check_folder(out_dir, settings.task, settings.init, settings.seed, config, args.resume, is_grid)
+        planned.append((settings, config, out_dir))
+    if is_grid and writer:
+        check_grid_root(root)
+    threads = choose_threads(args.threads, device)
+    print(first_line(planned, task_names, device, threads[1], args, root if is_grid else planned[0][2], cache),
+          flush=True)
+    results, failed, root_locked = [], 0, False
+    for settings, config, out_dir in planned:
+        task, init, seed = settings.task, settings.init, settings.seed
+        checkpoint = os.path.join(out_dir, "checkpoint.pt")
+        resume = args.resume and (not is_grid or os.path.exists(checkpoint))   # a grid: runs with one
+        stop.start(out_dir, is_grid, resume)
+        data = load_data(family, task, config, seed, args, device, cache)
+        fingerprint = data_fingerprint(family, data)
+        if args.resume and not is_grid and not os.path.isdir(out_dir):
+            raise no_checkpoint(checkpoint)        # said before a folder is made for it
+        if is_grid and writer and not root_locked:   # held until the grid's tables are written
+            grid_lock.enter_context(folder_lock(root))
+            root_locked = True
+        try:
+            with folder_lock(out_dir) if writer else contextlib.nullcontext():
+                finished = args.resume and finished_run(out_dir, task, init, seed, config, fingerprint)
+                if finished:                   # left as it is, every file
+                    results.append(finished)
+                    if not is_grid:
+                        print(f"{task} / {init} / seed {seed}: already finished, nothing to resume; "
+                              f"{out_dir} is left as it was")
+                    continue
+                job = Job(family, task, init, seed, config, out_dir, data, fingerprint, resume,
+                          args.workers, args.compile, not args.no_progress, threads[0], bool(args.threads),
+                          None if family in ("boolean", "arithmetic") or task == "lm" else args.data_dir)
+                with subnormals_flushed(device):
+                    result = run(job, device, stop)
+        except Diverged as err:
+            print(f"{task} / {init} / seed {seed}: stopped, {err}; what was saved is in {out_dir}",
+                  file=sys.stderr)
+            failed += 1
+            results += [r for r in [read_result(os.path.join(out_dir, "result.json"))] if r]
+            continue
+        if result is not None:                 # None: a torchrun rank other than 0; rank 0 reports
+            results.append(result)
+            print(tasks.summary_line(result), flush=True)
+            if not is_grid:
+                print(f"wrote {os.path.join(out_dir, 'result.json')}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if is_grid and results:
+        write_json(os.path.join(root, "grid.json"), results)
+        write_tables(root, results)
+    return 1 if failed else 0
+
+def first_line(planned, task_names, device, threads, args, out, cache):
+    """What a command runs, where, with how many threads, and where its results go (and, for --task
+    images, what the image tree holds)."""
+    count = len(planned)
+    line = (f"train.py: {count} run{'s' * (count > 1)} of {' '.join(task_names)} on {device_name(device)}, "
+            f"{threads}, preset {args.preset}; results in {out}")
+    for data in cache.values():
+        info = data.get("info", {}).get("data", {})
+        if "train_images" in info:
+            line += (f"; {info['train_images']:,} images to train, {info['eval_images']:,} held out, "
+                     f"{len(info['classes'])} classes")
+    return line
+
 def write_tables(root, results):
     """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds."""
     text, figures = tasks.result_tables(results, list(INITS))
@@ -1342,103 +1033,9 @@ def summarize(root):
         raise UsageError(str(err))
     return 0 if len(readable) == len(paths) else 1
 
-def load_data(family, task, config, args, device, cache):
-    """The language corpus or vision data set, read once per grid (else None); rank 0 downloads."""
-    if family == "language":
-        if task not in cache:
-            cache[task] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
-        tasks.check_lm_splits(cache[task], config["block_size"])
-        return cache[task]
-    if family != "vision":
-        return None
-    key = (task, config["image_size"], config["randaugment"], config["crop_scale"])
-    if key not in cache:
-        _, rank, world = distributed_setup(device)
-        if args.download and rank == 0:
-            tasks.vision_dataset(task, args.data_dir, key[1], True, *key[2:])
-        if world > 1 and args.download:
-            dist.barrier()
-        cache[key] = tasks.vision_dataset(task, args.data_dir, key[1], False, *key[2:])
-    return cache[key]
-
-def train_all(args, family, task_names, device, stop, grid_lock):
-    """Every run of the command, each in its locked folder, then a grid's tables (grid_lock: its lock)."""
-    seeds = args.seeds if args.seeds is not None else [args.seed]
-    if args.seeds is None and args.seed == 0 and args.preset == "paper":
-        seeds = [PAPER_SEEDS.get(family, PAPER_SEEDS.get(" ".join(task_names), 0))]
-    sweeps = [getattr(args, flag) or [None] for flag in SWEEP_FLAGS]   # distinct values: merge_repeats
-    first_a, first_lr = sweeps[1][0], sweeps[4][0]      # A only acts on M, --mask-lr on a trained M
-    runs = [(t, i, s, (f, a, w, e, r if trains_mask(i) else None, tau))
-            for t, f, a, w, e, r, tau, i, s in itertools.product(task_names, *sweeps, args.init, seeds)
-            if (i in tasks.MASK_PRIOR_INITS or a == first_a) and (trains_mask(i) or r == first_lr)]
-    grid, root = len(runs) > 1, args.out or "runs/grid"
-    source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
-    writer = int(os.environ.get("RANK", "0")) == 0   # torchrun: rank 0 writes
-    planned, cache = [], {}                        # every run's folder, config and data, checked up front
-    for task, init, seed, sweeps in runs:
-        name = tasks.run_name(task, init, seed, args.mask_variant, *sweeps, source=source)
-        out_dir = os.path.join(root, name) if grid else args.out or os.path.join("runs", name)
-        config = make_config(family, task, args, *sweeps)
-        data = load_data(family, task, config, args, device, cache)
-        check_fits(family, config)
-        if writer:                                 # torchrun: rank 0 locks and writes, and checks
-            check_folder(out_dir, task, init, seed, config, args.resume, grid)
-        planned.append((task, init, seed, config, out_dir, data))
-    if grid and writer:
-        check_grid_root(root)
-    threads = choose_threads(args.threads, device)
-    info = (planned[0][5] or {}).get("info", {}).get("data", {})
-    images = (f"; {info['train_images']:,} images to train, {info['eval_images']:,} held out, "
-              f"{len(info['classes'])} classes" if "train_images" in info else "")   # --task images
-    print(f"train.py: {len(planned)} run{'s' * (len(planned) > 1)} of {' '.join(task_names)} on "
-          f"{device_name(device)}, {threads[1]}, preset {args.preset}; results in "
-          f"{root if grid else planned[0][4]}{images}", flush=True)
-    results, failed, root_locked = [], 0, False
-    for task, init, seed, config, out_dir, data in planned:
-        checkpoint = os.path.join(out_dir, "checkpoint.pt")
-        resume = args.resume and (not grid or os.path.exists(checkpoint))   # a grid: runs with a checkpoint
-        stop.start(out_dir, grid, resume)
-        fingerprint = data_fingerprint(family, task, config, seed, data)
-        if args.resume and not grid and not os.path.isdir(out_dir):
-            raise no_checkpoint(checkpoint)        # said before a folder is made for it
-        if grid and writer and not root_locked:     # held until the grid's tables are written
-            grid_lock.enter_context(folder_lock(root))
-            root_locked = True
-        try:
-            with folder_lock(out_dir) if writer else contextlib.nullcontext():
-                finished = args.resume and finished_run(out_dir, task, init, seed, config, fingerprint)
-                if finished:                   # left as it is, every file
-                    results.append(finished)
-                    if not grid:
-                        print(f"{task} / {init} / seed {seed}: already finished, nothing to resume; "
-                              f"{out_dir} is left as it was")
-                    continue
-                job = Job(family, task, init, seed, config, out_dir, data, fingerprint, resume,
-                          args.workers, args.compile, not args.no_progress, threads[0], bool(args.threads),
-                          None if family in ("boolean", "arithmetic") or task == "lm" else args.data_dir)
-                with subnormals_flushed(device):
-                    result = run(job, device, stop)
-        except Diverged as err:
-            print(f"{task} / {init} / seed {seed}: stopped, {err}; what was saved is in {out_dir}",
-                  file=sys.stderr)
-            failed += 1
-            results += [r for r in [read_result(os.path.join(out_dir, "result.json"))] if r]
-            continue
-        if result is not None:                 # None: a torchrun rank other than 0; rank 0 reports
-            results.append(result)
-            print(tasks.summary_line(result), flush=True)
-            if not grid:
-                print(f"wrote {os.path.join(out_dir, 'result.json')}")
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    if grid and results:
-        write_json(os.path.join(root, "grid.json"), results)
-        write_tables(root, results)
-    return 1 if failed else 0
-
 def main(argv=None):
-    """Exit 0; 1 when a run diverged or a write failed; 2 for bad input or an output folder that cannot
-    be made, written or locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
+    """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder that
+    cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
     stop = Stop()
     if hasattr(sys.stdout, "reconfigure"):             # a path that is not UTF-8 prints, escaped
         sys.stdout.reconfigure(errors="backslashreplace")
@@ -1450,9 +1047,8 @@ def main(argv=None):
                 stop.summarizing = args.summarize
                 return summarize(args.summarize)
             device = resolve_device(args.device)
-            family = check_args(args, list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task)
-            merge_repeats(args)
             task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
+            family = check_args(args, task_names)
             with contextlib.ExitStack() as grid_lock:
                 return train_all(args, family, task_names, device, stop, grid_lock)
     except (UsageError, tasks.DataError) as err:
@@ -1467,6 +1063,649 @@ def main(argv=None):
         return 1 if stop.trained else 2
     finally:
         torch.set_num_threads(threads)
+
+# ==================================================================================================
+# Part B. The run machinery: what makes a run safe to stop, resume, compare and share
+# ==================================================================================================
+
+# --- Errors: each is one line on stderr (main) ---------------------------------------------------
+class UsageError(Exception):
+    """Bad input from the user: one line on stderr, exit code 2."""
+
+class Diverged(Exception):  # the training loss became NaN or infinite
+    pass
+
+class WriteError(Exception):
+    """A file the run could not write (disk full, read-only, ...): the path and the OS's reason; exit 1."""
+    def __init__(self, path, err):
+        super().__init__(f"cannot write {path}: {err.strerror or err}")
+
+class Interrupted(BaseException):
+    """SIGINT / SIGTERM: main exits 128 + its number; a BaseException, so no `except Exception` eats it."""
+    def __init__(self, signum, message):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+# --- Files: written atomically, strict JSON, read back with their fields checked ----------------
+def write_atomic(path, data):
+    """Bytes or text to path via a temporary file, fsync, rename: never half a file; OSError -> WriteError."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if isinstance(err, OSError):
+            raise WriteError(path, err) from None
+        raise
+
+def finite(obj, where=""):
+    """(obj with every NaN or infinite float replaced by None, {where: "inf", ...} of those replaced):
+    result.json stays strict JSON, which has no Infinity or NaN."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None, {where: str(obj)}
+    if not isinstance(obj, (dict, list)):
+        return obj, {}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+    clean, bad = {}, {}
+    for key, value in items:
+        clean[key], more = finite(value, f"{where}.{key}" if where else str(key))
+        bad.update(more)
+    return (clean if isinstance(obj, dict) else list(clean.values())), bad
+
+def write_json(path, obj):
+    write_atomic(path, json.dumps(finite(obj)[0], indent=2, allow_nan=False) + "\n")
+
+def save_checkpoint(path, state):  # torch.save through write_atomic: never half a checkpoint
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomic(path, buffer.getvalue())
+
+def read_result(path, warn=True):
+    """A result.json as a dict, or None (with a warning naming it and the field, if warn) if it is
+    damaged or hand-edited into something the tables cannot read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+        if not isinstance(result, dict):
+            raise ValueError("not a JSON object")
+        check_result(result)
+        if result["status"] == "done":
+            tasks.summary_line(result)           # the fields a table reads are all there
+            tasks.settings_of(result)
+        return result
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        if warn:
+            print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})",
+                  file=sys.stderr)
+        return None
+
+def check_result(result):
+    """ValueError naming the first field of a result.json that the tables could not read."""
+    def number(value):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    def bad(field, value, expected):
+        raise ValueError(f"field {field} is {json.dumps(value)[:40]}, not {expected}")
+    for name in ("task", "init", "seed", "status", "config", "final"):
+        if name not in result:
+            raise ValueError(f"field {name} is missing")
+    if result["task"] not in tasks.FAMILY_OF:
+        bad("task", result["task"], "a task of train.py")
+    if result["init"] not in INITS:
+        bad("init", result["init"], "an init of train.py")
+    if not isinstance(result["seed"], int) or isinstance(result["seed"], bool) or result["seed"] < 0:
+        bad("seed", result["seed"], "a whole number >= 0")
+    if result["status"] not in ("done", "running", "diverged"):
+        bad("status", result["status"], "done, running or diverged")
+    if not isinstance(result["config"], dict):
+        bad("config", result["config"], "an object")
+    for key in ("train_frac", "mask_magnitude", "mask_decay", "mask_lr", "mask_threshold", "epochs", "lr"):
+        value = result["config"].get(key)
+        if value is not None and not number(value):
+            bad(f"config.{key}", value, "a finite number")
+    for key in ("mask_error", "mask_variant", "mask_from"):
+        value = result["config"].get(key)
+        if value is not None and not isinstance(value, str):
+            bad(f"config.{key}", value, "text")
+    final = result["final"]
+    if result["status"] == "done":      # a table's numbers: a number (inf and NaN are shown), or null
+        if not isinstance(final, dict):
+            bad("final", final, "an object")
+        for key, value in final.items():
+            if key in tasks.HEADER and value is not None and (
+                    not isinstance(value, (int, float)) or isinstance(value, bool)):
+                bad(f"final.{key}", value, "a number")
+    if not number(result.get("seconds") or 0):
+        bad("seconds", result.get("seconds"), "a number")
+
+# --- One run per folder: the lock, and what a folder may already hold ---------------------------
+@contextlib.contextmanager
+def folder_lock(folder):
+    """One writer per run folder: a flock on folder/.lock (holding the pid; the OS drops it when the process
+    ends, kill -9 too); else UsageError. Once locked, the temporary files of a writer killed mid-write
+    (write_atomic's <name>.tmp<pid>) are removed. At the end .lock goes, and the folder if the lock made
+    it and it stayed empty."""
+    path, fd, made = os.path.join(folder, ".lock"), None, not os.path.isdir(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        while fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise in_use(folder, fd) from None
+            if not os.path.exists(path) or not os.path.samestat(os.fstat(fd), os.stat(path)):
+                os.close(fd)    # the holder before us removed it between our open and our lock
+                fd = None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        for name in os.listdir(folder):
+            if re.fullmatch(r".+\.tmp\d+", name) and os.path.isfile(os.path.join(folder, name)):
+                os.remove(os.path.join(folder, name))
+    except BaseException as err:
+        if fd is not None:
+            os.close(fd)
+        if isinstance(err, OSError):
+            raise UsageError(f"cannot write {err.filename or folder}: {err.strerror}") from None
+        raise
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)     # removed while still locked, so that no one locks a stale file
+            if made:            # a run refused before it wrote anything leaves no folder behind
+                os.rmdir(folder)
+        os.close(fd)
+
+def in_use(folder, fd):
+    """The UsageError for a folder whose lock (open as fd) another process holds, naming its pid."""
+    holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+    return UsageError(f"{folder} is in use by another train.py run (pid {holder}): wait for it to end, "
+                      f"or choose another --out")
+
+def check_not_in_use(folder):
+    """in_use's UsageError if a live run holds folder's lock (probed, not taken)."""
+    try:
+        fd = os.open(os.path.join(folder, ".lock"), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise in_use(folder, fd) from None
+    finally:
+        os.close(fd)
+
+RUN_FILES = ("result.json", "checkpoint.pt", "attention_before.pt", "attention_after.pt", "attention.svg")
+
+def files_in(folder, names):
+    return [name for name in names if os.path.isfile(os.path.join(folder, name))]
+
+def grid_runs(folder):
+    """The run folders directly below folder (a grid's root): those holding a run's files."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and files_in(e.path, RUN_FILES))
+
+def check_folder(folder, task, init, seed, config, resume, grid):
+    """One run per folder: UsageError, before anything is written, when folder holds a grid (for a
+    single run) or another run's files (without --resume any, with it those of another run)."""
+    check_not_in_use(folder)
+    if not grid and (files_in(folder, ("grid.json", "table.md")) or grid_runs(folder)):
+        raise UsageError(f"--out {folder} holds a grid{grid_hint(folder)}")
+    found = files_in(folder, RUN_FILES)
+    if not found or resume and ("checkpoint.pt" in found or same_run(folder, task, init, seed, config)):
+        return                        # --resume checks the checkpoint's config and data at its turn
+    raise UsageError(f"--out {folder} already holds a run ({', '.join(found)}): choose another --out"
+                     f"{'' if resume else ', or add --resume to continue or keep it'}")
+
+def check_grid_root(root):
+    check_not_in_use(root)
+    found = files_in(root, RUN_FILES)
+    if found:
+        raise UsageError(f"--out {root} holds a run ({', '.join(found)}), not a grid: choose another "
+                         f"--out for the grid")
+
+def grid_hint(folder):
+    """What to do instead of one run in a grid's root: its own command, or one run's folder."""
+    runs = grid_runs(folder)
+    example = f", e.g. --out {os.path.join(folder, runs[0])}" if runs else ""
+    return (f": continue the grid with its own command (its --task, --init, --seeds), or name one "
+            f"run's folder{example}")
+
+def same_run(folder, task, init, seed, config):
+    """folder's result.json records this task, init, seed and config (its data: checked later)."""
+    path = os.path.join(folder, "result.json")
+    old = os.path.exists(path) and read_result(path, warn=False)
+    return bool(old) and [old["task"], old["init"], old["seed"], old["config"]] == [task, init, seed, config]
+
+def finished_run(out_dir, task, init, seed, config, fingerprint):
+    """out_dir's result.json if it is this very run (task, init, seed, config, data), done; else None."""
+    path = os.path.join(out_dir, "result.json")
+    old = os.path.exists(path) and read_result(path)
+    keys = ("task", "init", "seed", "config", "data_fingerprint")
+    same = old and old["status"] == "done" and [old.get(k) for k in keys] == [
+        task, init, seed, config, fingerprint]
+    return old if same else None
+
+# --- Signals: Ctrl-C and SIGTERM end a run with a checkpoint of its step and one line ----------
+class Stop:
+    """The SIGINT / SIGTERM handler, and where the run is. While the loop trains, a first signal only sets
+    `signal` (the loop checkpoints its step, then stops); else, or at a second one, Interrupted is raised."""
+    def __init__(self):
+        self.pid, self.signal, self.training = os.getpid(), None, False
+        self.trained = False          # any run of this command began training (a failed write: exit 1)
+        self.summarizing = None       # --summarize's folder, while it writes the tables
+        self.start(None, False, False)
+    def start(self, folder, grid, resuming):  # a new run in folder: nothing trained yet
+        self.folder, self.grid, self.at = folder, grid, None       # at: "epoch 2 (step 34)"
+        self.kept = "its checkpoint" if resuming else None        # what checkpoint.pt holds
+    def __call__(self, signum, frame):
+        if os.getpid() != self.pid:   # a DataLoader worker forked from us: as without this handler
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt     # on which torch's worker loop ends quietly
+            os._exit(128 + signum)
+        if self.training and self.signal is None:
+            self.signal = signum
+        else:
+            raise self.interrupted(signum)
+    def advice(self):  # what is on disk, and how to go on
+        if self.kept:
+            return f"{self.kept} is kept in {self.folder}: rerun with --resume"
+        if self.grid:
+            return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
+        return "no checkpoint was written, nothing to resume: rerun without --resume"
+    def interrupted(self, signum=None):
+        if self.summarizing:
+            return Interrupted(signum or self.signal, f"interrupted while summarizing {self.summarizing}; "
+                                                      f"its tables are as they were")
+        where = f"at {self.at}" if self.at else "before training started"
+        return Interrupted(signum or self.signal, f"interrupted {where}; {self.advice()}")
+
+@contextlib.contextmanager
+def signals_caught(stop):
+    """stop handles SIGINT and SIGTERM inside the block; the handlers from before are put back."""
+    main = threading.current_thread() is threading.main_thread()   # only it may set handlers
+    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+# --- The loop's guard: what the training loop does besides its steps ------------------------------
+class Guard:
+    """train's companion: the progress bar and the evaluation lines, the timing of steps, the check of
+    the loss before a step (every rank agrees: Diverged), checkpoints, and signals: a first SIGINT or
+    SIGTERM lets the step under way finish, keeps a checkpoint of it and stops (Interrupted). A round
+    a signal cut is drawn again from its start's random states, the steps already done skipped, so that
+    a resumed run repeats the uninterrupted one exactly."""
+    def __init__(self, exp, state, job, place, stop):
+        self.exp, self.state, self.job, self.place, self.stop = exp, state, job, place, stop
+        self.started, self.losses, self.signum = time.time(), [], 0
+        self.bar = tqdm(total=exp.steps, initial=state["step"], desc=f"{job.task}/{job.init}/seed{job.seed}",
+                        leave=False, dynamic_ncols=True,
+                        disable=None if job.progress and place.rank == 0 else True)  # None: a terminal only
+        if job.resume:                          # where an interruption would leave the run
+            cut = state.get("partial")
+            stop.at = position(exp, cut["round"] if cut else state["round"], state["step"])
+            stop.kept = f"the checkpoint of {stop.at}"
+
+    def __enter__(self):
+        self.stop.training = self.stop.trained = True    # a first signal now stops after its step
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.training = False
+
+    def batches(self, r, state):
+        """Round r's batches, timing each step from its batch on. A round a checkpoint cut (state's
+        "partial") is drawn again from its start's states, its done batches skipped."""
+        exp, device, partial = self.exp, self.place.device, state.pop("partial", None)
+        if partial is None:
+            self.round_start, self.losses = rng_states(exp, device), []   # before exp.batches seeds
+            batches = iter(exp.batches(r))
+        else:
+            at_cut = rng_states(exp, device)
+            set_rng_states(exp, device, partial["rngs"])
+            batches = iter(exp.batches(r))
+            for _ in range(partial["done"]):
+                next(batches)
+            set_rng_states(exp, device, at_cut)
+            self.round_start, self.losses = partial["rngs"], list(partial["losses"])
+        for batch in batches:
+            self.step_start = time.time()
+            yield batch
+
+    def check(self, loss, r, state):
+        """Diverged if the loss is NaN or infinite on any rank (before its step: the weights stay
+        finite); a signal on any rank is agreed on here too (torchrun)."""
+        state["step"] += 1
+        world = self.place.world
+        diverged, self.signum = agreed([not torch.isfinite(loss.detach()), self.stop.signal or 0], world,
+                                       self.place.device)
+        if diverged:
+            raise Diverged(f"loss became {loss.item()} at step {state['step']} ({self.exp.unit} {r})")
+
+    def stepped(self, loss, batch, r, state):
+        """After a step: its loss and time, the bar; a signal that came: a checkpoint of this step, stop."""
+        self.losses.append(loss.item())               # .item() waits for the step: timing is honest
+        state["train_seconds"] += time.time() - self.step_start
+        state["samples"] += len(batch[0])
+        self.bar.update()
+        self.bar.set_postfix(loss=f"{self.losses[-1]:.4f}")
+        self.stop.at = position(self.exp, r, state["step"])
+        signum = self.signum if self.place.world > 1 else self.stop.signal   # torchrun: the agreed one
+        if signum:
+            world = self.place.world
+            self.keep(r, {"round": r, "done": len(self.losses),
+                          "ranks": gather({"losses": self.losses, "rngs": self.round_start}, world)})
+            raise self.stop.interrupted(signum)
+
+    def round_loss(self):
+        """The round's mean training loss, averaged over the ranks."""
+        return statistics.fmean(gather(statistics.fmean(self.losses), self.place.world))
+
+    def report(self, entry):
+        """The evaluation's line (rank 0), above the bar if there is one, flushed for logs."""
+        if self.place.rank == 0:
+            self.bar.write(progress_line(self.job, self.exp, entry, self.started))
+            sys.stdout.flush()
+
+    def round_done(self, r, state, evaluated):
+        """A checkpoint after each evaluation, or now if a signal came since the last step; then stop."""
+        signum = agreed([self.stop.signal or 0], self.place.world, self.place.device)[0]
+        if evaluated or signum:
+            self.keep(r)
+        if signum:
+            raise self.stop.interrupted(signum)
+
+    def finished(self):
+        if self.stop.signal:            # came after the last checkpoint: it holds the whole run
+            raise self.stop.interrupted()
+        self.bar.close()
+
+    def keep(self, r, partial=None):
+        """checkpoint.pt of this step (rank 0 writes); partial: a round cut after partial["done"]."""
+        exp, state, (device, rank, world) = self.exp, self.state, self.place
+        rngs = gather(rng_states(exp, device), world)
+        if rank == 0:
+            save_checkpoint(os.path.join(self.job.out_dir, "checkpoint.pt"), {
+                "meta": self.job.meta(world), "model": exp.model.state_dict(),
+                "optimizer": exp.optimizer.state_dict(), "schedule": exp.schedule.state_dict(),
+                "rng": rngs, "state": state, "partial": partial})
+        if world > 1:
+            dist.barrier()
+        self.stop.kept = f"the checkpoint of {position(exp, r, state['step'])}"
+
+def progress_line(job, exp, entry, started):
+    """One evaluation in a line: "majority/mask/seed0 epoch 5/10: train loss 0.0123, test accuracy
+    87.50 %, 12 s" (seconds since this process began the run)."""
+    key, label = tasks.main_metric(job.task)
+    name = label.split(" (")[0].split(",")[0]
+    metric = entry.get(key)
+    if metric is None:
+        shown = "n/a"
+    elif "(%)" in label:
+        shown = f"{metric:.2f} %"
+    else:
+        shown = tasks.fmt(metric)
+    last = exp.steps if exp.unit == "iter" else exp.rounds
+    return (f"{job.task}/{job.init}/seed{job.seed} {exp.unit} {entry[exp.unit]}/{last}: train loss "
+            f"{tasks.fmt(entry['train_loss'])}, {name} {shown}, {time.time() - started:.0f} s")
+
+def position(exp, r, step):  # where a run is: "epoch 3 (step 34)", or "iteration 37" for language
+    if exp.unit == "iter":
+        return f"iteration {step}"
+    return f"epoch {r} (step {step})"
+
+# --- Checkpoints and --resume: the same flags, the same data, or one line -----------------------
+def resume_from(checkpoint, meta, exp, place):
+    """checkpoint.pt loaded into exp; returns its state (a cut round in state["partial"])."""
+    saved = load_checkpoint(checkpoint, meta)
+    exp.model.load_state_dict(saved["model"])
+    exp.optimizer.load_state_dict(saved["optimizer"])
+    exp.schedule.load_state_dict(saved["schedule"])
+    set_rng_states(exp, place.device, saved["rng"][place.rank])
+    state, cut = saved["state"], saved.get("partial")      # cut: the round a signal cut, if any
+    if cut:
+        state["partial"] = {"round": cut["round"], "done": cut["done"], **cut["ranks"][place.rank]}
+    return state
+
+def load_checkpoint(path, meta):
+    """The checkpoint at path, or UsageError: unreadable, not ours, or another run's (flags or data)."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise no_checkpoint(path)
+    except Exception as err:
+        raise UsageError(f"--resume: {path} is damaged or not a checkpoint ({type(err).__name__}"
+                         f"): delete it, or use another --out")
+    if not isinstance(saved, dict) or not {"meta", "model", "state"} <= set(saved):
+        raise UsageError(f"--resume: {path} is not a checkpoint written by train.py")
+    theirs = {**saved["meta"], **saved["meta"]["config"]}
+    for key, value in {**meta, **meta["config"]}.items():
+        if key not in ("config", "data_fingerprint") and theirs.get(key) != value:
+            raise UsageError(f"--resume: {path} was written by a run with {key} {theirs.get(key)!r}, "
+                             f"this run has {value!r}: use the same flags, or another --out")
+    check_fingerprint(path, saved["meta"].get("data_fingerprint"), meta.get("data_fingerprint"))
+    return saved
+
+def no_checkpoint(path):
+    return UsageError(f"--resume: no checkpoint at {path}: run without --resume first")
+
+def check_fingerprint(path, theirs, ours):
+    """UsageError naming the first part of the data that differs; no fingerprint at all: a note."""
+    if ours is None:
+        return
+    if theirs is None:
+        print(f"train.py: note: {path} records no fingerprint of its data; the data is not checked",
+              file=sys.stderr)
+        return
+    for key in sorted(set(theirs) | set(ours)):
+        if theirs.get(key) != ours.get(key):
+            raise UsageError(f"--resume: {path} was written by a run on other data: "
+                             f"{data_difference(key, theirs.get(key), ours.get(key))}: use the same "
+                             f"data, or another --out")
+
+def data_difference(key, theirs, ours):
+    """What differs in one part of a fingerprint, in words: "valid.txt differs", "3 images added under
+    train/cat", "--bpe-file: none before, one now"."""
+    if theirs is None or ours is None:
+        return f"{key}: {'none before, one now' if theirs is None else 'there before, none now'}"
+    counts = [re.match(r"(\d+) files, ", v) for v in (theirs, ours)]
+    if all(counts) and counts[0].group(1) != counts[1].group(1):
+        before, now = (int(m.group(1)) for m in counts)
+        return f"{abs(now - before)} images {'added' if now > before else 'removed'} under {key}"
+    return f"{key} differs"
+
+def use_threads_of_checkpoint(saved, job):
+    """--resume trains on with the checkpoint's thread count (the numbers depend on it in their last
+    digits) unless --threads says otherwise (then a note when the two differ)."""
+    if saved is None:
+        return job.threads
+    if not job.threads_given:
+        return saved
+    if job.threads != saved:
+        print(f"train.py: note: {job.out_dir} was trained with {saved} threads, --threads {job.threads} "
+              f"now: the numbers may differ from an uninterrupted run's in their last digits",
+              file=sys.stderr)
+    return job.threads
+
+# --- Fingerprints of a run's data (checkpoint.pt and result.json): --resume refuses other data,
+# --summarize never averages over two. Generated data (Boolean, arithmetic) by its tensors; files by
+# their content and their paths relative to the data folder (a copy elsewhere, or a touched file, is the
+# same data). tasks.py's loaders name what they read in data["sources"].
+def data_fingerprint(family, data):
+    """{part of the data: its digest}, e.g. {"train set": "sha256 ..."} or {"train/cat": "12 files, ..."}."""
+    if family in ("boolean", "arithmetic"):
+        parts = {"train set": "train", "eval set": "eval"}
+        return {name: tensors_sha256(data[f"x_{part}"], data[f"y_{part}"])
+                for name, part in parts.items() if f"x_{part}" in data}
+    return {name: source_digest(source, data["root"]) for name, source in data["sources"].items()}
+
+def source_digest(source, root):
+    """A tensor's, a file's, or a list of files' digest; None stays None (e.g. no --bpe-file)."""
+    if source is None:
+        return None
+    if isinstance(source, torch.Tensor):
+        return tensors_sha256(source)
+    if isinstance(source, str):
+        return file_sha256(source)
+    return files_listing(source, root)
+
+def tensors_sha256(*tensors):
+    """sha256 of the tensors' dtypes, shapes and bytes, as "sha256 <hex>"."""
+    digest = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()       # kept alive while its memory is read below
+        digest.update(f"{t.dtype} {tuple(t.shape)};".encode())
+        digest.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
+    return f"sha256 {digest.hexdigest()}"
+
+def file_sha256(path):
+    """sha256 of a file's content, read in 1 MiB pieces (a corpus can be gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            digest.update(piece)
+    return f"sha256 {digest.hexdigest()}"
+
+def files_listing(paths, root):
+    """"<count> files, <bytes> bytes, sha256 <hex>" over each path below root and its content's sha256
+    (os.fsencode: a file name that is not UTF-8 is hashed by its bytes)."""
+    digest, total = hashlib.sha256(), 0
+    for path in paths:
+        total += os.path.getsize(path)
+        digest.update(os.fsencode(os.path.relpath(path, root)) + f"\t{file_sha256(path)}\n".encode())
+    return f"{len(paths)} files, {total} bytes, sha256 {digest.hexdigest()}"
+
+# --- Random streams: every one a step draws from, kept by checkpoints ----------------------------
+def rng_states(exp, device):
+    """Every random stream a step draws from: torch's CPU one, exp's generators, CUDA's (dropout)."""
+    states = [torch.get_rng_state(), *[g.get_state() for g in exp.generators]]
+    return states + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
+
+def set_rng_states(exp, device, states):
+    torch.set_rng_state(states[0])
+    for generator, state in zip(exp.generators, states[1:]):
+        generator.set_state(state)
+    if device.type == "cuda" and len(states) > 1 + len(exp.generators):
+        torch.cuda.set_rng_state(states[-1], device)
+
+# --- torchrun: one process per GPU (or CPU process, gloo), gradients averaged by DDP ------------
+Place = namedtuple("Place", "device rank world")    # where a process trains (torchrun: its rank)
+
+def distributed_setup(device):
+    """torchrun (WORLD_SIZE > 1): join the process group (NCCL on CUDA, gloo on the CPU); its Place."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Place(device, 0, 1)
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Place(device, dist.get_rank(), world)
+
+def gather(obj, world):  # every rank's obj as a list indexed by rank ([obj] without torchrun)
+    out = [obj] * world
+    if world > 1:
+        dist.all_gather_object(out, obj)
+    return out
+
+def agreed(values, world, device):
+    """Under torchrun each value's maximum over the ranks: all ranks raise Diverged, or stop, at once."""
+    if world == 1:
+        return values
+    flags = torch.tensor([float(v) for v in values], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [int(v) for v in flags.tolist()]
+
+# --- The machine: device, threads, subnormal floats, memory -------------------------------------
+def resolve_device(name):
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device: unknown device {name!r}")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {name}: only cpu and cuda are supported")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+def device_name(device):
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
+
+def choose_threads(given, device):
+    """(torch CPU threads for new runs, how the first line says it): --threads, else the cores no other
+    job keeps busy (the 1-minute load average), at least one: torch's threads spin against other jobs."""
+    if given:
+        return given, f"{given} thread{'s' * (given > 1)} (--threads)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0]
+    threads = max(1, min(torch.get_num_threads(), round(cores - load)))
+    return threads, f"{threads} thread{'s' * (threads > 1)} ({cores} cores, load {load:.1f})"
+
+@contextlib.contextmanager
+def subnormals_flushed(device):
+    """On the CPU, floats below 1.2e-38 read as zero while a run trains: attention where M shuts pairs, and
+    its gradients, are such subnormals, many times slower on x86 (tests/bench_denormal.py)."""
+    was_on = (torch.tensor([torch.finfo(torch.float32).tiny]) / 4).item() == 0   # torch has no getter
+    torch.set_flush_denormal(was_on or device.type == "cpu")
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(was_on)
+
+def check_fits(family, config):
+    """Refuse, before allocating, a model whose weights, Adam state and attention maps exceed the RAM."""
+    L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
+    longest_sum = 2 * tasks.OPERAND_DIGITS + max(tasks.ARITHMETIC_TASKS.values())   # operands, answer slots
+    N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": longest_sum, "language": config.get("block_size"),
+         "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
+    maps_of = lambda batch: 4 * 3 * L * H * N * N * max(batch, 64)               # bytes
+    weights, maps = 4 * 4 * 12 * L * D * D, maps_of(B)
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if weights + maps > have:   # name the flag to change: width, input length, or else the batch
+        inputs = {"language": f"--block-size {N}", "vision": f"--image-size {config.get('image_size')}"}
+        if weights > maps:
+            flag = f"--dim {D}"
+        elif weights + maps_of(64) > have:
+            flag = inputs.get(family, f"--layers {L}")
+        else:
+            flag = f"--batch-size {B}"
+        raise UsageError(f"{flag}: {L} layers x {H} heads x {N} x {N} attention maps at width {D} need "
+                         f"about {(weights + maps) / 2**30:.0f} GiB, this machine has "
+                         f"{have / 2**30:.0f} GiB: choose a smaller model, batch or input")
+
+# --- Flag types: one line for a bad value, never a traceback ------------------------------------
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints the whole usage block; one line is enough
+        raise UsageError(message)
+
+FLOAT32_MAX = torch.finfo(torch.float32).max     # 3.4e38: a setting past it is inf inside the model
+
+def number(kind, strict=True):
+    """argparse type: kind(text) > 0 (>= 0 when not strict), finite in float32 (a whole number below 2^63)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
+        if not math.isfinite(value) or value < 0 or (strict and value == 0):
+            raise argparse.ArgumentTypeError(f"must be a number {'>' if strict else '>='} 0, got {text!r}")
+        if value > (2 ** 63 - 1 if kind is int else FLOAT32_MAX):
+            raise argparse.ArgumentTypeError(f"{text} is too large ({'2^63' if kind is int else 'float32'}"
+                                             f" ends at {2 ** 63 - 1 if kind is int else FLOAT32_MAX:.3g})")
+        return value
+    return parse
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,6 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tasks  # noqa: E402
 import train  # noqa: E402
 from bench_util import clean_rounds  # noqa: E402
 
@@ -46,9 +47,10 @@ def main():
     torch.set_num_threads(args.threads)
     cli = ["--task", args.task, "--init", "mask", "--preset", args.preset]
     magnitude = None if args.checkpoint else args.mask_magnitude
-    config = train.make_config("boolean", args.task, train.build_parser().parse_args(cli),
-                               magnitude=magnitude)
-    exp = train.boolean_setup(args.task, "mask", 0, config, torch.device("cpu"))
+    config = train.make_config("boolean", train.RunSettings(args.task, "mask", 0, mask_magnitude=magnitude),
+                               train.build_parser().parse_args(cli))
+    exp = train.boolean_setup(args.task, "mask", 0, config, torch.device("cpu"),
+                              tasks.boolean_dataset(args.task))
     if args.checkpoint:
         saved = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
         exp.model.load_state_dict(saved["model"])

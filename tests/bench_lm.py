@@ -41,7 +41,7 @@ def main():
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = train.make_config("language", "lm", train.build_parser().parse_args(
+    config = train.make_config("language", train.RunSettings("lm", "default", 0), train.build_parser().parse_args(
         ["--task", "lm", "--preset", args.preset]))
     vocab, block, batch = 256, config["block_size"], config["batch_size"]
     tokens = torch.randint(vocab, (4 * block,), generator=torch.Generator().manual_seed(1))

@@ -52,7 +52,7 @@ def vision_model(init, config):
 
 
 def throughput(args):
-    config = train.make_config("vision", "cifar10", train.build_parser().parse_args(
+    config = train.make_config("vision", train.RunSettings("cifar10", "default", 0), train.build_parser().parse_args(
         ["--task", "cifar10"]))
     masked, default = (vision_model(init, config) for init in ("mask", "default"))
     default.load_state_dict({k: v for k, v in masked.state_dict().items() if not k.endswith("mask")})

@@ -174,8 +174,9 @@ def test_same_seed_same_result_other_seed_other_result(tmp_path):
 def test_weight_decay_replaces_the_presets_on_the_weights_and_leaves_m_to_mask_decay(preset, flag,
                                                                                     weights_decay):
     args = train.build_parser().parse_args(["--task", "2parity", "--preset", preset, *flag])
-    config = train.make_config("boolean", "2parity", args, mask_decay=0.5)
-    exp = train.boolean_setup("2parity", "mask", 0, config, torch.device("cpu"))
+    config = train.make_config("boolean", train.RunSettings("2parity", "mask", 0, mask_decay=0.5), args)
+    exp = train.boolean_setup("2parity", "mask", 0, config, torch.device("cpu"),
+                              tasks.boolean_dataset("2parity"))
     masks = {id(p) for name, p in exp.model.named_parameters() if name.endswith("mask")}
     decays = {id(p): group["weight_decay"] for group in exp.optimizer.param_groups for p in group["params"]}
     assert masks and len(decays) == sum(p.requires_grad for p in exp.model.parameters())
@@ -187,8 +188,9 @@ def test_the_paper_presets_boolean_model_starts_positions_and_cls_as_the_gotu_co
     """--preset paper builds aryol/GOTU's model: positions and CLS drawn from N(0, 1); the QK
     inits solve on them without rescaling them (norm_p = 18 is for positions drawn at 0.02)."""
     args = train.build_parser().parse_args(["--task", "2parity", "--preset", "paper"])
-    config = train.make_config("boolean", "2parity", args)
-    model = train.boolean_setup("2parity", init, 0, config, torch.device("cpu")).model
+    config = train.make_config("boolean", train.RunSettings("2parity", init, 0), args)
+    model = train.boolean_setup("2parity", init, 0, config, torch.device("cpu"),
+                                tasks.boolean_dataset("2parity")).model
     assert model.pos.shape == (1, 16, 256) and model.cls.shape == (1, 1, 256)
     assert 0.95 < model.pos.std().item() < 1.05 and 0.85 < model.cls.std().item() < 1.15
     assert abs(model.pos.mean().item()) < 0.05
@@ -198,9 +200,10 @@ def test_a_paper_preset_boolean_model_draws_its_starts_in_the_gotu_models_order(
     """aryol/GOTU's TokenTransformer draws the bit embedding N(0, 1), then the positions and then
     CLS with torch.randn; a run seeded s (train.run seeds torch first) draws the same numbers."""
     args = train.build_parser().parse_args(["--task", "majority", "--preset", "paper"])
-    config = train.make_config("boolean", "majority", args)
+    config = train.make_config("boolean", train.RunSettings("majority", "mask", 3), args)
     torch.manual_seed(3)
-    model = train.boolean_setup("majority", "mask", 3, config, torch.device("cpu")).model
+    model = train.boolean_setup("majority", "mask", 3, config, torch.device("cpu"),
+                                tasks.boolean_dataset("majority")).model
     torch.manual_seed(3)
     embedding, positions, cls = torch.randn(2, 256), torch.randn(1, 16, 256), torch.randn(1, 1, 256)
     assert torch.equal(model.embed.weight, embedding)

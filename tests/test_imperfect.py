@@ -92,8 +92,9 @@ def test_parse_edit_takes_kind_and_fraction_or_none():
 
 def tiny_experiment(init, **sweeps):
     args = train.build_parser().parse_args(["--task", "2parity", *TINY])
-    config = train.make_config("boolean", "2parity", args, **sweeps)
-    return train.boolean_setup("2parity", init, 0, config, torch.device("cpu"))
+    config = train.make_config("boolean", train.RunSettings("2parity", init, 0, **sweeps), args)
+    return train.boolean_setup("2parity", init, 0, config, torch.device("cpu"),
+                               tasks.boolean_dataset("2parity"))
 
 
 def test_mask_lr_reaches_the_mask_group_only():
@@ -180,7 +181,7 @@ def test_bad_mask_error_or_mask_lr_exits_2_with_one_line(args, message, capsys):
 
 
 def test_the_model_starts_from_the_edited_prior_and_measures_against_the_exact_one():
-    exp = tiny_experiment("mask", error="moved:1.0")
+    exp = tiny_experiment("mask", mask_error="moved:1.0")
     exact = maskprior.mask_2parity(1, 2)
     assert torch.equal(exp.true_pattern, exact)
     assert torch.equal(exp.pattern, maskprior.edited_prior(exact, "moved:1.0", 0, cls_row=True))

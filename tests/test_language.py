@@ -38,7 +38,7 @@ def lm_model(init, vocab_size, layers, heads, block_size, dim):
     args = train.build_parser().parse_args(
         ["--task", "lm", "--init", init, "--layers", str(layers), "--heads", str(heads),
          "--block-size", str(block_size), "--dim", str(dim)])
-    config = {**train.make_config("language", "lm", args), "dropout": 0.0}
+    config = {**train.make_config("language", train.RunSettings("lm", init, 0), args), "dropout": 0.0}
     tokens = torch.randint(0, vocab_size, (4 * block_size,))
     data = {"train": tokens, "val": tokens, "test": tokens, "vocab_size": vocab_size,
             "decode": tasks.decode_bytes, "test_is_val": False}

@@ -295,13 +295,15 @@ def test_everything_but_m_starts_as_in_the_hand_made_mask_run(source):
     hand-made run, only M differs, and the optimizer trains the new M."""
     args = train.build_parser().parse_args(target(source))
     train.check_args(args, ["addition"])
-    config = train.make_config("arithmetic", "addition", args, 0.001, threshold=1.0)
+    config = train.make_config("arithmetic", train.RunSettings("addition", "mask", 0, train_frac=0.001,
+                                                            mask_threshold=1.0), args)
     plain = {k: v for k, v in config.items() if not k.startswith("mask_from")
              and k not in ("mask_threshold", "mask_density")}
     torch.manual_seed(0)
-    hand = train.arithmetic_setup("addition", "mask", 0, plain, torch.device("cpu"))
+    data = tasks.arithmetic_dataset("addition", config["train_frac"], 0, config["eval_size"])
+    hand = train.arithmetic_setup("addition", "mask", 0, plain, torch.device("cpu"), data)
     torch.manual_seed(0)
-    ours = train.arithmetic_setup("addition", "mask", 0, config, torch.device("cpu"))
+    ours = train.arithmetic_setup("addition", "mask", 0, config, torch.device("cpu"), data)
     train.use_learned_prior(ours, config)
     for (name, a), (_, b) in zip(hand.model.state_dict().items(), ours.model.state_dict().items()):
         assert torch.equal(a, b) == (not name.endswith("mask")), name
@@ -402,11 +404,11 @@ def test_a_vit_learns_its_prior_and_is_measured_against_the_impulse(tmp_path):
 # ------------------------------------------------------------------------------------------
 
 def test_run_names_and_the_inits_with_a_mask_prior():
-    assert tasks.run_name("addition", "mask", 0, None, 0.001, threshold=0.5, source="src") == \
-        "addition-mask-seed0-frac0.001-from-src-tau0.5"
-    assert tasks.run_name("lm", "mask", 1, source="src") == "lm-mask-seed1-from-src-tau1"
-    assert tasks.run_name("addition", "mask", 0, None, 0.001, threshold=0.5) == "addition-mask-seed0-frac0.001"
-    assert set(tasks.MASK_PRIOR_INITS) == {i for i, (_, prior) in train.INITS.items() if prior == "mask"}
+    learned = train.RunSettings("addition", "mask", 0, train_frac=0.001, mask_threshold=0.5)
+    assert learned.folder(source="src") == "addition-mask-seed0-frac0.001-from-src-tau0.5"
+    assert train.RunSettings("lm", "mask", 1).folder(source="src") == "lm-mask-seed1-from-src-tau1"
+    assert learned.folder() == "addition-mask-seed0-frac0.001"
+    assert set(train.MASK_PRIOR_INITS) == {"mask", "mask-fixed", "mask-hadamard"}
 
 
 def test_the_figure_draws_learned_priors_beside_the_hand_made_one(source, tmp_path):

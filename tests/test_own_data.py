@@ -79,7 +79,7 @@ def test_images_one_folder_layout_colour_run(colour_folder, tmp_path):
 
 def test_vit_takes_the_trees_channels_and_classes(grey_split, colour_folder):
     args = train.build_parser().parse_args(["--task", "images", *TINY_VIT])
-    config = train.make_config("vision", "images", args)
+    config = train.make_config("vision", train.RunSettings("images", "mask", 0), args)
     for folder, channels, classes in ((grey_split, 1, 3), (colour_folder, 3, 4)):
         data = tasks.vision_dataset("images", folder, config["image_size"])
         image, label = data["train"][0]

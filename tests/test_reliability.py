@@ -233,10 +233,10 @@ def test_every_grid_flag_merges_its_repeats_with_one_note_each(capsys):
          "--train-frac", "0.1", "0.10", "--mask-magnitude", "2", "2.0", "--mask-decay", "0", "0",
          "--mask-error", "none", "missing:0.1", "missing:0.10", "--mask-lr", "0.01", "0.01"])
     train.check_args(args, args.task)
-    train.merge_repeats(args)
-    assert (args.task, args.init, args.seeds, args.train_frac, args.mask_magnitude, args.mask_decay,
-            args.mask_error, args.mask_lr) == (["addition"], ["mask", "mask-fixed"], [3], [0.1], [2.0],
-                                               [0.0], [None, "missing:0.1"], [0.01])
+    values = train.grid_values(args)
+    assert (values.task, values.init, values.seeds, values.train_frac, values.mask_magnitude, values.mask_decay,
+            values.mask_error, values.mask_lr) == (["addition"], ["mask", "mask-fixed"], [3], [0.1], [2.0],
+                                                   [0.0], [None, "missing:0.1"], [0.01])
     notes = capsys.readouterr().err.splitlines()
     assert notes == [f"train.py: note: --{flag} {value} is given more than once; each run is trained once"
                      for flag, value in (("task", "addition"), ("init", "mask"), ("seeds", "3"),

@@ -49,7 +49,7 @@ def vision_setup(init, task="cifar10", *flags, seed=0):
     """train.vision_setup's experiment for the preset and flags, on 4 blank images of the
     preset's size (batch 2, no workers): the model, its prior and its pattern as a run has them."""
     args = train.build_parser().parse_args(["--task", task, "--init", init, *flags])
-    config = {**train.make_config("vision", task, args), "batch_size": 2}
+    config = {**train.make_config("vision", train.RunSettings(task, init, seed), args), "batch_size": 2}
     size = config["image_size"]
     images = [(torch.zeros(3, size, size), 0)] * 4
     data = {"train": images, "test": images, "classes": tasks.VISION_CLASSES[task]}
@@ -259,10 +259,10 @@ def test_warmup_as_long_as_the_run_is_shortened_and_said_so(cifar_dir, skip_md5,
     assert (config["warmup_epochs"], config["warmup_shortened_from"]) == (0, 1)
     assert "warmup shortened from 1 to 0 epochs" in capsys.readouterr().out
     args = train.build_parser().parse_args(["--task", "cifar10", "--epochs", "5", "--warmup-epochs", "9"])
-    config = train.make_config("vision", "cifar10", args)
+    config = train.make_config("vision", train.RunSettings("cifar10", "default", 0), args)
     assert (config["warmup_epochs"], config["warmup_shortened_from"]) == (4, 9)
     args = train.build_parser().parse_args(["--task", "cifar10", "--epochs", "5"])
-    assert "warmup_shortened_from" not in train.make_config("vision", "cifar10", args)
+    assert "warmup_shortened_from" not in train.make_config("vision", train.RunSettings("cifar10", "default", 0), args)
 
 
 def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(cifar_dir, skip_md5,

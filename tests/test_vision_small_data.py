@@ -45,7 +45,7 @@ def test_digits_are_an_imagefolder_tree_of_grey_pngs(digits_dir):
 
 def test_small_data_setting_is_the_cpu_presets_imagenet100_only():
     def config(task, preset):
-        return train.make_config("vision", task, train.build_parser().parse_args(
+        return train.make_config("vision", train.RunSettings(task, "default", 0), train.build_parser().parse_args(
             ["--task", task, "--preset", preset]))
     small = config("imagenet100", "cpu")
     assert (small["epochs"], small["mixup"], small["cutmix"], small["crop_scale"]) == (40, 0, 0, 0.35)
