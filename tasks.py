@@ -555,10 +555,11 @@ def text_dataset(data_dir, bpe_file=None):
             raise DataError(f"text: {path} is empty (or white space only)")
         if "\0" in texts[split]:
             raise DataError(f"text: {path} holds NUL bytes: a binary file (or UTF-16), not UTF-8 text")
-    enc = None if bpe_file is None else gpt2_encoding(bpe_file)
-    encode = lambda t: byte_tokens(t) if enc is None else \
-        torch.tensor(enc.encode_ordinary(t), dtype=torch.long)
-    streams = {k: encode(t) for k, t in texts.items()}
+    if bpe_file is None:                   # UTF-8 bytes, or GPT-2's tokens (--bpe-file)
+        enc, streams = None, {k: byte_tokens(t) for k, t in texts.items()}
+    else:
+        enc = gpt2_encoding(bpe_file)
+        streams = {k: torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for k, t in texts.items()}
     vocab, decode, tokenizer = (256, decode_bytes, "UTF-8 bytes") if enc is None else \
         (enc.n_vocab, _decoder(enc), f"GPT-2 BPE ({bpe_file})")
     test_is_val = files["test"] == files["val"]
@@ -843,11 +844,24 @@ def config_differences(settings):
     rests = {}
     for s in settings:
         rests.setdefault(s._replace(rest=()), []).append(dict(s.rest))
-    keys = sorted({key for configs in rests.values() for key in set().union(*configs)
-                   if len({config.get(key) for config in configs}) > 1})
-    show = lambda v: "—" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
-    return {s: " ".join(f"{key} {show(json.loads(dict(s.rest).get(key, 'null')))}" for key in keys)
-            for s in settings} if keys else {}
+    keys = set()                       # the config keys whose value differs within a group
+    for configs in rests.values():
+        for key in set().union(*configs):
+            if len({config.get(key) for config in configs}) > 1:
+                keys.add(key)
+    if not keys:
+        return {}
+    differences = {}
+    for s in settings:
+        values = {key: json.loads(dict(s.rest).get(key, "null")) for key in sorted(keys)}
+        differences[s] = " ".join(f"{key} {setting_text(value)}" for key, value in values.items())
+    return differences
+
+def setting_text(value):
+    """A config value as tables write it: "—" for none, 0.001 as "0.001", anything else as str."""
+    if value is None:
+        return "—"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 # Each family's columns: (header, key of "final": mean ± std over seeds, or a function (the finished
 # runs' result.json dicts, Settings) -> text). The paper's numbers stand beside its own setting only,
@@ -859,15 +873,14 @@ def paper(table, i=None):
         number = table.get((s.label, s.init)) if own_setting else None
         cell = fmt(number[i] if number and i is not None else number)
         changes = (done[0].get("preset_changes") or {}) if done and number else {}
-        said = [f"{key.replace('_', ' ')} {fmt_any(ours)}, not the preset's {fmt_any(theirs)}"
+        said = [f"{key.replace('_', ' ')} {setting_text(ours)}, not the preset's {setting_text(theirs)}"
                 for key, (ours, theirs) in sorted(changes.items())]
         return f"{cell} (this run: {'; '.join(said)})" if said else cell
     return column
 
-def fmt_any(value):
-    return fmt(value) if isinstance(value, float) else str(value)
-
-closer = lambda final: final["unseen_loss"] < final["unseen_mse_to_mdi"]   # to the target than to the MDI
+def closer(final):
+    """A Boolean run's unseen predictions lie closer to the target than to the MDI (Section 5.1)."""
+    return final["unseen_loss"] < final["unseen_mse_to_mdi"]
 
 # A Boolean run fitted its training set when its training MSE is below 1 % of the variance of the target
 # over the seen points (R^2 > 0.99): a constant predictor (MSE = that variance) or a run cut short is not
@@ -881,7 +894,15 @@ def seen_variance(task):
 def fitted(result):
     loss = result["final"].get("train_loss")
     return loss is not None and loss < FIT_FRACTION * seen_variance(result["task"])
-plain = lambda *keys: [(key.replace("_", " "), key) for key in keys]     # header: the key, spaced
+
+def learned_target(done, s):
+    """Table 1's "target": the seeds that fit their training set and extrapolate nearer the target."""
+    return f"{sum(closer(r['final']) and fitted(r) for r in done)}/{len(done)}"
+
+def plain(*keys):
+    """Columns headed by their keys, spaced: "prior mass init" for prior_mass_init."""
+    return [(key.replace("_", " "), key) for key in keys]
+
 PRIOR_MASS_COLUMNS = plain("prior_mass_init", "prior_mass_final")
 PERSISTENCE_COLUMNS = PRIOR_MASS_COLUMNS + plain("pattern_corr_init", "pattern_corr_final", "mask_drift")
 # With an edited or learned prior: the attention mass on the task's exact pattern as well.
@@ -889,7 +910,7 @@ TRUE_MASS_COLUMNS = plain("true_prior_mass_init", "true_prior_mass_final")
 BOOLEAN_COLUMNS = [
     *plain("train_loss", "test_loss"), ("test acc (%)", "test_acc"),
     ("unseen MSE to target", "unseen_loss"), ("unseen MSE to MDI", "unseen_mse_to_mdi"),
-    ("learned target", lambda done, s: f"{sum(closer(r['final']) and fitted(r) for r in done)}/{len(done)}"),
+    ("learned target", learned_target),
     ("paper loss", paper(PAPER_BOOLEAN, 0)), ("paper acc (%)", paper(PAPER_BOOLEAN, 1))]
 ARITHMETIC_COLUMNS = [
     ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), *plain("test_loss", "train_loss"),
@@ -930,12 +951,17 @@ def markdown_table(results, columns, init_order):
 def summary_line(result):
     """A finished run in one line: its SUMMARY numbers by their headers, prior masses, seconds, sample."""
     f, c, family = result["final"], result["config"], FAMILY_OF[result["task"]]
-    head = (f"{result['task']} / {result['init']} / seed {result['seed']}"
-            + (f" / prior {c['mask_error']}" if c.get("mask_error") else "")
-            + (f" / prior from {learned_prior(c)}" if c.get("mask_from") else "")
-            + (f" / train frac {c['train_frac']:g}" if family == "arithmetic" else ""))
-    value = lambda key: "n/a" if f[key] is None else \
-        f"{f[key]:.2f}%" if "(%)" in HEADER[key] else fmt(f[key])    # KeyError: not a result
+    head = [result["task"], result["init"], f"seed {result['seed']}"]
+    if c.get("mask_error"):
+        head.append(f"prior {c['mask_error']}")
+    if c.get("mask_from"):
+        head.append(f"prior from {learned_prior(c)}")
+    if family == "arithmetic":
+        head.append(f"train frac {c['train_frac']:g}")
+    def value(key):                                  # KeyError: not a result of train.py
+        if f[key] is not None and "(%)" in HEADER[key]:
+            return f"{f[key]:.2f}%"
+        return fmt(f[key])
     notes = {"unseen_mse_to_mdi": family == "boolean" and
              f" (closer to the {'target' if closer(f) else 'MDI'}"
              f"{'' if fitted(result) else '; the training set is not fitted'})",
@@ -951,15 +977,20 @@ def summary_line(result):
     if f.get("true_prior_mass_init") is not None and (c.get("mask_error") or c.get("mask_from")):
         said.append(mass("true_prior_mass"))
     sample = f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else ""
-    return f"{head}: {', '.join(said)}, {result['seconds']:.0f} s{sample}"
+    return f"{' / '.join(head)}: {', '.join(said)}, {result['seconds']:.0f} s{sample}"
 
 # Line charts (line_chart): rows of Panels, a legend beside a row; a line = mean, band = range over seeds.
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#17becf", "#bcbd22"]   # one per init of train.py's INITS
+           "#17becf", "#bcbd22"]   # an init's colour: by its place in the order the caller gives
 DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
-colour = lambda init, init_order: COLOURS[init_order.index(init) % len(COLOURS)]
-# {x: the seeds' values} -> [(x, mean, lowest, highest)], x rising
-seed_band = lambda by_x: [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(by_x.items())]
+
+def colour(init, init_order):
+    return COLOURS[init_order.index(init) % len(COLOURS)]
+
+def seed_band(by_x):
+    """{x: the seeds' values} -> [(x, mean, lowest, highest)], x rising: a line and its band."""
+    return [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(by_x.items())]
+
 # lines [(label, colour, dash, [(x, mean, lowest, highest)])]; x: "linear" (from 0), "log" (ticks at
 # the data's x, written by tick) or category names (x indexes them, "\n" breaks one); y: (lo, hi) or
 # None (0 to 100 for a "(%)" label, else the data's range, log across a factor of ten).
@@ -1005,8 +1036,16 @@ def line_chart(rows, caption="", width=360, height=250):
         ys, percent = [v for point in points for v in point[1:]], "(%)" in p.y_label
         log = p.y is None and not percent and min(ys) > 0 and max(ys) >= 10 * min(ys)
         pad = (max(ys) - min(ys)) * 0.06 or abs(max(ys)) * 0.1 or 1.0
-        lo, hi = p.y or ((0.0, 100.0) if percent else (min(ys) / 1.15, max(ys) * 1.15) if log else
-                         (min(ys) - pad if min(ys) < 0 else max(min(ys) - pad, 0.0), max(ys) + pad))
+        if p.y:                              # the y range: given, 0-100 %, a decade and more (log),
+            lo, hi = p.y                     # or the data's with a margin, from 0 if all are >= 0
+        elif percent:
+            lo, hi = 0.0, 100.0
+        elif log:
+            lo, hi = min(ys) / 1.15, max(ys) * 1.15
+        else:
+            lo, hi = min(ys) - pad, max(ys) + pad
+            if min(ys) >= 0:
+                lo = max(lo, 0.0)
         py, y_ticks = scale(lo, hi, bottom, top, log), nice_ticks(lo, hi, log)
         if isinstance(p.x, list):            # categories, evenly spaced
             x_ticks, tick = range(len(p.x)), p.x.__getitem__
@@ -1149,8 +1188,12 @@ def imperfect_figure(groups, init_order):
     lrs = sorted({s.mask_lr for s in groups if s.init == "mask"}, key=lambda lr: lr or 0)
     looks = {("mask", lr): (colour("mask", init_order), DASHES[i % len(DASHES)]) for i, lr in enumerate(lrs)}
     looks[("mask-fixed", None)], looks["at init"] = (colour("mask-fixed", init_order), ""), ("#999999", "2,2")
-    name = lambda key: "at init (mask, mask-fixed)" if key == "at init" else key[0] if key[0] != "mask" \
-        else f"mask, mask lr {'= lr' if key[1] is None else f'{key[1]:g}'}"
+    def name(key):                     # a legend entry: the line at init, mask-fixed, or mask at its lr
+        if key == "at init":
+            return "at init (mask, mask-fixed)"
+        if key[0] != "mask":
+            return key[0]
+        return f"mask, mask lr {'= lr' if key[1] is None else f'{key[1]:g}'}"
     x, panel, line = lambda s: edits.index(s.error), lambda s: (s.task, s.label, s.magnitude), \
         lambda s: (s.init, s.mask_lr)
     true_mass = lambda when: lambda s, f: f.get(f"true_prior_mass_{when}", f.get(f"prior_mass_{when}"))

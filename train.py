@@ -563,7 +563,15 @@ def run(job, device, stop):
         if rank == 0:
             save_pictures(job.out_dir, {"before": state["before"]}, exp.model)
     torch.set_num_threads(state["threads"])
-    result = result_record(job, exp, state, device, world)
+    resumed_at = None                           # where a resumed run picked up: its epoch, or iteration
+    if job.resume:
+        resumed_at = state["step"] if exp.unit == "iter" else state["round"]
+    result = {"task": job.task, "init": job.init, "seed": job.seed, "config": job.config, "device": str(device),
+              "threads": state["threads"], "data_dir": job.data_dir,
+              "preset_changes": preset_changes(job.family, job.task, job.config),
+              "mask_prior": job.init in MASK_PRIOR_INITS, "world_size": world, "status": "running",
+              "seconds": None, "resumed_at": resumed_at, **exp.info, "data_fingerprint": job.fingerprint,
+              "final": None, "history": state["history"]}
     start = time.time()
     try:
         with Guard(exp, state, job, place, stop) as guard:
@@ -597,22 +605,7 @@ def setup(job, place):
         return arithmetic_setup(task, init, seed, config, place.device, data)
     if job.family == "language":
         return lm_setup(task, init, seed, config, place.device, data, place.rank)
-    workers = job.workers
-    if workers is None:                         # loader processes: 8 beside a GPU, none on the CPU
-        workers = 8 if place.device.type == "cuda" else 0
-    return vision_setup(task, init, seed, config, place.device, data, place.rank, place.world, workers)
-
-def result_record(job, exp, state, device, world):
-    """result.json as it starts: the run, its config, machine and data; "final" once it is done."""
-    resumed_at = None
-    if job.resume:
-        resumed_at = state["step"] if exp.unit == "iter" else state["round"]
-    return {"task": job.task, "init": job.init, "seed": job.seed, "config": job.config, "device": str(device),
-            "threads": state["threads"], "data_dir": job.data_dir,
-            "preset_changes": preset_changes(job.family, job.task, job.config),
-            "mask_prior": job.init in MASK_PRIOR_INITS, "world_size": world, "status": "running",
-            "seconds": None, "resumed_at": resumed_at, **exp.info, "data_fingerprint": job.fingerprint,
-            "final": None, "history": state["history"]}
+    return vision_setup(task, init, seed, config, place.device, data, place.rank, place.world, job.workers)
 
 def snapshot(exp, device):
     """The prior as the model holds it now: mean attention maps on the probe inputs and the mask
@@ -651,23 +644,13 @@ class RunSettings:
     def folder(self, variant=None, source=None):
         """The run's folder name: <task>-<init>-seed<seed>, then each setting the command gave (defaults
         unnamed): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>, -mlr<lr>, -from-<run>-tau<TAU>."""
-        parts = [f"{self.task}-{self.init}-seed{self.seed}"]
-        if self.train_frac:
-            parts.append(f"frac{self.train_frac:g}")
-        if variant:
-            parts.append(variant)
-        if self.mask_magnitude:
-            parts.append(f"A{self.mask_magnitude:g}")
-        if self.mask_decay is not None:
-            parts.append(f"wd{self.mask_decay:g}")
-        if self.mask_error:
-            kind, fraction = tasks.edit_order(self.mask_error)
-            parts.append(f"err-{kind}{fraction:g}")
-        if self.mask_lr:
-            parts.append(f"mlr{self.mask_lr:g}")
-        if source:
-            parts.append(f"from-{source}-tau{self.mask_threshold or 1:g}")
-        return "-".join(parts)
+        kind, fraction = tasks.edit_order(self.mask_error)
+        given = [self.train_frac and f"frac{self.train_frac:g}", variant,
+                 self.mask_magnitude and f"A{self.mask_magnitude:g}",
+                 self.mask_decay is not None and f"wd{self.mask_decay:g}",
+                 self.mask_error and f"err-{kind}{fraction:g}", self.mask_lr and f"mlr{self.mask_lr:g}",
+                 source and f"from-{source}-tau{self.mask_threshold or 1:g}"]
+        return "-".join([f"{self.task}-{self.init}-seed{self.seed}", *filter(None, given)])
 
 # The flags whose values a grid sweeps, as RunSettings names them; each value given twice runs once.
 SWEEPS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_threshold")
@@ -937,6 +920,9 @@ def train_all(args, family, task_names, device, stop, grid_lock):
     if is_grid and writer:
         check_grid_root(root)
     threads = choose_threads(args.threads, device)
+    workers = args.workers                         # vision's loader processes: 8 beside a GPU, else 0
+    if workers is None:
+        workers = 8 if device.type == "cuda" else 0
     print(first_line(planned, task_names, device, threads[1], args, root if is_grid else planned[0][2], cache),
           flush=True)
     results, failed, root_locked = [], 0, False
@@ -961,8 +947,8 @@ def train_all(args, family, task_names, device, stop, grid_lock):
                         print(f"{task} / {init} / seed {seed}: already finished, nothing to resume; "
                               f"{out_dir} is left as it was")
                     continue
-                job = Job(family, task, init, seed, config, out_dir, data, fingerprint, resume,
-                          args.workers, args.compile, not args.no_progress, threads[0], bool(args.threads),
+                job = Job(family, task, init, seed, config, out_dir, data, fingerprint, resume, workers,
+                          args.compile, not args.no_progress, threads[0], bool(args.threads),
                           None if family in ("boolean", "arithmetic") or task == "lm" else args.data_dir)
                 with subnormals_flushed(device):
                     result = run(job, device, stop)
@@ -1146,43 +1132,37 @@ def read_result(path, warn=True):
 
 def check_result(result):
     """ValueError naming the first field of a result.json that the tables could not read."""
-    def number(value):
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    def bad(field, value, expected):
-        raise ValueError(f"field {field} is {json.dumps(value)[:40]}, not {expected}")
     for name in ("task", "init", "seed", "status", "config", "final"):
         if name not in result:
             raise ValueError(f"field {name} is missing")
-    if result["task"] not in tasks.FAMILY_OF:
-        bad("task", result["task"], "a task of train.py")
-    if result["init"] not in INITS:
-        bad("init", result["init"], "an init of train.py")
-    if not isinstance(result["seed"], int) or isinstance(result["seed"], bool) or result["seed"] < 0:
-        bad("seed", result["seed"], "a whole number >= 0")
-    if result["status"] not in ("done", "running", "diverged"):
-        bad("status", result["status"], "done, running or diverged")
-    if not isinstance(result["config"], dict):
-        bad("config", result["config"], "an object")
+    def number(value, finite=True):              # inf and NaN are shown in tables, not in a setting
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return False
+        return math.isfinite(value) or not finite
+    config, final, done = result["config"], result["final"], result["status"] == "done"
+    settings = config if isinstance(config, dict) else {}      # read below only if config passes
+    numbers = final if isinstance(final, dict) else {}
+    checks = [("task", result["task"] in tasks.FAMILY_OF, "a task of train.py"),
+              ("init", result["init"] in INITS, "an init of train.py"),
+              ("seed", isinstance(result["seed"], int) and number(result["seed"]) and result["seed"] >= 0,
+               "a whole number >= 0"),
+              ("status", result["status"] in ("done", "running", "diverged"), "done, running or diverged"),
+              ("config", isinstance(config, dict), "an object"),
+              ("final", isinstance(final, dict) or not done, "an object"),
+              ("seconds", result.get("seconds") is None or number(result["seconds"]), "a number")]
     for key in ("train_frac", "mask_magnitude", "mask_decay", "mask_lr", "mask_threshold", "epochs", "lr"):
-        value = result["config"].get(key)
-        if value is not None and not number(value):
-            bad(f"config.{key}", value, "a finite number")
+        checks.append((f"config.{key}", settings.get(key) is None or number(settings[key]), "a finite number"))
     for key in ("mask_error", "mask_variant", "mask_from"):
-        value = result["config"].get(key)
-        if value is not None and not isinstance(value, str):
-            bad(f"config.{key}", value, "text")
-    final = result["final"]
-    if result["status"] == "done":      # a table's numbers: a number (inf and NaN are shown), or null
-        if not isinstance(final, dict):
-            bad("final", final, "an object")
-        for key, value in final.items():
-            if key in tasks.HEADER and value is not None and (
-                    not isinstance(value, (int, float)) or isinstance(value, bool)):
-                bad(f"final.{key}", value, "a number")
-    if not number(result.get("seconds") or 0):
-        bad("seconds", result.get("seconds"), "a number")
+        checks.append((f"config.{key}", settings.get(key) is None or isinstance(settings[key], str), "text"))
+    for key in tasks.HEADER if done else ():     # a table's numbers: a number, inf or NaN, or null
+        checks.append((f"final.{key}", numbers.get(key) is None or number(numbers[key], False), "a number"))
+    for name, fine, expected in checks:
+        if not fine:
+            value = result
+            for part in name.split("."):
+                value = value[part]
+            raise ValueError(f"field {name} is {json.dumps(value)[:40]}, not {expected}")
 
-# --- One run per folder: the lock, and what a folder may already hold ---------------------------
 @contextlib.contextmanager
 def folder_lock(folder):
     """One writer per run folder: a flock on folder/.lock (holding the pid; the OS drops it when the process
@@ -1258,7 +1238,7 @@ def check_folder(folder, task, init, seed, config, resume, grid):
     if not grid and (files_in(folder, ("grid.json", "table.md")) or grid_runs(folder)):
         raise UsageError(f"--out {folder} holds a grid{grid_hint(folder)}")
     found = files_in(folder, RUN_FILES)
-    if not found or resume and ("checkpoint.pt" in found or same_run(folder, task, init, seed, config)):
+    if not found or resume and ("checkpoint.pt" in found or finished_run(folder, task, init, seed, config)):
         return                        # --resume checks the checkpoint's config and data at its turn
     raise UsageError(f"--out {folder} already holds a run ({', '.join(found)}): choose another --out"
                      f"{'' if resume else ', or add --resume to continue or keep it'}")
@@ -1277,20 +1257,15 @@ def grid_hint(folder):
     return (f": continue the grid with its own command (its --task, --init, --seeds), or name one "
             f"run's folder{example}")
 
-def same_run(folder, task, init, seed, config):
-    """folder's result.json records this task, init, seed and config (its data: checked later)."""
-    path = os.path.join(folder, "result.json")
-    old = os.path.exists(path) and read_result(path, warn=False)
-    return bool(old) and [old["task"], old["init"], old["seed"], old["config"]] == [task, init, seed, config]
-
-def finished_run(out_dir, task, init, seed, config, fingerprint):
-    """out_dir's result.json if it is this very run (task, init, seed, config, data), done; else None."""
+def finished_run(out_dir, task, init, seed, config, fingerprint=None):
+    """out_dir's result.json if it is this very run (task, init, seed, config, and data unless
+    fingerprint is None), done; else None."""
     path = os.path.join(out_dir, "result.json")
-    old = os.path.exists(path) and read_result(path)
-    keys = ("task", "init", "seed", "config", "data_fingerprint")
-    same = old and old["status"] == "done" and [old.get(k) for k in keys] == [
-        task, init, seed, config, fingerprint]
-    return old if same else None
+    old = os.path.exists(path) and read_result(path, warn=False)
+    if not old or old["status"] != "done" or [old["task"], old["init"], old["seed"], old["config"]] != [
+            task, init, seed, config]:
+        return None
+    return old if fingerprint is None or old.get("data_fingerprint") == fingerprint else None
 
 # --- Signals: Ctrl-C and SIGTERM end a run with a checkpoint of its step and one line ----------
 class Stop:
@@ -1339,11 +1314,11 @@ def signals_caught(stop):
 
 # --- The loop's guard: what the training loop does besides its steps ------------------------------
 class Guard:
-    """train's companion: the progress bar and the evaluation lines, the timing of steps, the check of
-    the loss before a step (every rank agrees: Diverged), checkpoints, and signals: a first SIGINT or
-    SIGTERM lets the step under way finish, keeps a checkpoint of it and stops (Interrupted). A round
-    a signal cut is drawn again from its start's random states, the steps already done skipped, so that
-    a resumed run repeats the uninterrupted one exactly."""
+    """train's companion: the progress bar and evaluation lines, step timing, the loss checked before
+    its step (NaN or inf on any rank: Diverged), checkpoints, and signals: a first SIGINT or SIGTERM lets
+    the step under way finish, keeps a checkpoint of it and stops (Interrupted). A round a signal cut
+    is drawn again from its start's random states, its done steps skipped: a resumed run repeats the
+    uninterrupted one exactly."""
     def __init__(self, exp, state, job, place, stop):
         self.exp, self.state, self.job, self.place, self.stop = exp, state, job, place, stop
         self.started, self.losses, self.signum = time.time(), [], 0
@@ -1363,31 +1338,28 @@ class Guard:
         self.stop.training = False
 
     def batches(self, r, state):
-        """Round r's batches, timing each step from its batch on. A round a checkpoint cut (state's
-        "partial") is drawn again from its start's states, its done batches skipped."""
-        exp, device, partial = self.exp, self.place.device, state.pop("partial", None)
-        if partial is None:
-            self.round_start, self.losses = rng_states(exp, device), []   # before exp.batches seeds
-            batches = iter(exp.batches(r))
-        else:
-            at_cut = rng_states(exp, device)
-            set_rng_states(exp, device, partial["rngs"])
-            batches = iter(exp.batches(r))
-            for _ in range(partial["done"]):
+        """Round r's batches (after a cut: those left), timing each step from its batch on."""
+        exp, device, cut = self.exp, self.place.device, state.pop("partial", None)
+        self.round_start, self.losses = rng_states(exp, device), []   # before exp.batches, which may seed
+        if cut:                                 # the round's start again, its done batches skipped
+            at_cut = self.round_start
+            self.round_start, self.losses = cut["rngs"], list(cut["losses"])
+            set_rng_states(exp, device, cut["rngs"])
+        batches = iter(exp.batches(r))
+        if cut:
+            for _ in range(cut["done"]):
                 next(batches)
             set_rng_states(exp, device, at_cut)
-            self.round_start, self.losses = partial["rngs"], list(partial["losses"])
         for batch in batches:
             self.step_start = time.time()
             yield batch
 
     def check(self, loss, r, state):
-        """Diverged if the loss is NaN or infinite on any rank (before its step: the weights stay
-        finite); a signal on any rank is agreed on here too (torchrun)."""
+        """Count the step; Diverged on a non-finite loss (before its step: the weights stay finite). Under
+        torchrun every rank agrees here on that and on a signal."""
         state["step"] += 1
-        world = self.place.world
-        diverged, self.signum = agreed([not torch.isfinite(loss.detach()), self.stop.signal or 0], world,
-                                       self.place.device)
+        diverged, self.signum = agreed([not torch.isfinite(loss.detach()), self.stop.signal or 0],
+                                       self.place.world, self.place.device)
         if diverged:
             raise Diverged(f"loss became {loss.item()} at step {state['step']} ({self.exp.unit} {r})")
 
@@ -1401,17 +1373,14 @@ class Guard:
         self.stop.at = position(self.exp, r, state["step"])
         signum = self.signum if self.place.world > 1 else self.stop.signal   # torchrun: the agreed one
         if signum:
-            world = self.place.world
-            self.keep(r, {"round": r, "done": len(self.losses),
-                          "ranks": gather({"losses": self.losses, "rngs": self.round_start}, world)})
+            ranks = gather({"losses": self.losses, "rngs": self.round_start}, self.place.world)
+            self.keep(r, {"round": r, "done": len(self.losses), "ranks": ranks})
             raise self.stop.interrupted(signum)
 
-    def round_loss(self):
-        """The round's mean training loss, averaged over the ranks."""
+    def round_loss(self):                       # the round's mean training loss, over the ranks
         return statistics.fmean(gather(statistics.fmean(self.losses), self.place.world))
 
-    def report(self, entry):
-        """The evaluation's line (rank 0), above the bar if there is one, flushed for logs."""
+    def report(self, entry):                    # the evaluation's line, above the bar, flushed for logs
         if self.place.rank == 0:
             self.bar.write(progress_line(self.job, self.exp, entry, self.started))
             sys.stdout.flush()
@@ -1446,17 +1415,13 @@ def progress_line(job, exp, entry, started):
     """One evaluation in a line: "majority/mask/seed0 epoch 5/10: train loss 0.0123, test accuracy
     87.50 %, 12 s" (seconds since this process began the run)."""
     key, label = tasks.main_metric(job.task)
-    name = label.split(" (")[0].split(",")[0]
-    metric = entry.get(key)
-    if metric is None:
-        shown = "n/a"
-    elif "(%)" in label:
-        shown = f"{metric:.2f} %"
-    else:
-        shown = tasks.fmt(metric)
+    metric = tasks.fmt(entry.get(key))
+    if entry.get(key) is not None and "(%)" in label:
+        metric = f"{entry[key]:.2f} %"
     last = exp.steps if exp.unit == "iter" else exp.rounds
     return (f"{job.task}/{job.init}/seed{job.seed} {exp.unit} {entry[exp.unit]}/{last}: train loss "
-            f"{tasks.fmt(entry['train_loss'])}, {name} {shown}, {time.time() - started:.0f} s")
+            f"{tasks.fmt(entry['train_loss'])}, {label.split(' (')[0].split(',')[0]} {metric}, "
+            f"{time.time() - started:.0f} s")
 
 def position(exp, r, step):  # where a run is: "epoch 3 (step 34)", or "iteration 37" for language
     if exp.unit == "iter":
