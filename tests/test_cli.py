@@ -210,6 +210,52 @@ def test_a_paper_preset_boolean_model_draws_its_starts_in_the_gotu_models_order(
     assert torch.equal(model.pos, positions) and torch.equal(model.cls, cls)
 
 
+@pytest.mark.parametrize("flags, config_keys, shape", [
+    (["--dim", "48", "--head-dim", "8"], {"dim": 48, "head_dim": 8, "mlp_dim": 48}, (48, 8, 48)),
+    (["--mlp-dim", "32"], {"dim": 64, "head_dim": None, "mlp_dim": 32}, (64, 21, 32)),
+    (["--preset", "paper", "--dim", "64", "--mlp-dim", "64"], {"dim": 64, "head_dim": None, "mlp_dim": 64},
+     (64, 21, 64)),
+    (["--preset", "paper", "--head-dim", "16"], {"dim": 256, "head_dim": 16, "mlp_dim": 256}, (256, 16, 256)),
+], ids=["dim-head", "mlp", "paper-narrow", "paper-heads"])
+def test_width_flags_reach_the_model_and_its_config(flags, config_keys, shape):
+    """--dim, --head-dim, --mlp-dim (the study of what decides target or MDI changes each alone):
+    the config records them, the attention has 3 heads of head_dim, the MLP mlp_dim units."""
+    args = train.build_parser().parse_args(["--task", "2parity", *flags])
+    config = train.make_config("boolean", train.RunSettings("2parity", "mask", 0), args)
+    assert {key: config[key] for key in config_keys} == config_keys
+    model = train.boolean_setup("2parity", "mask", 0, config, torch.device("cpu"),
+                                tasks.boolean_dataset("2parity")).model
+    dim, head_dim, mlp_dim = shape
+    for block in model.blocks:
+        assert block.attn.head_dim == head_dim and block.attn.qkv.weight.shape == (3 * 3 * head_dim, dim)
+        assert block.mlp.fc.weight.shape == (mlp_dim, dim)
+
+
+@pytest.mark.parametrize("preset, pos_std, cls_std", [("cpu", 1.0, 1.0), ("paper", 0.02, 0.0), ("paper", 0.5, 0.25)])
+def test_pos_std_and_cls_std_set_the_starts_and_the_config(preset, pos_std, cls_std):
+    """--pos-std and --cls-std replace a preset's starts (cpu: N(0, 0.02^2) and 0; paper: N(0, 1)):
+    the config says so and the drawn positions and CLS have that spread (CLS 0: zeros)."""
+    args = train.build_parser().parse_args(["--task", "majority", "--preset", preset, "--pos-std",
+                                            str(pos_std), "--cls-std", str(cls_std)])
+    config = train.make_config("boolean", train.RunSettings("majority", "mask", 0), args)
+    assert (config["pos_std"], config["cls_std"]) == (pos_std, cls_std)
+    torch.manual_seed(0)
+    model = train.boolean_setup("majority", "mask", 0, config, torch.device("cpu"),
+                                tasks.boolean_dataset("majority")).model
+    assert model.pos.std().item() == pytest.approx(pos_std, rel=0.1)
+    if cls_std == 0:
+        assert torch.equal(model.cls, torch.zeros_like(model.cls))
+    else:   # one token of `dim` draws: the spread within 25 %
+        assert model.cls.std().item() == pytest.approx(cls_std, rel=0.25)
+
+
+def test_the_study_flags_are_refused_where_they_do_not_apply(capsys):
+    assert train.main(["--task", "lm", "--cls-std", "1"]) == 2
+    assert "--cls-std applies to boolean tasks only" in capsys.readouterr().err
+    assert train.main(["--task", "cifar10", "--head-dim", "8"]) == 2
+    assert "--head-dim applies to boolean and arithmetic tasks only" in capsys.readouterr().err
+
+
 def test_a_cpu_run_trains_with_subnormal_floats_flushed_and_puts_the_flag_back(tmp_path, monkeypatch):
     """Attention's backward through pairs the mask shuts yields subnormal floats, which slow CPU
     kernels many times; a run flushes them to zero (torch.set_flush_denormal) while it trains."""
