@@ -137,6 +137,16 @@ def test_caller_masks_and_unbatched_input_combine_with_the_prior():
     torch.testing.assert_close(single, written_out(attn, x[1:2], masks[0].double(), True)[0][0])
 
 
+def test_shorter_input_uses_the_top_left_block_of_the_mask():
+    """4 of the mask's 6 positions: log sigmoid(M[:, :4, :4]), as MaskedSelfAttention takes it."""
+    model = encoder(batch_first=True).double()
+    masks = random_masks(ENCODER_TOKENS)
+    attn = maskprior.add_mask_prior(model, masks)[0]
+    x = torch.randn(3, 4, WIDTH, dtype=torch.float64)
+    y, _ = attn(x, x, x, need_weights=False)
+    torch.testing.assert_close(y, written_out(attn, x, masks[0, :, :4, :4].double(), True)[0])
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_prior_acts_in_train_and_in_eval_mode(name):
     """Eval under no_grad is where PyTorch would bypass nn.MultiheadAttention.forward; the patched
