@@ -11,8 +11,10 @@ read top to bottom beside the paper:
   4. QK baselines, the same patterns in W_Q / W_K (Sections 2.1, 5.1): structured SVD and Opt
      (Zheng et al.), mimetic (Trockman and Kolter).
   5. Measuring the prior (Section 6.1): attention maps, prior mass, drift: the persistence numbers.
-  6. Appendix: add_mask_prior puts the prior into an existing model (e.g. torchvision's ViT).
-This file imports torch only; MaskedSelfAttention needs nothing else from it and pastes alone.
+  6. Appendix: add_mask_prior puts the prior into an existing model (torchvision's, timm's and
+     transformers' attention); param_groups keeps M out of weight decay.
+This file imports torch only (timm and transformers never: a model that holds their layers has
+imported them); MaskedSelfAttention needs nothing else from it and pastes alone.
 """
 
 import math
@@ -827,9 +829,9 @@ def mean_attention(model, inputs, device, batch=4096):
     return total / len(inputs)
 
 def mask_biases(model):
-    """log sigmoid(s M) of every layer, (L, H, N, N); None for a model without a mask."""
+    """log sigmoid(s M) of every MaskedSelfAttention, (L, H, N, N); None for a model without."""
     layers = attention_modules(model)
-    if layers[0].mask is None:
+    if not layers or layers[0].mask is None:
         return None
     return torch.stack([a.logit_bias(a.mask, a.seq_len, a.mask_scale).detach().float().cpu()
                         for a in layers])
@@ -886,15 +888,52 @@ def persistence_fields(before, after, pattern, true_pattern=None):
                           bias_by_distance_final=bias_by_distance(b1))
     return fields
 
-# === 6. Appendix: the same prior inside an existing model's nn.MultiheadAttention (Section 4.1) ===
-# add_mask_prior gives every nn.MultiheadAttention of a model a parameter `mask` M (heads, N, N)
-# and a forward pre-hook passing log sigmoid(s * M) (+ the caller's mask) as attn_mask (B * heads,
-# N, N), which the module adds to Q K^T / sqrt(d) before its softmax: the attention of Section 4.1.
-# No fused shortcut bypasses it: nn.MultiheadAttention's is never taken with a float attn_mask, nor
-# nn.TransformerEncoderLayer's while a sub-module has a forward hook; nn.TransformerEncoder's
-# nested-tensor path is turned off (use_nested_tensor = False).
+# === 6. Appendix: the same prior inside an existing model (Section 4.1) ============================
+# add_mask_prior gives every attention layer of a model a parameter `mask` M (heads, N, N) and adds
+# log sigmoid(s * M) to its Q K^T / sqrt(d) before the softmax: the attention of Section 4.1. Three
+# kinds of layer, each reached through its own door:
+#   nn.MultiheadAttention (torchvision's ViT, nn.TransformerEncoder): a forward pre-hook passes the
+#     bias as attn_mask (B * heads, N, N). No fused shortcut bypasses it: nn.MultiheadAttention's is
+#     never taken with a float attn_mask, nor nn.TransformerEncoderLayer's while a sub-module has a
+#     forward hook; nn.TransformerEncoder's nested-tensor path is turned off.
+#   timm's Attention (every timm ViT and DeiT): a forward pre-hook passes the bias as its additive
+#     float attn_mask (timm >= 1.0.16), which both its fused and its written-out path add.
+#   transformers' attention layers on the AttentionInterface (GPT-2, ViT, BERT, Llama, ...): the
+#     attention function below is registered under MASK_PRIOR_ATTENTION and chosen as the model's
+#     attn_implementation; the layer calling it holds M.
+# timm and transformers are never imported at module level: a model holds their modules only once
+# they are imported, so they are looked up in sys.modules.
+MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
 _MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
                   "average_attn_weights", "is_causal")   # nn.MultiheadAttention.forward's, in order
+_TIMM_ARGUMENTS = ("x", "attn_mask", "is_causal")        # timm's Attention.forward's, in order
+
+def _is_instance(module, module_name, class_name):
+    """isinstance(module, module_name.class_name), importing nothing: None of that library's
+    modules exists before it is imported."""
+    import sys
+    cls = getattr(sys.modules.get(module_name), class_name, None)
+    return cls is not None and isinstance(module, cls)
+
+def _attention_kind(module):
+    """Which kind of supported attention layer module is (the names the messages use), or None. A
+    transformers layer is one whose forward looks up ALL_ATTENTION_FUNCTIONS (the registry behind
+    attn_implementation=); its cross-attention layers (keys from another sequence) are left alone."""
+    import inspect
+    import sys
+    if isinstance(module, nn.MultiheadAttention):
+        return "nn.MultiheadAttention"
+    if _is_instance(module, "timm.layers.attention", "Attention"):
+        return "timm Attention"
+    forward = inspect.unwrap(type(module).forward) if "transformers" in sys.modules else None
+    if "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ()):
+        cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
+        return None if cross else "transformers attention"
+    return None
+
+def _heads(attn):
+    """The query heads of a supported layer: num_heads, or its transformers config's count."""
+    return attn.num_heads if hasattr(attn, "num_heads") else attn.config.num_attention_heads
 
 def _as_logits(mask, dtype):
     """Mask as additive logits of dtype: Boolean (True = blocked) -> 0 / -inf; float, None kept."""
@@ -904,38 +943,48 @@ def _as_logits(mask, dtype):
         return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
     return mask.to(dtype)
 
-def _check_mask_fits(name, attn, mask):
-    """ValueError naming the module unless attn is unpatched and mask is (num_heads, N, N)."""
+def _allowed_as_logits(mask, dtype):
+    """The same for SDPA's meaning (timm, transformers): Boolean True = may attend."""
+    return _as_logits(mask.logical_not() if mask.dtype == torch.bool else mask, dtype)
+
+def _check_mask_fits(name, attn, kind, mask):
+    """ValueError naming the module unless attn is unpatched and mask is (heads, N, N)."""
     if hasattr(attn, "mask_prior_name"):
         raise ValueError(f"{name or 'model'} already has a mask prior")
     heads, rows, cols = mask.shape
-    if heads != attn.num_heads or rows != cols:
-        raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit an "
-                         f"nn.MultiheadAttention with num_heads={attn.num_heads}; expected "
-                         f"({attn.num_heads}, N, N)")
+    if heads != _heads(attn) or rows != cols:
+        raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
+                         f"{kind} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
+
+def _prior_bias(attn, n_queries, n_keys, dtype, causal=False):
+    """log sigmoid(s M) (+ the causal -inf) of a patched layer, (H, n_queries, n_keys): the top-left
+    (n_keys, n_keys) block of M, as MaskedSelfAttention takes it, and its last n_queries rows (a
+    decoder's cached keys come before its new queries). ValueError when n_keys exceeds M's N."""
+    size = attn.mask.shape[-1]
+    if n_keys > size:
+        raise ValueError(f"{attn.mask_prior_name or 'model'}: mask of shape "
+                         f"{tuple(attn.mask.shape)} is for self-attention over sequences of length "
+                         f"at most {size}, got length {n_keys}")
+    bias = MaskedSelfAttention.logit_bias(attn.mask, n_keys, attn.mask_scale, causal, dtype)
+    return bias[:, n_keys - n_queries:]
 
 def _add_mask_prior_to_call(attn, args, kwargs):
-    """Forward pre-hook: the call's arguments, attn_mask = log sigmoid(s M) + the caller's mask."""
+    """nn.MultiheadAttention's pre-hook: attn_mask = log sigmoid(s M) + the caller's mask."""
     call = dict(zip(_MHA_ARGUMENTS, args), **kwargs)
     query, key = call["query"], call["key"]
     batched = query.dim() == 3
     position_dim = 1 if batched and attn.batch_first else 0
-    n, n_keys = query.shape[position_dim], key.shape[position_dim]
-    if attn.mask.shape[-1] != n or n_keys != n:
-        raise ValueError(f"{attn.mask_prior_name or 'model'}: mask of shape "
-                         f"{tuple(attn.mask.shape)} is for self-attention over sequences of length "
-                         f"{attn.mask.shape[-1]}, got length {n} (query {tuple(query.shape)}, key "
-                         f"{tuple(key.shape)})")
-    bias = MaskedSelfAttention.logit_bias(attn.mask, n, attn.mask_scale,
-                                          dtype=query.dtype)           # (H, N, N)
+    n = query.shape[position_dim]
+    if key.shape[position_dim] != n:
+        raise ValueError(f"{attn.mask_prior_name or 'model'}: the mask prior is for self-attention, "
+                         f"got query {tuple(query.shape)}, key {tuple(key.shape)}")
+    caller_mask = _as_logits(call.get("attn_mask"), query.dtype)            # (N, N), (B * H, N, N)
+    # is_causal is a hint beside attn_mask; alone, the causal -inf goes into the bias
+    causal = caller_mask is None and bool(call.get("is_causal"))
+    bias = _prior_bias(attn, n, n, query.dtype, causal)                     # (H, N, N)
     if batched:                                                             # row b * H + h
         batch = query.shape[0 if attn.batch_first else 1]
         bias = bias.expand(batch, -1, -1, -1).reshape(-1, n, n)             # (B * H, N, N)
-    caller_mask = call.get("attn_mask")                                     # (N, N), (B * H, N, N)
-    if caller_mask is None and call.get("is_causal"):                       # hint alone: build it
-        caller_mask = MaskedSelfAttention.logit_bias(None, n, causal=True, dtype=query.dtype,
-                                                     device=query.device)   # (N, N), 0 / -inf
-    caller_mask = _as_logits(caller_mask, query.dtype)
     call["attn_mask"] = bias if caller_mask is None else bias + caller_mask # (B * H, N, N)
     # With is_causal=True (and no padding mask, no weights asked for) F.multi_head_attention_forward
     # drops attn_mask and lets SDPA apply the causal mask alone; the causal -inf is in attn_mask.
@@ -944,33 +993,122 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     call["key_padding_mask"] = _as_logits(call.get("key_padding_mask"), query.dtype)
     return (), call
 
+def _add_mask_prior_to_timm_call(attn, args, kwargs):
+    """timm Attention's pre-hook: attn_mask = log sigmoid(s M) (+ the caller's mask), (B, H, N, N).
+    is_causal goes into the bias and is passed as False: with it timm's written-out path ignores
+    attn_mask and its fused one (F.scaled_dot_product_attention) refuses both at once."""
+    call = dict(zip(_TIMM_ARGUMENTS, args), **kwargs)
+    x = call["x"]                                                           # (B, N, C)
+    bias = _prior_bias(attn, x.shape[1], x.shape[1], x.dtype, bool(call.get("is_causal")))
+    if call.get("attn_mask") is not None:                                   # (N, N), (B, 1 or H, N, N)
+        bias = bias + _allowed_as_logits(call["attn_mask"], x.dtype)
+    # 4-D: the CPU's fused kernel takes it (a 3-D mask goes to the slower math kernel)
+    call.update(attn_mask=bias.expand(len(x), -1, -1, -1), is_causal=False)
+    return (), call
+
+def _mask_prior_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                          **kwargs):
+    """transformers' AttentionInterface function: softmax(Q K^T * scaling + log sigmoid(s M) + the
+    model's causal / padding mask) V, written out as transformers' eager attention is (so the
+    weights come back for output_attentions). query (B, H, n, d); key, value (B, H_kv, n_keys, d),
+    H_kv < H under grouped-query attention (Llama). Returns (B, n, H, d) and the weights."""
+    groups = query.shape[1] // key.shape[1]          # query heads per K/V head
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    logits = query @ key.transpose(-2, -1) * scaling                      # (B, H, n, n_keys)
+    if attention_mask is not None:                   # transformers' eager_mask: 0 / dtype's min
+        logits = logits + _allowed_as_logits(attention_mask, logits.dtype)
+    if hasattr(module, "mask_prior_name"):           # a patched layer (cross-attention is not)
+        logits = logits + _prior_bias(module, query.shape[-2], key.shape[-2], logits.dtype)
+    weights = logits.softmax(dim=-1)
+    if dropout:
+        weights = F.dropout(weights, dropout)
+    weights = weights.to(value.dtype)                # mixed precision: a float32 mask promoted it
+    return (weights @ value).transpose(1, 2).contiguous(), weights
+
+def _use_mask_prior_attention(transformers_models):
+    """Register _mask_prior_attention in transformers' AttentionInterface, and its eager_mask in the
+    AttentionMaskInterface (a name without a mask function gets attention_mask=None: no causal, no
+    padding mask), then make it the attn_implementation of each of transformers_models."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+    AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
+    AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, eager_mask)
+    for pretrained in transformers_models:
+        pretrained.set_attn_implementation(MASK_PRIOR_ATTENTION)
+
+def _transformers_models(model):
+    """Every transformers PreTrainedModel in model; ValueError for one whose attention is not on
+    the AttentionInterface (BLOOM, MPT, Falcon, GPT-Neo): it could not take the prior."""
+    pretrained = [(name, m) for name, m in model.named_modules()
+                  if _is_instance(m, "transformers.modeling_utils", "PreTrainedModel")]
+    for name, m in pretrained:
+        if not m.is_backend_compatible():
+            raise ValueError(f"{name or type(m).__name__}: {type(m).__name__}'s attention does not "
+                             f"go through transformers' AttentionInterface (attn_implementation=), "
+                             f"which add_mask_prior needs (GPT-2, ViT, BERT, Llama and most do)")
+    return [m for _, m in pretrained]
+
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
-    """Put the Section 4.1 mask prior log sigmoid(scale * M) into every nn.MultiheadAttention of
-    model; returns the patched modules in model.named_modules() order. mask_init: (heads, N, N) for
-    every module or (layers, heads, N, N), one per module in that order. mode: "learnable" or
-    "fixed", as in MaskedSelfAttention; M is the parameter `mask`, in the state_dict. Each patched
-    module must be self-attention over N positions (checked at forward time: ValueError); batched
-    (batch_first or not) and unbatched inputs work."""
+    """Put the Section 4.1 mask prior log sigmoid(scale * M) into every attention layer of model:
+    nn.MultiheadAttention, timm's Attention, transformers' layers on the AttentionInterface; returns
+    the patched modules in model.named_modules() order. mask_init: (heads, N, N) for every layer or
+    (layers, heads, N, N), one per layer in that order; inputs shorter than N use the top-left
+    block. mode: "learnable" or "fixed", as in MaskedSelfAttention; M is the parameter `mask` of
+    each layer, in the state_dict (patch a fresh model before load_state_dict). The caller's causal
+    and padding masks are kept. Sequences longer than N: ValueError at forward time."""
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
-    named = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
+    transformers_models = _transformers_models(model)
+    named = [(name, m, kind) for name, m in model.named_modules() if (kind := _attention_kind(m))]
     if not named:
-        raise ValueError(f"{type(model).__name__} contains no nn.MultiheadAttention to patch")
+        raise ValueError(f"{type(model).__name__} contains no nn.MultiheadAttention, timm Attention "
+                         f"or transformers attention layer to patch")
     if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
         raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) "
-                         f"for the modules {[name for name, _ in named]}, "
+                         f"for the modules {[name for name, _, _ in named]}, "
                          f"got {tuple(mask_init.shape)}")
     masks = mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1)
-    for (name, attn), mask in zip(named, masks):
-        _check_mask_fits(name, attn, mask)
-    for (name, attn), mask in zip(named, masks):
-        weight = attn.out_proj.weight                # M takes the module's dtype and device
+    for (name, attn, kind), mask in zip(named, masks):
+        _check_mask_fits(name, attn, kind, mask)
+    hooks = {"nn.MultiheadAttention": _add_mask_prior_to_call,
+             "timm Attention": _add_mask_prior_to_timm_call}
+    for (name, attn, kind), mask in zip(named, masks):
+        weight = next(attn.parameters())              # M takes the module's dtype and device
         attn.mask = nn.Parameter(mask.detach().to(weight).clone(),
                                  requires_grad=(mode == "learnable"))
         attn.mask_scale = scale
-        attn.mask_prior_name = name                # for the forward-time error message
-        attn.register_forward_pre_hook(_add_mask_prior_to_call, with_kwargs=True)
+        attn.mask_prior_name = name                   # for the forward-time error message
+        if kind in hooks:
+            attn.register_forward_pre_hook(hooks[kind], with_kwargs=True)
     for encoder in model.modules():
         if isinstance(encoder, nn.TransformerEncoder):
             encoder.use_nested_tensor = False
-    return [attn for _, attn in named]
+    if transformers_models:
+        _use_mask_prior_attention(transformers_models)
+    return [attn for _, attn, _ in named]
+
+def param_groups(model, weight_decay, mask_decay=0.0):
+    """Optimizer parameter groups, each trainable parameter once: weight matrices and embeddings
+    (dim >= 2) decayed by weight_decay, but for the names model.no_weight_decay() lists (timm's
+    pos_embed, cls_token); biases and norm gains not; every M (MaskedSelfAttention's and
+    add_mask_prior's) by mask_decay alone. Weight decay pulls M toward 0, the neutral mask of
+    Appendix A.1, and erases the prior; timm's create_optimizer_v2 and the HF Trainer decay M (its
+    name lacks "bias"), as nanoGPT's configure_optimizers does (dim >= 2). For torch.optim
+    (AdamW(groups, lr=...)), timm's create_optimizer_v2(groups, ...) and the HF Trainer's
+    optimizers=(optimizer, None)."""
+    masks = {id(m.mask) for m in model.modules()
+             if isinstance(m, MaskedSelfAttention) or hasattr(m, "mask_prior_name")}
+    no_decay = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    decayed, kept, mask = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in masks:
+            mask.append(p)
+        elif p.dim() >= 2 and name not in no_decay:
+            decayed.append(p)
+        else:
+            kept.append(p)
+    return [{"params": ps, "weight_decay": decay}
+            for ps, decay in ((decayed, weight_decay), (kept, 0.0), (mask, mask_decay)) if ps]

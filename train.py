@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import fcntl
 import hashlib
+import importlib.util
 import io
 import itertools
 import json
@@ -154,8 +155,9 @@ def make_optimizer(model, config):
     its own, decayed by --mask-decay alone (default 0: decay pulls M toward the neutral mask, Appendix
     A.1, and so erodes the prior whose persistence is Section 6.1's point) at --mask-lr (default --lr)."""
     groups = {"weights": [], "others": [], "mask": []}
+    no_decay = {"pos", "cls", *getattr(model, "no_weight_decay", set)()}   # timm: pos_embed, cls_token
     for name, p in model.named_parameters():
-        decays = config["optimizer"] == "adam" or (p.dim() >= 2 and name not in ("pos", "cls"))
+        decays = config["optimizer"] == "adam" or (p.dim() >= 2 and name not in no_decay)
         if not p.requires_grad:
             continue
         if name.endswith("mask"):
@@ -317,6 +319,19 @@ def vision_schedule(optimizer, config, steps_per_epoch):
         milestones.append(warmup + decay)
     return torch.optim.lr_scheduler.SequentialLR(optimizer, parts, milestones)
 
+def timm_vit(config, data, masks, mode):
+    """--model timm: timm's VisionTransformer (qkv bias, drop path rising to drop_path, CLS or average
+    pool) of the preset's shape; M, if any, put in by maskprior.add_mask_prior."""
+    import timm
+    model = timm.models.VisionTransformer(
+        img_size=config["image_size"], patch_size=config["patch_size"], in_chans=data.get("channels", 3),
+        num_classes=data["classes"], embed_dim=config["dim"], depth=config["layers"],
+        num_heads=config["heads"], mlp_ratio=config["mlp_dim"] / config["dim"],
+        drop_path_rate=config["drop_path"], global_pool="token" if config["pool"] == "cls" else "avg")
+    if masks is not None:
+        maskprior.add_mask_prior(model, masks, mode=mode)
+    return model
+
 def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     """A ViT with the 3 x 3 impulse pattern as prior, in M or in W_Q / W_K (impulse); RandAugment,
     MixUp / CutMix, label smoothing, AdamW with vision_schedule; each epoch seeded by (seed, epoch, rank)."""
@@ -324,10 +339,14 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
     L, H = config["layers"], config["heads"]
     pattern = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])
     rates = torch.linspace(0, config["drop_path"], L).tolist()   # drop path rising to 0.1
-    model = maskprior.ViT(config["image_size"], config["patch_size"], data["classes"], config["dim"], L,
-                          H, config["mlp_dim"], channels=data.get("channels", 3), mode=INITS[init][0],
-                          masks=mask_inits(init, scaled_pattern(pattern, config, "vision")),
-                          pool=config["pool"], drop_paths=[StochasticDepth(r, "row") for r in rates])
+    masks = mask_inits(init, scaled_pattern(pattern, config, "vision"))
+    if config.get("model") == "timm":
+        model, pattern = timm_vit(config, data, masks, INITS[init][0]), None    # no return_attn
+    else:
+        model = maskprior.ViT(config["image_size"], config["patch_size"], data["classes"], config["dim"],
+                              L, H, config["mlp_dim"], channels=data.get("channels", 3),
+                              mode=INITS[init][0], masks=masks, pool=config["pool"],
+                              drop_paths=[StochasticDepth(r, "row") for r in rates])
     seconds = add_prior(model, init, pattern, seed)
     model.to(device)
     if config["batch_size"] % world:
@@ -363,7 +382,9 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
                 "best_top1": max(e["test_top1"] for e in state["history"] if "test_top1" in e),
                 "train_loss": last["train_loss"],
                 "images_per_second": state["samples"] * world / state["train_seconds"]}
-    probe = torch.stack([data["test"][i][0] for i in range(min(64, len(data["test"])))])  # fixed
+    probe = None
+    if pattern is not None:                     # fixed images; timm's ViT: no attention maps
+        probe = torch.stack([data["test"][i][0] for i in range(min(64, len(data["test"])))])
     return Experiment(model, optimizer, vision_schedule(optimizer, config, len(train_loader)), rounds,
                       rounds * len(train_loader), batches, loss_of, top1, final,
                       eval_every=config["eval_every"], probe=probe, probe_batch=16, pattern=pattern,
@@ -663,7 +684,8 @@ FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("a
                 "eval_size": ("arithmetic",),
                 **dict.fromkeys(("iters", "block_size", "bpe_file"), ("language",)),
                 **dict.fromkeys(("image_size", "patch_size", "warmup_epochs", "workers", "download",
-                                 "compile"), ("vision",))}
+                                 "compile", "model"), ("vision",))}
+TIMM_INITS = ("default", "mask", "mask-fixed")  # --model timm: its ViT as is, or M by add_mask_prior
 
 def build_parser():  # the command line in five groups, each list of choices printed once
     every_task = list(tasks.FAMILY_OF)
@@ -682,6 +704,8 @@ def build_parser():  # the command line in five groups, each list of choices pri
     g.add_argument("--preset", choices=["cpu", "paper"], default="cpu",
                    help="cpu (quick, default) or paper (the paper's tables)")
     g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs")
+    g.add_argument("--model", choices=["maskprior", "timm"],
+                   help="vision: maskprior.ViT (default) or timm's VisionTransformer, same shape")
     g = p.add_argument_group("the mask prior (inits mask, mask-fixed, mask-hadamard)")
     g.add_argument("--mask-magnitude", type=rate, nargs="+", metavar="A",
                    help="open +A, closed -A (GPT: scale s); several: a sweep")
@@ -755,6 +779,11 @@ def check_args(args, task_names):
     if wrong:
         raise UsageError(f"--init {wrong[0]} is not available for {family} tasks "
                          f"(choose from {', '.join(FAMILIES[family]['inits'])})")
+    if args.model == "timm":    # timm's ViT: no return_attn, so no QK inits and no --mask-from
+        if set(args.init) - set(TIMM_INITS) or args.mask_from:
+            raise UsageError(f"--model timm takes --init {', '.join(TIMM_INITS)}, no --mask-from")
+        if importlib.util.find_spec("timm") is None:
+            raise UsageError("--model timm needs timm: pip install timm")
     no_mask = [i for i in args.init if i not in MASK_PRIOR_INITS]
     if any(args.mask_error or ()) and no_mask:
         raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
@@ -864,6 +893,8 @@ def make_config(family, settings, args):
         config["eval_size"] = None if args.eval_size == "all" else args.eval_size or 100_000
     if family == "vision":
         check_vision_config(config)
+        if args.model == "timm":               # maskprior.ViT's configs stay as they were
+            config["model"] = "timm"
     if args.mask_from is not None:
         config.update(learned_prior_config(args.mask_from, settings.mask_threshold or 1.0,
                                            family == "language"))

@@ -1,7 +1,8 @@
 """maskprior.add_mask_prior on modules the project did not write: torchvision's VisionTransformer
 and nn.TransformerEncoder (batch_first True and False). A patched nn.MultiheadAttention must compute
 softmax(Q K^T / sqrt(d) + log sigmoid(M)) V (Section 4.1) in train and eval mode, train M, save and
-load it, and refuse masks that do not fit."""
+load it, and refuse masks that do not fit. The README's examples (torchvision's ViT, timm's ViT,
+Hugging Face's GPT-2) run as written."""
 import copy
 import math
 import os
@@ -16,7 +17,7 @@ import torchvision
 import maskprior
 from conftest import ROOT
 
-# The snippet whose code block test_readme_snippet_runs executes.
+# The section whose code blocks test_readme_snippets_run executes.
 README_PATH = os.path.join(ROOT, "README.md")
 README_HEADING = "## Add a mask prior to your own model"
 
@@ -53,10 +54,6 @@ MODELS = {  # name: (build(seed), tokens N, batch_first, model input of batch B)
     "encoder_seq_first": (lambda seed=0: encoder(False, seed), ENCODER_TOKENS, False,
                           lambda B: torch.randn(ENCODER_TOKENS, B, WIDTH)),
 }
-
-
-def mha_modules(model):
-    return [m for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
 
 
 def random_masks(n, seed=1):
@@ -138,6 +135,16 @@ def test_caller_masks_and_unbatched_input_combine_with_the_prior():
     torch.testing.assert_close(y, written_out(attn, x, masks[0].double(), True, causal_only)[0])
     single, _ = attn(x[1], x[1], x[1], need_weights=False)               # unbatched (N, E)
     torch.testing.assert_close(single, written_out(attn, x[1:2], masks[0].double(), True)[0][0])
+
+
+def test_shorter_input_uses_the_top_left_block_of_the_mask():
+    """4 of the mask's 6 positions: log sigmoid(M[:, :4, :4]), as MaskedSelfAttention takes it."""
+    model = encoder(batch_first=True).double()
+    masks = random_masks(ENCODER_TOKENS)
+    attn = maskprior.add_mask_prior(model, masks)[0]
+    x = torch.randn(3, 4, WIDTH, dtype=torch.float64)
+    y, _ = attn(x, x, x, need_weights=False)
+    torch.testing.assert_close(y, written_out(attn, x, masks[0, :, :4, :4].double(), True)[0])
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -277,17 +284,28 @@ def test_models_without_multihead_attention_and_other_misuse_are_refused():
 # ----------------------------------------------------------------------------------------------
 
 def readme_code(path=README_PATH, heading=README_HEADING):
-    """The first ```python block after the heading line in the file at path."""
+    """The ```python blocks between the heading line and the next "## " heading in the file at path."""
     with open(path) as f:
         text = f.read()
-    section = text[text.index(heading + "\n"):]
-    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    section = text[text.index(heading + "\n") + len(heading):]
+    section = section[:section.find("\n## ")]
+    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
 
 
-def test_readme_snippet_runs():
-    namespace = {}
-    exec(compile(readme_code(), README_PATH, "exec"), namespace)
-    models = [v for v in namespace.values() if isinstance(v, nn.Module) and mha_modules(v)]
-    assert models, "the snippet builds no model with nn.MultiheadAttention"
-    for model in models:
-        assert all(isinstance(getattr(m, "mask", None), nn.Parameter) for m in mha_modules(model))
+def test_readme_snippets_run():
+    """Each example runs as written; each of its models has its attention patched, and each of its
+    optimizers keeps every M in a group of its own, undecayed (maskprior.param_groups)."""
+    blocks = readme_code()
+    assert len(blocks) == 2
+    for code in blocks:
+        namespace = {}
+        exec(compile(code, README_PATH, "exec"), namespace)
+        models = [v for v in namespace.values() if isinstance(v, nn.Module)]
+        optimizers = [v for v in namespace.values() if isinstance(v, torch.optim.Optimizer)]
+        assert models and len(optimizers) == len(models)
+        for model, optimizer in zip(models, optimizers):
+            masks = [m.mask for m in model.modules() if hasattr(m, "mask_prior_name")]
+            assert masks and all(isinstance(mask, nn.Parameter) for mask in masks)
+            mask_group = next(g for g in optimizer.param_groups if g["params"][0] is masks[0])
+            assert [id(p) for p in mask_group["params"]] == [id(mask) for mask in masks]
+            assert mask_group["weight_decay"] == 0.0

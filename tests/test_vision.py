@@ -1,6 +1,7 @@
 """Image classification (Section 5.3): the ViT, the impulse mask and its QK counterpart, the
 CIFAR data pipeline on a tiny data set in CIFAR-10's real pickle layout, every init through the
 command line, bad input, torchrun with 2 gloo processes, and kill + --resume."""
+import importlib.util
 import json
 import os
 import pickle
@@ -232,11 +233,55 @@ def test_missing_dataset_is_one_line_and_exit_2(tmp_path, run_cli):
     (["--task", "cifar10", "--init", "structured-svd"], "--init structured-svd is not available"),
     (["--task", "majority", "--init", "impulse"], "--init impulse is not available"),
     (["--task", "cifar10", "--patch-size", "5"], "--image-size 32 is not a multiple"),
+    (["--task", "majority", "--model", "timm"], "--model applies to vision tasks only"),
+    (["--task", "cifar10", "--model", "timm", "--init", "mask", "impulse"],
+     "--model timm takes --init default, mask, mask-fixed, no --mask-from"),
 ])
 def test_vision_bad_input_exits_2_with_one_line(args, message, capsys):
     assert train.main(args) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_model_timm_trains_timms_vit_with_the_mask_prior(cifar_dir, skip_md5, tmp_path, capsys):
+    """--model timm: timm's VisionTransformer of the same shape, M put in by add_mask_prior (fixed
+    for mask-fixed), timm's pos_embed and cls_token undecayed as maskprior.ViT's pos and cls."""
+    import timm
+    assert train.main(["--task", "cifar10", "--model", "timm", "--init", "default", "mask",
+                       "mask-fixed", "--epochs", "2", "--data-dir", cifar_dir, "--out",
+                       str(tmp_path), *TINY]) == 0
+    pattern = maskprior.impulse_mask(2, 2, 4)
+    for init in ("default", "mask", "mask-fixed"):
+        folder = tmp_path / f"cifar10-{init}-seed0"
+        result = json.loads((folder / "result.json").read_text())
+        assert result["status"] == "done" and result["config"]["model"] == "timm"
+        assert 0 <= result["final"]["top1"] <= 100 and not (folder / "attention.svg").exists()
+        weights = torch.load(folder / "checkpoint.pt", weights_only=False)["model"]
+        assert "blocks.0.attn.qkv.weight" in weights
+        masks = [weights.get(f"blocks.{layer}.attn.mask") for layer in range(2)]
+        if init == "default":
+            assert masks == [None, None]
+        else:
+            moved = [not torch.equal(m, p) for m, p in zip(masks, pattern)]
+            assert moved == [init == "mask"] * 2
+    model = timm.models.VisionTransformer(img_size=32, patch_size=8, embed_dim=16, depth=1,
+                                          num_heads=2, num_classes=10)
+    maskprior.add_mask_prior(model, pattern[:1])
+    optimizer = train.make_optimizer(model, {"optimizer": "adamw", "weight_decay": 0.05,
+                                             "mask_decay": 1e-3, "lr": 1e-3})
+    decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    named = dict(model.named_parameters())
+    assert [decay[id(named[n])] for n in ("pos_embed", "cls_token", "blocks.0.attn.mask",
+                                           "blocks.0.attn.qkv.weight")] == [0.0, 0.0, 1e-3, 0.05]
+
+
+def test_model_timm_without_timm_is_one_line_and_exit_2(monkeypatch, capsys):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "timm" else find_spec(name, *rest))
+    assert train.main(["--task", "cifar10", "--model", "timm", "--init", "mask"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["train.py: error: --model timm needs timm: pip install timm"]
 
 
 def test_resume_without_a_checkpoint_is_exit_2_and_leaves_no_files(cifar_dir, skip_md5, tmp_path,
