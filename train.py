@@ -1641,13 +1641,29 @@ def device_name(device):
 
 def choose_threads(given, device):
     """(torch CPU threads for new runs, how the first line says it): --threads, else the cores no other
-    job keeps busy (the 1-minute load average), at least one: torch's threads spin against other jobs."""
+    job keeps busy, at least one: torch's threads spin against other jobs, and a run at the default
+    count on a busy machine can take many times as long."""
     if given:
         return given, f"{given} thread{'s' * (given > 1)} (--threads)"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    load = os.getloadavg()[0]
-    threads = max(1, min(torch.get_num_threads(), round(cores - load)))
-    return threads, f"{threads} thread{'s' * (threads > 1)} ({cores} cores, load {load:.1f})"
+    busy = busy_cores(cores)
+    threads = max(1, min(torch.get_num_threads(), round(cores - busy)))
+    return threads, f"{threads} thread{'s' * (threads > 1)} ({cores} cores, {busy:.1f} busy)"
+
+def busy_cores(cores, seconds=0.5):
+    """The cores other jobs use now: /proc/stat's busy time over half a second (Linux); elsewhere the
+    1-minute load average, which lags (just after a job ends it still counts it)."""
+    def times():
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]          # all, idle + iowait
+    try:
+        total, idle = times()
+        time.sleep(seconds)
+        total2, idle2 = times()
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0]
+    return cores * (1 - (idle2 - idle) / max(total2 - total, 1))
 
 @contextlib.contextmanager
 def subnormals_flushed(device):

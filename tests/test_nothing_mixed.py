@@ -3,6 +3,7 @@ averages two corpora, --resume names what changed), one run per folder also with
 image trees read each file once (links, loops, 16-bit and float images, names that are not
 UTF-8), strict JSON with non-finite numbers, damaged result.json files skipped by name and field,
 signals at any moment, the messages of the smaller findings, and output a log can follow."""
+import io
 import json
 import os
 import re
@@ -417,14 +418,23 @@ def test_a_log_gets_a_first_line_and_one_line_per_evaluation(tmp_path):
     assert "\r" not in proc.stdout + proc.stderr            # no bar
 
 
-@pytest.mark.parametrize("cores, load, threads", [(2, 0.1, 2), (2, 1.2, 1), (2, 6.7, 1), (8, 3.0, 2)])
-def test_threads_are_the_cores_other_jobs_leave_free(monkeypatch, cores, load, threads):
+@pytest.mark.parametrize("cores, busy, threads", [(2, 0.1, 2), (2, 1.2, 1), (2, 6.7, 1), (8, 3.0, 5)])
+def test_threads_are_the_cores_other_jobs_leave_free(monkeypatch, cores, busy, threads):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
-    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)       # torch's own default here
+    monkeypatch.setattr(train, "busy_cores", lambda n: busy)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)       # torch's own default, the cap
     assert train.choose_threads(None, torch.device("cpu")) == (
-        threads, f"{threads} thread{'s' * (threads > 1)} ({cores} cores, load {load:.1f})")
+        threads, f"{threads} thread{'s' * (threads > 1)} ({cores} cores, {busy:.1f} busy)")
     assert train.choose_threads(3, torch.device("cpu")) == (3, "3 threads (--threads)")
+
+
+def test_busy_cores_is_the_share_of_time_not_idle_over_the_sample(monkeypatch):
+    """Two readings of /proc/stat's cpu line (user nice system idle iowait ...): 1000 jiffies pass,
+    250 of them idle or waiting on I/O, so 3 of 4 cores are busy."""
+    readings = iter(["cpu  100 0 100 700 100 0 0\n", "cpu  500 0 450 900 150 0 0\n"])
+    monkeypatch.setattr(train, "open", lambda path: io.StringIO(next(readings)), raising=False)
+    monkeypatch.setattr(train.time, "sleep", lambda seconds: None)
+    assert train.busy_cores(4) == pytest.approx(3.0)
 
 
 def test_resume_without_threads_keeps_the_checkpoints_thread_count(tmp_path, monkeypatch):
