@@ -828,7 +828,7 @@ def grid_values(args):
     for flag, given in values.items():
         if given and len(set(given)) < len(given):
             again = next(v for i, v in enumerate(given) if v in given[:i])
-            shown = "none" if again is None else f"{again:g}" if isinstance(again, float) else str(again)
+            shown = "none" if again is None else tasks.setting_text(again)
             print(f"train.py: note: --{flag.replace('_', '-')} {shown} is given more than once; each "
                   f"run is trained once", file=sys.stderr)
             values[flag] = list(dict.fromkeys(given))
