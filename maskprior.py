@@ -220,6 +220,11 @@ class Transformer(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, out_dim)
 
+    def no_weight_decay(self):
+        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
+        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
+        return {"pos", "cls"}
+
     def forward(self, tokens, return_attn=False):
         x = self.embed(tokens)                                     # (B, n, dim)
         if self.cls is not None:
@@ -265,6 +270,11 @@ class GPT(nn.Module):
             if name.endswith("attn.proj.weight") or name.endswith("mlp.out.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
         nn.init.normal_(self.pos, std=0.02)
+
+    def no_weight_decay(self):
+        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
+        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
+        return {"pos"}
 
     def forward(self, idx, targets=None, return_attn=False):
         """idx (B, T) token ids -> logits (B, T, vocab); with targets (logits, mean cross-entropy);
@@ -320,6 +330,11 @@ class ViT(nn.Module):
         self.head = nn.Linear(dim, num_classes)
         _init_weights(self, truncated=True)                       # timm's ViT init
         nn.init.trunc_normal_(self.pos, std=0.02)
+
+    def no_weight_decay(self):
+        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
+        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
+        return {"pos", "cls"}
 
     def forward(self, images, return_attn=False):
         """images (B, C, H, W) -> class logits (B, num_classes) [, each layer's (B, H, N, N)]."""
@@ -586,6 +601,8 @@ def edit_pattern(pattern, kind, fraction, generator, cls_row=False):
     in ONE uniformly random ranking of the N x N positions, drawn from generator: equal patterns
     get equal edits, and a larger fraction's edit contains a smaller one's."""
     n = pattern.shape[-1]
+    if isinstance(generator, int):       # TEMPORARY (train-read branch): a seed, until mp-read lands
+        generator = torch.Generator().manual_seed(generator)
     rank = torch.randperm(n * n, generator=generator).view(n, n)   # (N, N): position -> rank
     off_diagonal = ~torch.eye(n, dtype=torch.bool)
     first_row = torch.zeros(n, n, dtype=torch.bool)
@@ -1088,7 +1105,7 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
         _use_mask_prior_attention(transformers_models)
     return [attn for _, attn, _ in named]
 
-def param_groups(model, weight_decay, mask_decay=0.0):
+def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=False):
     """Optimizer parameter groups, each trainable parameter once: weight matrices and embeddings
     (dim >= 2) decayed by weight_decay, but for the names model.no_weight_decay() lists (timm's
     pos_embed, cls_token); biases and norm gains not; every M (MaskedSelfAttention's and
@@ -1106,9 +1123,12 @@ def param_groups(model, weight_decay, mask_decay=0.0):
             continue
         if id(p) in masks:
             mask.append(p)
-        elif p.dim() >= 2 and name not in no_decay:
+        elif decay_all or p.dim() >= 2 and name not in no_decay:
             decayed.append(p)
         else:
             kept.append(p)
-    return [{"params": ps, "weight_decay": decay}
-            for ps, decay in ((decayed, weight_decay), (kept, 0.0), (mask, mask_decay)) if ps]
+    groups = [{"params": decayed, "weight_decay": weight_decay}, {"params": kept, "weight_decay": 0.0},
+              {"params": mask, "weight_decay": mask_decay}]
+    if mask_lr:
+        groups[2]["lr"] = mask_lr
+    return [group for group in groups if group["params"]]

@@ -18,6 +18,7 @@ import maskprior
 import tasks
 import train
 from conftest import ROOT, interrupt_then_resume, kill_then_resume, same_weights
+from helpers import experiment, runs_of
 from synthetic import write_synthetic_cifar10
 
 # A tiny ViT on 32 x 32 images: patch 8 -> 4 x 4 patches + CLS = 17 positions, width 16.
@@ -49,13 +50,12 @@ def test_vit_shapes(pool):
 def vision_setup(init, task="cifar10", *flags, seed=0):
     """train.vision_setup's experiment for the preset and flags, on 4 blank images of the
     preset's size (batch 2, no workers): the model, its prior and its pattern as a run has them."""
-    args = train.build_parser().parse_args(["--task", task, "--init", init, *flags])
-    config = {**train.make_config("vision", train.RunSettings(task, init, seed), args), "batch_size": 2}
-    size = config["image_size"]
+    flags = ["--task", task, "--init", init, "--seed", str(seed), *flags]
+    size = runs_of(*flags)[0].config["image_size"]
     images = [(torch.zeros(3, size, size), 0)] * 4
     data = {"train": images, "test": images, "classes": tasks.VISION_CLASSES[task]}
-    torch.manual_seed(seed)                     # as train.run does before the setup
-    return train.vision_setup(task, init, seed, config, torch.device("cpu"), data, 0, 1, 0)
+    torch.manual_seed(seed)                     # as train.execute does before the setup
+    return experiment(*flags, data=data, batch_size=2)
 
 
 def test_paper_preset_is_vit_tiny_patch16_224():
@@ -303,11 +303,9 @@ def test_warmup_as_long_as_the_run_is_shortened_and_said_so(cifar_dir, skip_md5,
     config = json.loads((tmp_path / "result.json").read_text())["config"]
     assert (config["warmup_epochs"], config["warmup_shortened_from"]) == (0, 1)
     assert "warmup shortened from 1 to 0 epochs" in capsys.readouterr().out
-    args = train.build_parser().parse_args(["--task", "cifar10", "--epochs", "5", "--warmup-epochs", "9"])
-    config = train.make_config("vision", train.RunSettings("cifar10", "default", 0), args)
+    config = runs_of("--task", "cifar10", "--epochs", "5", "--warmup-epochs", "9")[0].config
     assert (config["warmup_epochs"], config["warmup_shortened_from"]) == (4, 9)
-    args = train.build_parser().parse_args(["--task", "cifar10", "--epochs", "5"])
-    assert "warmup_shortened_from" not in train.make_config("vision", train.RunSettings("cifar10", "default", 0), args)
+    assert "warmup_shortened_from" not in runs_of("--task", "cifar10", "--epochs", "5")[0].config
 
 
 def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(cifar_dir, skip_md5,
