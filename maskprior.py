@@ -924,7 +924,6 @@ _CROSS_ARGUMENTS = ("encoder_hidden_states", "key_value_states")   # and for ano
 _EAGER_ATTENTION_OF = {}   # transformers layer class -> its eager attention, found at patch time (a
                            # compiled forward cannot run the look-up: torch.compile traces no bytecode)
 
-
 def _is_instance(module, module_name, class_name):
     """isinstance(module, module_name.class_name), importing nothing: None of that library's
     modules exists before it is imported."""
@@ -932,11 +931,10 @@ def _is_instance(module, module_name, class_name):
     cls = getattr(sys.modules.get(module_name), class_name, None)
     return cls is not None and isinstance(module, cls)
 
-
 def _eager_attention(layer_class):
     """The eager attention function a transformers layer class falls back on (the default of its
     ALL_ATTENTION_FUNCTIONS.get_interface call: eager_attention_forward or a family's own name), if
-    it reads attention_mask; else None (V-JEPA 2's never does: a mask would be dropped)."""
+    it reads attention_mask; else None (Qwen2.5-Omni's DiT never does: a mask would be dropped)."""
     import dis
     import inspect
     forward = inspect.unwrap(layer_class.forward)
@@ -946,7 +944,6 @@ def _eager_attention(layer_class):
             loaded = [i.argval for i in dis.get_instructions(function) if i.opname.startswith("LOAD_FAST")]
             return function if any("attention_mask" in str(names) for names in loaded) else None
     return None
-
 
 def _attention_kind(module):
     """Which kind of supported self-attention layer module is (the names the messages use), or
@@ -963,7 +960,6 @@ def _attention_kind(module):
         cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
         return None if cross else "transformers attention"
     return None
-
 
 def _refusal(module, kind):
     """Why add_mask_prior cannot patch module (a transformers model, or a layer of kind), or None.
@@ -988,11 +984,9 @@ def _refusal(module, kind):
                 f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")
     return None
 
-
 def _heads(attn):
     """The query heads of a supported layer: num_heads, or its transformers config's count."""
     return attn.num_heads if hasattr(attn, "num_heads") else attn.config.num_attention_heads
-
 
 def _as_logits(mask, dtype):
     """Mask as additive logits of dtype: Boolean (True = blocked) -> 0 / -inf; float, None kept."""
@@ -1002,11 +996,9 @@ def _as_logits(mask, dtype):
         return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
     return mask.to(dtype)
 
-
 def _allowed_as_logits(mask, dtype):
     """The same for SDPA's meaning (timm): Boolean True = may attend."""
     return _as_logits(mask.logical_not() if mask.dtype == torch.bool else mask, dtype)
-
 
 def _check_mask_fits(name, attn, kind, mask, mode, scale):
     """ValueError naming the module unless attn is unpatched, mask is (heads, N, N), and (for a
@@ -1022,12 +1014,12 @@ def _check_mask_fits(name, attn, kind, mask, mode, scale):
         raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, "
                          f"mode={record['mode']!r}, got scale={scale}, mode={mode!r}")
 
-
 def _prior_bias(attn, query_positions, key_positions, largest, causal=False):
     """log sigmoid(s M[h, i, j]) of a patched layer for queries at query_positions (B or 1, n) and
     keys at key_positions (B or 1, n_keys): (B or 1, H, n, n_keys), + -inf where j > i if causal.
-    largest: the largest query position (an int, or a tensor where positions are data); a key past
-    M's N, which only a padding or a static cache's unwritten slot can be, reads M's edge instead."""
+    largest: the largest query position (an int, or a tensor where positions are data), which must
+    lie below M's N. A key outside 0..N-1 is a slot every mask blocks (a padding, a static cache's
+    unwritten slot): it reads M's edge."""
     size = attn.mask.shape[-1]
     message = (f"{attn.mask_prior_name or 'model'}: mask of shape {tuple(attn.mask.shape)} is for "
                f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
@@ -1040,12 +1032,6 @@ def _prior_bias(attn, query_positions, key_positions, largest, causal=False):
     cols = key_positions.clamp(0, size - 1)[:, None, None, :]                         # (B, 1, 1, n_keys)
     bias = F.logsigmoid(attn.mask_scale * attn.mask[heads, rows, cols])              # (B, H, n, n_keys)
     return bias.masked_fill(cols > rows, float("-inf")) if causal else bias
-
-
-def _first_positions(n, device):
-    """Positions 0, ..., n - 1 of a layer without position_ids, as (1, n)."""
-    return torch.arange(n, device=device)[None]
-
 
 def _add_mask_prior_to_call(attn, args, kwargs):
     """nn.MultiheadAttention's pre-hook: attn_mask = log sigmoid(s M) + the caller's mask."""
@@ -1060,7 +1046,7 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     caller_mask = _as_logits(call.get("attn_mask"), query.dtype)            # (N, N), (B * H, N, N)
     # is_causal is a hint beside attn_mask; alone, the causal -inf goes into the bias
     causal = caller_mask is None and bool(call.get("is_causal"))
-    positions = _first_positions(n, query.device)
+    positions = torch.arange(n, device=query.device)[None]                 # (1, N): 0, ..., N - 1
     bias = _prior_bias(attn, positions, positions, n - 1, causal)[0].to(query.dtype)   # (H, N, N)
     if batched:                                                             # row b * H + h
         batch = query.shape[0 if attn.batch_first else 1]
@@ -1073,14 +1059,13 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     call["key_padding_mask"] = _as_logits(call.get("key_padding_mask"), query.dtype)
     return (), call
 
-
 def _add_mask_prior_to_timm_call(attn, args, kwargs):
     """timm Attention's pre-hook: attn_mask = log sigmoid(s M) (+ the caller's mask), (B, H, N, N).
     is_causal goes into the bias and is passed as False: with it timm's written-out path ignores
     attn_mask and its fused one (F.scaled_dot_product_attention) refuses both at once."""
     call = dict(zip(_TIMM_ARGUMENTS, args), **kwargs)
     x = call["x"]                                                           # (B, N, C)
-    positions = _first_positions(x.shape[1], x.device)
+    positions = torch.arange(x.shape[1], device=x.device)[None]             # (1, N): 0, ..., N - 1
     bias = _prior_bias(attn, positions, positions, x.shape[1] - 1, bool(call.get("is_causal")))
     bias = bias.to(x.dtype)                                                 # (1, H, N, N)
     if call.get("attn_mask") is not None:                                   # (N, N), (B, 1 or H, N, N)
@@ -1089,14 +1074,15 @@ def _add_mask_prior_to_timm_call(attn, args, kwargs):
     call.update(attn_mask=bias.expand(len(x), -1, -1, -1), is_causal=False)
     return (), call
 
-
 def _add_positions_to_transformers_call(attn, args, kwargs):
     """A transformers layer's pre-hook: hands its attention function mask_prior_positions, the
     positions of its queries (B or 1, n) and keys (B or 1, n_keys), found as the model's own masks
-    find them. A cache holds the keys at cache indices kv_offset, ..., kv_offset + kv_length - 1
-    (get_mask_sizes) and the queries from get_query_offset on; a token's position is its cache index
-    plus its row's shift, position_ids - index (left padding, an offset). ValueError where the model
-    was switched off MASK_PRIOR_ATTENTION (set_attn_implementation), which would drop M."""
+    find them. The queries sit at position_ids (else at their cache indices, from get_query_offset
+    on); the keys at cache indices kv_offset, ..., kv_offset + kv_length - 1 (get_mask_sizes): the
+    new ones are the queries' tokens, at the queries' positions, and one cached d indices before the
+    first query lies d positions before it (a row's tokens are contiguous; left padding only shifts
+    them, and a padding's position below 0 is blocked anyway). ValueError where the model was
+    switched off MASK_PRIOR_ATTENTION (set_attn_implementation), which would drop M."""
     name = attn.mask_prior_name or "model"
     if attn.config._attn_implementation != MASK_PRIOR_ATTENTION:
         raise ValueError(f"{name} has a mask prior, which needs attn_implementation="
@@ -1122,7 +1108,6 @@ def _add_positions_to_transformers_call(attn, args, kwargs):
     kwargs["mask_prior_positions"] = (positions, keys)                      # (B or 1, n), (B or 1, n_keys)
     return args, kwargs
 
-
 def _mask_prior_attention(module, query, key, value, attention_mask, *args, mask_prior_positions=None,
                           **kwargs):
     """transformers' AttentionInterface function: the family's eager attention, with log sigmoid(s M)
@@ -1139,12 +1124,13 @@ def _mask_prior_attention(module, query, key, value, attention_mask, *args, mask
             raise ValueError(f"{name}: {query.shape[-2]} queries and {key.shape[-2]} keys, where the "
                              f"model's positions and cache give {query_positions.shape[-1]} and "
                              f"{key_positions.shape[-1]}")
-        largest = query_positions.max()
-        bias = _prior_bias(module, query_positions, key_positions, largest)      # (B or 1, H, n, n_keys)
+        bias = _prior_bias(module, query_positions, key_positions, query_positions.max())  # (B or 1, H, n, n_keys)
         attention_mask = bias if attention_mask is None else attention_mask + bias
+        # the model's blocked entries hold its dtype's lowest value, which a bias pushes to -inf in
+        # float16: a row of padding would then be all -inf, a NaN; the lowest value keeps it finite
+        attention_mask = attention_mask.clamp_min(torch.finfo(attention_mask.dtype).min)
     eager = _EAGER_ATTENTION_OF.get(type(module)) or _eager_attention(type(module))
     return eager(module, query, key, value, attention_mask, *args, **kwargs)
-
 
 def _use_mask_prior_attention(config):
     """Register _mask_prior_attention in transformers' AttentionInterface, and its eager_mask in the
@@ -1155,7 +1141,6 @@ def _use_mask_prior_attention(config):
     AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
     AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, eager_mask)
     config._attn_implementation = MASK_PRIOR_ATTENTION
-
 
 def _self_attention_layers(model):
     """[(name, module, kind)] of every supported self-attention layer in model, in named_modules()
@@ -1174,11 +1159,11 @@ def _self_attention_layers(model):
             named.append((name, module, kind))
     return named
 
-
 def _patch(named, masks, mode, scale):
     """Give each (name, layer, kind) of named its M (a Parameter from masks), the pre-hook of its
     kind and, for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which
-    save_pretrained writes to config.json): scale, mode and each layer's M shape."""
+    save_pretrained writes to config.json): scale, mode and each layer's M shape under its name in
+    the module add_mask_prior was given (from_pretrained finds the layers by the checkpoint's M)."""
     for (name, attn, kind), mask in zip(named, masks):
         _check_mask_fits(name, attn, kind, mask, mode, scale)
     hooks = {"nn.MultiheadAttention": _add_mask_prior_to_call,
@@ -1199,7 +1184,6 @@ def _patch(named, masks, mode, scale):
             record["layers"][name] = list(mask.shape)
             attn.config.mask_prior = record
             _use_mask_prior_attention(attn.config)
-
 
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     """Put the Section 4.1 mask prior log sigmoid(scale * M) into every self-attention layer of
@@ -1232,16 +1216,19 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
             encoder.use_nested_tensor = False
     return [attn for _, attn, _ in named]
 
-
 def from_pretrained(model_class, path, **kwargs):
     """model_class.from_pretrained(path, **kwargs) with its mask prior: the directory path was
     written by save_pretrained of a model with add_mask_prior, whose config.json records the prior
     (scale, mode, layers). A plain from_pretrained drops the masks (transformers lists them as
     unexpected keys) and loads the model without its prior; this one patches the layers whose M
-    the safetensors files hold and loads M into them."""
+    the safetensors files hold and loads M into them. model_class: a model class (an Auto class
+    works too, but transformers then lists the masks as unexpected before they are loaded)."""
     import glob
     import os
     from safetensors import safe_open      # transformers' own checkpoint format
+    if not os.path.isdir(path):
+        raise ValueError(f"{path}: maskprior.from_pretrained reads a directory written by save_pretrained "
+                         f"(download a hub model first), got no such directory")
     # transformers would report the masks as unexpected keys: it ignores them for this load alone
     own = vars(model_class).get("_keys_to_ignore_on_load_unexpected")
     ignored = getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()
@@ -1274,7 +1261,6 @@ def from_pretrained(model_class, path, **kwargs):
         attn.config.mask_prior = None                 # rebuilt by _patch under the loaded names
     _patch(named, list(masks.values()), records[0]["mode"], records[0]["scale"])
     return model
-
 
 def param_groups(model, weight_decay, mask_decay=0.0):
     """Optimizer parameter groups, each trainable parameter once: weight matrices and embeddings

@@ -145,6 +145,23 @@ def test_position_ids_offset_reads_the_shifted_block_of_m():
     assert (offset - unshifted).abs().max() > 1e-3
 
 
+def test_float16_left_padding_with_a_strong_prior_stays_finite():
+    """In float16 a blocked entry (the dtype's lowest value, -65504) plus a bias of -50 would be
+    -inf; a padded query's row, all blocked, would then be NaN and reach the real tokens through
+    0 * NaN. The padded row gives the prompt's own tokens."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval().half()
+    maskprior.add_mask_prior(model, torch.full((4, N, N), -5.0), scale=10.0)     # bias -50 everywhere
+    prompt = torch.randint(1, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], 1)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=(ids != 0).long(), max_new_tokens=NEW, output_logits=True,
+                             return_dict_in_generate=True, **GREEDY)
+        alone = model.generate(prompt, max_new_tokens=NEW, use_cache=False, **GREEDY)
+    assert torch.isfinite(step_logits(out)).all()
+    assert torch.equal(out.sequences[0, 3:], alone[0])
+
+
 @pytest.mark.parametrize("cache", [None, "dynamic", "static"])
 def test_a_position_past_n_is_refused_on_every_path(patched, cache):
     """The 13th new token after a prompt of 5 is predicted at position 16, past an M of N = 16:
@@ -265,6 +282,8 @@ def test_from_pretrained_refuses_a_model_saved_without_a_prior(tmp_path):
     with pytest.raises(ValueError, match=r"holds no mask prior: load it with GPT2LMHeadModel\.from_pretrained"):
         maskprior.from_pretrained(T.GPT2LMHeadModel, tmp_path)
     assert os.path.exists(tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"reads a directory written by save_pretrained"):
+        maskprior.from_pretrained(T.GPT2LMHeadModel, tmp_path / "elsewhere")
 
 
 # ----------------------------------------------------------------------------------------------
