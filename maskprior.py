@@ -1040,9 +1040,10 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     batched = query.dim() == 3
     position_dim = 1 if batched and attn.batch_first else 0
     n = query.shape[position_dim]
-    if key.shape[position_dim] != n:
-        raise ValueError(f"{attn.mask_prior_name or 'model'}: the mask prior is for self-attention, "
-                         f"got query {tuple(query.shape)}, key {tuple(key.shape)}")
+    if key is not query and not (key.shape == query.shape and torch.equal(key, query)):   # SigLIP's pooling
+        raise ValueError(f"{attn.mask_prior_name or 'model'}: the mask prior is for self-attention, got "
+                         f"query {tuple(query.shape)} and key {tuple(key.shape)} from another sequence: "
+                         f"patch the part of the model that holds its self-attention layers")
     caller_mask = _as_logits(call.get("attn_mask"), query.dtype)            # (N, N), (B * H, N, N)
     # is_causal is a hint beside attn_mask; alone, the causal -inf goes into the bias
     causal = caller_mask is None and bool(call.get("is_causal"))
@@ -1075,7 +1076,7 @@ def _add_mask_prior_to_timm_call(attn, args, kwargs):
     return (), call
 
 def _add_positions_to_transformers_call(attn, args, kwargs):
-    """A transformers layer's pre-hook: hands its attention function mask_prior_positions, the
+    """A transformers layer's pre-hook: leaves its attention function mask_prior_positions, the
     positions of its queries (B or 1, n) and keys (B or 1, n_keys), found as the model's own masks
     find them. The queries sit at position_ids (else at their cache indices, from get_query_offset
     on); the keys at cache indices kv_offset, ..., kv_offset + kv_length - 1 (get_mask_sizes): the
@@ -1105,21 +1106,22 @@ def _add_positions_to_transformers_call(attn, args, kwargs):
         relative = torch.arange(length, device=hidden.device) + offset - first     # (n_keys,)
         inside = relative.clamp(0, n - 1)     # the new keys are the queries' tokens, at their positions
         keys = positions[:, inside] + (relative - inside)                   # (B or 1, n_keys)
-    kwargs["mask_prior_positions"] = (positions, keys)                      # (B or 1, n), (B or 1, n_keys)
-    return args, kwargs
+    # on the layer, not in kwargs: some layers (SigLIP's, VideoMAE's) hand the attention function
+    # no keyword arguments; the function reads them and clears them, so they serve one call
+    attn.mask_prior_positions = (positions, keys)                           # (B or 1, n), (B or 1, n_keys)
 
-def _mask_prior_attention(module, query, key, value, attention_mask, *args, mask_prior_positions=None,
-                          **kwargs):
+def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kwargs):
     """transformers' AttentionInterface function: the family's eager attention, with log sigmoid(s M)
-    at the positions the pre-hook found added to the model's float attention_mask (B, 1, n, n_keys).
+    at the positions the pre-hook left on the layer added to the model's float attention_mask (B, 1, n, n_keys).
     query (B, H, n, d); key, value (B, H_kv, n_keys, d). An unpatched layer (cross-attention, a layer
     left out of a partial patch) runs the eager attention alone."""
     if hasattr(module, "mask_prior_name"):
         name = module.mask_prior_name or "model"
-        if mask_prior_positions is None:
-            raise ValueError(f"{name}: {type(module).__name__} does not hand its keyword arguments to "
-                             f"the attention function, so the mask prior cannot reach it")
-        query_positions, key_positions = mask_prior_positions
+        if module.mask_prior_positions is None:
+            raise ValueError(f"{name}: the attention function was called for {type(module).__name__} "
+                             f"outside its forward, where the positions of its tokens are found")
+        query_positions, key_positions = module.mask_prior_positions
+        module.mask_prior_positions = None
         if (query_positions.shape[-1], key_positions.shape[-1]) != (query.shape[-2], key.shape[-2]):
             raise ValueError(f"{name}: {query.shape[-2]} queries and {key.shape[-2]} keys, where the "
                              f"model's positions and cache give {query_positions.shape[-1]} and "
@@ -1179,6 +1181,7 @@ def _patch(named, masks, mode, scale):
         if kind == "transformers attention":
             import inspect
             attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
+            attn.mask_prior_positions = None
             _EAGER_ATTENTION_OF[type(attn)] = _eager_attention(type(attn))
             record = getattr(attn.config, "mask_prior", None) or {"scale": scale, "mode": mode, "layers": {}}
             record["layers"][name] = list(mask.shape)

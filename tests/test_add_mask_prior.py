@@ -282,9 +282,11 @@ def test_models_without_multihead_attention_and_other_misuse_are_refused():
         maskprior.add_mask_prior(model, torch.zeros(HEADS, VIT_TOKENS, VIT_TOKENS))
     attn = model.encoder.layers[0].self_attention
     x, memory = torch.randn(1, VIT_TOKENS, WIDTH), torch.randn(1, 5, WIDTH)
-    message = re.escape(FIRST_VIT_ATTENTION) + r".*self-attention.*key \(1, 5, 32\)"
+    message = re.escape(FIRST_VIT_ATTENTION) + r".*self-attention.*key \(1, 5, 32\) from another sequence"
     with pytest.raises(ValueError, match=message):
         attn(x, memory, memory)                                          # cross-attention
+    with pytest.raises(ValueError, match=r"key \(1, 17, 32\) from another sequence"):
+        attn(x, x + 1, x + 1)                                            # of the same length
 
 
 def test_nn_transformer_patches_self_attention_and_leaves_cross_attention():

@@ -268,7 +268,6 @@ def test_patched_layer_computes_the_section_4_1_attention(name):
             actual = seen["out"]
         else:
             call = inspect.signature(stock_layer.forward).bind(*seen["args"], **seen["kwargs"])
-            call.arguments.pop("kwargs", {}).pop("mask_prior_positions")
             call.arguments["cache"] = None                # the model's cache holds these keys
             m = TEXT_LEN if n == TEXT_N else n
             model_mask = call.arguments.get("attention_mask")            # (B, 1, n, n) or None
@@ -331,6 +330,28 @@ def test_timm_caller_mask_and_is_causal_add_to_the_prior():
             expected, p = timm_written_out(attn, x, masks[0], blocked)
             torch.testing.assert_close(attn(x, **kwargs), expected)
             assert p.masked_select(~allowed.expand_as(p)).max() == 0
+
+
+def test_siglip_pooling_head_is_refused_and_its_encoder_takes_the_prior():
+    """SigLIP's vision model pools with an nn.MultiheadAttention whose one probe query attends to the
+    tokens: cross-attention, refused at its first call by name; its encoder alone takes the prior
+    (its attention hands the attention function no keyword arguments)."""
+    build = lambda: vision(T.SiglipVisionConfig, T.SiglipVisionModel)
+    inputs = images(2)
+    whole = build()
+    maskprior.add_mask_prior(whole, constant(2, IMAGE_N - 1))
+    with pytest.raises(ValueError, match=r"^head\.attention: the mask prior is for self-attention, got query "
+                                         r"\(2, 1, 32\) and key \(2, 16, 32\) from another sequence"):
+        whole(**inputs)
+    torch.manual_seed(0)
+    stock = build().eval()
+    constant_prior, random_prior = copy.deepcopy(stock), copy.deepcopy(stock)
+    maskprior.add_mask_prior(constant_prior.encoder, constant(2, IMAGE_N - 1))
+    maskprior.add_mask_prior(random_prior.encoder, random_masks(2, IMAGE_N - 1))
+    with torch.no_grad():
+        expected = run(stock, inputs)
+        torch.testing.assert_close(run(constant_prior, inputs), expected, rtol=1e-4, atol=1e-5)
+        assert (run(random_prior, inputs) - expected).abs().max() > 1e-3
 
 
 # ----------------------------------------------------------------------------------------------
