@@ -975,8 +975,8 @@ def _refusal(module, kind):
         c for c in vars(sys.modules[type(module).__module__]).values()
         if isinstance(c, type) and issubclass(c, pretrained)]
     if not any(c._supports_attention_backend for c in family):
-        return (f"{name}'s attention does not go through transformers' AttentionInterface "
-                f"(attn_implementation=), which add_mask_prior needs (GPT-2, ViT, BERT, Llama and most do)")
+        return (f"{name}'s family takes no attention function from transformers' AttentionInterface "
+                f"(_supports_attention_backend), which add_mask_prior needs; GPT-2, Llama, BERT, ViT and most do")
     if kind and _eager_attention(type(module)) is None:
         return f"{name}'s eager attention ignores attention_mask, where add_mask_prior adds M"
     if kind and not isinstance(_heads(module), int):

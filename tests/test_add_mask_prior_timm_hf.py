@@ -487,8 +487,8 @@ def test_boolean_mask_init_is_refused():
 
 def test_transformers_model_off_the_attention_interface_is_refused():
     model = T.BloomForCausalLM(T.BloomConfig(n_layer=LAYERS, hidden_size=WIDTH, n_head=2, vocab_size=VOCAB))
-    with pytest.raises(ValueError, match="BloomForCausalLM's attention does not go through "
-                                         "transformers' AttentionInterface"):
+    with pytest.raises(ValueError, match=r"^BloomForCausalLM: BloomForCausalLM's family takes no attention "
+                                         r"function from transformers' AttentionInterface"):
         maskprior.add_mask_prior(model, torch.zeros(2, TEXT_N, TEXT_N))
     assert model.config._attn_implementation != maskprior.MASK_PRIOR_ATTENTION
 
@@ -499,9 +499,9 @@ def test_layers_of_an_encoder_decoder_family_are_refused_by_name():
     bart = T.BartModel(T.BartConfig(vocab_size=VOCAB, d_model=WIDTH, encoder_layers=1, decoder_layers=1,
                                     encoder_attention_heads=2, decoder_attention_heads=2,
                                     encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=16))
-    with pytest.raises(ValueError, match=r"^0\.self_attn: BartAttention's attention does not go through"):
+    with pytest.raises(ValueError, match=r"^0\.self_attn: BartAttention's family takes no attention function"):
         maskprior.add_mask_prior(bart.encoder.layers, torch.zeros(2, TEXT_N, TEXT_N))
-    with pytest.raises(ValueError, match=r"^BartModel: BartModel's attention does not go through"):
+    with pytest.raises(ValueError, match=r"^BartModel: BartModel's family takes no attention function"):
         maskprior.add_mask_prior(bart, torch.zeros(2, TEXT_N, TEXT_N))
 
 
