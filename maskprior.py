@@ -978,7 +978,7 @@ def _refusal(module, kind):
         return (f"{name}'s family takes no attention function from transformers' AttentionInterface "
                 f"(_supports_attention_backend), which add_mask_prior needs; GPT-2, Llama, BERT, ViT and most do")
     if kind and _eager_attention(type(module)) is None:
-        return f"{name}'s eager attention ignores attention_mask, where add_mask_prior adds M"
+        return f"{name} has no eager attention that adds attention_mask to its scores, where add_mask_prior adds M"
     if kind and not isinstance(_heads(module), int):
         return (f"{name} takes a head count per stage, num_heads={_heads(module)}: a hierarchical "
                 f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")

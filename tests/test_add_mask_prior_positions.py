@@ -162,6 +162,20 @@ def test_float16_left_padding_with_a_strong_prior_stays_finite():
     assert torch.equal(out.sequences[0, 3:], alone[0])
 
 
+def test_packed_sequences_read_m_at_their_own_positions():
+    """Two sequences packed in one row, position_ids 0..3 then 0..2 (transformers masks them apart):
+    each reads M from position 0, as it does alone."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval()
+    maskprior.add_mask_prior(model, position_dependent_masks(model))
+    first, second = torch.randint(1, VOCAB, (1, 7), generator=torch.Generator().manual_seed(5)).split([4, 3], 1)
+    with torch.no_grad():
+        packed = model(torch.cat([first, second], 1), position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2]]),
+                       use_cache=False).logits
+        alone = torch.cat([model(first, use_cache=False).logits, model(second, use_cache=False).logits], 1)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("cache", [None, "dynamic", "static"])
 def test_a_position_past_n_is_refused_on_every_path(patched, cache):
     """The 13th new token after a prompt of 5 is predicted at position 16, past an M of N = 16:
