@@ -28,6 +28,8 @@ from conftest import ROOT
 README_PATHS = [path for path in (os.path.join(ROOT, "README.md"), os.path.join(ROOT, "README-own-model.md"))
                 if os.path.exists(path)]
 README_HEADING = "## Add a mask prior to your own model"
+# The models are tiny: a second torch thread only waits on the first (conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 WIDTH, HEADS, LAYERS = 32, 2, 2
 VIT_TOKENS = 17                                   # CLS + 4 x 4 patches of 8 x 8 in a 32 x 32 image
@@ -398,7 +400,7 @@ def test_readme_snippets_run_from_another_directory(path, installed, tmp_path):
     for i, code in enumerate(blocks):
         files.append(tmp_path / f"example_{i}.py")
         files[-1].write_text(code)
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", CHECK_BLOCKS, *map(str, files)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

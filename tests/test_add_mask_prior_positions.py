@@ -20,6 +20,8 @@ VOCAB, WIDTH, LAYERS = 64, 32, 2
 N = 16                  # M covers positions 0..15: a prompt of 5 and 8 new tokens fit, 13 do not
 PROMPT, NEW = 5, 8
 GREEDY = dict(do_sample=False, pad_token_id=0)
+# The models are tiny: a second torch thread only waits on the first (conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def decoder(config_class, model_class, **overrides):
@@ -62,9 +64,12 @@ def patched(request):
     model = MODELS[request.param]().eval()
     maskprior.add_mask_prior(model, position_dependent_masks(model))
     prompt = torch.randint(1, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()          # one thread here too: the tests' fixture comes later
+    torch.set_num_threads(1)
     with torch.no_grad():
         reference = model.generate(prompt, max_new_tokens=NEW, use_cache=False, **GREEDY)
         logits = model(reference, use_cache=False).logits
+    torch.set_num_threads(threads)
     return request.param, model, prompt, reference, logits
 
 

@@ -28,6 +28,8 @@ WIDTH, LAYERS, VOCAB = 32, 2, 64
 TEXT_N, TEXT_LEN = 8, 6              # M covers 8 tokens; inputs of 6 use its top-left 6 x 6 block
 IMAGE_N = 17                         # CLS + 4 x 4 patches of 4 x 4 in a 16 x 16 image
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# The models are tiny: a second torch thread only waits on the first (conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------------------------
