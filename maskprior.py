@@ -919,7 +919,8 @@ MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionIn
 _MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
                   "average_attn_weights", "is_causal")   # nn.MultiheadAttention.forward's, in order
 _TIMM_ARGUMENTS = ("x", "attn_mask", "is_causal")        # timm's Attention.forward's, in order
-_CACHE_ARGUMENTS = ("cache", "layer_past")               # transformers' layers' names for the KV cache
+_CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")   # transformers' names for the KV cache
+                                                                   # (past_key_values before 5.24)
 _CROSS_ARGUMENTS = ("encoder_hidden_states", "key_value_states")   # and for another sequence's states
 _EAGER_ATTENTION_OF = {}   # transformers layer class -> its eager attention, found at patch time (a
                            # compiled forward cannot run the look-up: torch.compile traces no bytecode)
