@@ -1132,8 +1132,9 @@ def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kw
         # the model's blocked entries hold its dtype's lowest value, which a bias pushes to -inf in
         # float16: a row of padding would then be all -inf, a NaN; the lowest value keeps it finite
         attention_mask = attention_mask.clamp_min(torch.finfo(attention_mask.dtype).min)
-    eager = _EAGER_ATTENTION_OF.get(type(module)) or _eager_attention(type(module))
-    return eager(module, query, key, value, attention_mask, *args, **kwargs)
+    if type(module) not in _EAGER_ATTENTION_OF:       # a class no patch has met: a cross-attention's
+        _EAGER_ATTENTION_OF[type(module)] = _eager_attention(type(module))
+    return _EAGER_ATTENTION_OF[type(module)](module, query, key, value, attention_mask, *args, **kwargs)
 
 def _use_mask_prior_attention(config):
     """Register _mask_prior_attention in transformers' AttentionInterface, and its eager_mask in the
