@@ -906,24 +906,41 @@ def persistence_fields(before, after, pattern, true_pattern=None):
     return fields
 
 # === 6. Appendix: the same prior inside an existing model (Section 4.1) ============================
-# add_mask_prior gives every attention layer of a model a parameter `mask` M (heads, N, N) and adds
-# log sigmoid(s * M) to its Q K^T / sqrt(d) before the softmax: the attention of Section 4.1. Three
-# kinds of layer, each reached through its own door:
-#   nn.MultiheadAttention (torchvision's ViT, nn.TransformerEncoder): a forward pre-hook passes the
-#     bias as attn_mask (B * heads, N, N). No fused shortcut bypasses it: nn.MultiheadAttention's is
-#     never taken with a float attn_mask, nor nn.TransformerEncoderLayer's while a sub-module has a
-#     forward hook; nn.TransformerEncoder's nested-tensor path is turned off.
+# add_mask_prior gives every self-attention layer of a model a parameter `mask` M (heads, N, N) and
+# adds log sigmoid(s * M[h, i, j]) to its scores before the softmax: the attention of Section 4.1.
+# M is indexed by the positions the model uses: i is the query's position and j the key's, as the
+# model's position_ids give them where it passes them to its attention layers (transformers'
+# decoders: left padding, cached decoding and offsets included), else the token's index in the
+# sequence or the cache (BERT, ViT, timm, nn.MultiheadAttention). So a cached, padded or offset run
+# reads the entries of M that the run of the same tokens alone and in one piece reads, and a
+# position past N is a ValueError. Three kinds of layer, each reached through its own door:
+#   nn.MultiheadAttention (torchvision's ViT, nn.TransformerEncoder, nn.Transformer): a forward
+#     pre-hook passes the bias as attn_mask (B * heads, N, N). No fused shortcut bypasses it:
+#     nn.MultiheadAttention's is never taken with a float attn_mask, nor nn.TransformerEncoderLayer's
+#     while a sub-module has a forward hook; nn.TransformerEncoder's nested-tensor path is turned off.
 #   timm's Attention (every timm ViT and DeiT): a forward pre-hook passes the bias as its additive
 #     float attn_mask (timm >= 1.0.16), which both its fused and its written-out path add.
-#   transformers' attention layers on the AttentionInterface (GPT-2, ViT, BERT, Llama, ...): the
-#     attention function below is registered under MASK_PRIOR_ATTENTION and chosen as the model's
-#     attn_implementation; the layer calling it holds M.
+#   transformers' layers on the AttentionInterface (GPT-2, Llama, Gemma, BERT, ViT, CLIP, ...): their
+#     config's attn_implementation becomes MASK_PRIOR_ATTENTION, a function that adds the bias to the
+#     model's float attention_mask and hands both to the family's own eager attention. Every eager
+#     attention there adds attention_mask to its scores after its own changes (scaling, Gemma2's
+#     softcap, T5's position bias) and before its softmax (GPT-OSS's sinks), so the prior joins all
+#     of them as the causal and padding masks do. A forward pre-hook on each patched layer finds the
+#     positions as the model's masks do: position_ids, and for the keys a cache holds (dynamic,
+#     static, sliding-window) the cache's get_query_offset and get_mask_sizes.
+# Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers) is
+# left unpatched: its keys are another sequence, which has no positions in M.
 # timm and transformers are never imported at module level: a model holds their modules only once
 # they are imported, so they are looked up in sys.modules.
 MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
 _MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
                   "average_attn_weights", "is_causal")   # nn.MultiheadAttention.forward's, in order
 _TIMM_ARGUMENTS = ("x", "attn_mask", "is_causal")        # timm's Attention.forward's, in order
+_CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")   # transformers' names for the KV cache
+                                                                   # (past_key_values before 5.24)
+_CROSS_ARGUMENTS = ("encoder_hidden_states", "key_value_states")   # and for another sequence's states
+_EAGER_ATTENTION_OF = {}   # transformers layer class -> its eager attention, found at patch time (a
+                           # compiled forward cannot run the look-up: torch.compile traces no bytecode)
 
 def _is_instance(module, module_name, class_name):
     """isinstance(module, module_name.class_name), importing nothing: None of that library's
@@ -932,10 +949,24 @@ def _is_instance(module, module_name, class_name):
     cls = getattr(sys.modules.get(module_name), class_name, None)
     return cls is not None and isinstance(module, cls)
 
+def _eager_attention(layer_class):
+    """The eager attention function a transformers layer class falls back on (the default of its
+    ALL_ATTENTION_FUNCTIONS.get_interface call: eager_attention_forward or a family's own name), if
+    it reads attention_mask; else None (Qwen2.5-Omni's DiT never does: a mask would be dropped)."""
+    import dis
+    import inspect
+    forward = inspect.unwrap(layer_class.forward)
+    for name in forward.__code__.co_names:
+        function = forward.__globals__.get(name)
+        if "eager" in name and inspect.isfunction(function):
+            loaded = [i.argval for i in dis.get_instructions(function) if i.opname.startswith("LOAD_FAST")]
+            return function if any("attention_mask" in str(names) for names in loaded) else None
+    return None
+
 def _attention_kind(module):
-    """Which kind of supported attention layer module is (the names the messages use), or None. A
-    transformers layer is one whose forward looks up ALL_ATTENTION_FUNCTIONS (the registry behind
-    attn_implementation=); its cross-attention layers (keys from another sequence) are left alone."""
+    """Which kind of supported self-attention layer module is (the names the messages use), or
+    None. A transformers layer is one whose forward looks up ALL_ATTENTION_FUNCTIONS (the registry
+    behind attn_implementation=); its cross-attention layers are left alone."""
     import inspect
     import sys
     if isinstance(module, nn.MultiheadAttention):
@@ -946,6 +977,29 @@ def _attention_kind(module):
     if "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ()):
         cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
         return None if cross else "transformers attention"
+    return None
+
+def _refusal(module, kind):
+    """Why add_mask_prior cannot patch module (a transformers model, or a layer of kind), or None.
+    A family must support attention backends (transformers' _supports_attention_backend: BLOOM,
+    T5, BART and Whisper do not), its eager attention must read attention_mask, and its attention
+    must span the sequence with one head count (Swin's attends within windows, stage by stage)."""
+    import sys
+    pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
+    name = type(module).__name__
+    if pretrained is None or kind not in (None, "transformers attention"):
+        return None
+    family = [type(module)] if isinstance(module, pretrained) else [
+        c for c in vars(sys.modules[type(module).__module__]).values()
+        if isinstance(c, type) and issubclass(c, pretrained)]
+    if not any(c._supports_attention_backend for c in family):
+        return (f"{name}'s family takes no attention function from transformers' AttentionInterface "
+                f"(_supports_attention_backend), which add_mask_prior needs; GPT-2, Llama, BERT, ViT and most do")
+    if kind and _eager_attention(type(module)) is None:
+        return f"{name} has no eager attention that adds attention_mask to its scores, where add_mask_prior adds M"
+    if kind and not isinstance(_heads(module), int):
+        return (f"{name} takes a head count per stage, num_heads={_heads(module)}: a hierarchical "
+                f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")
     return None
 
 def _heads(attn):
@@ -961,29 +1015,41 @@ def _as_logits(mask, dtype):
     return mask.to(dtype)
 
 def _allowed_as_logits(mask, dtype):
-    """The same for SDPA's meaning (timm, transformers): Boolean True = may attend."""
+    """The same for SDPA's meaning (timm): Boolean True = may attend."""
     return _as_logits(mask.logical_not() if mask.dtype == torch.bool else mask, dtype)
 
-def _check_mask_fits(name, attn, kind, mask):
-    """ValueError naming the module unless attn is unpatched and mask is (heads, N, N)."""
+def _check_mask_fits(name, attn, kind, mask, mode, scale):
+    """ValueError naming the module unless attn is unpatched, mask is (heads, N, N), and (for a
+    transformers layer) its config records no prior of another scale or mode (config.json holds one)."""
     if hasattr(attn, "mask_prior_name"):
         raise ValueError(f"{name or 'model'} already has a mask prior")
     heads, rows, cols = mask.shape
     if heads != _heads(attn) or rows != cols:
         raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
                          f"{kind} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
+    record = getattr(getattr(attn, "config", None), "mask_prior", None)
+    if record and (record["scale"], record["mode"]) != (scale, mode):
+        raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, "
+                         f"mode={record['mode']!r}, got scale={scale}, mode={mode!r}")
 
-def _prior_bias(attn, n_queries, n_keys, dtype, causal=False):
-    """log sigmoid(s M) (+ the causal -inf) of a patched layer, (H, n_queries, n_keys): the top-left
-    (n_keys, n_keys) block of M, as MaskedSelfAttention takes it, and its last n_queries rows (a
-    decoder's cached keys come before its new queries). ValueError when n_keys exceeds M's N."""
+def _prior_bias(attn, query_positions, key_positions, largest, causal=False):
+    """log sigmoid(s M[h, i, j]) of a patched layer for queries at query_positions (B or 1, n) and
+    keys at key_positions (B or 1, n_keys): (B or 1, H, n, n_keys), + -inf where j > i if causal.
+    largest: the largest query position (an int, or a tensor where positions are data), which must
+    lie below M's N. A key outside 0..N-1 is a slot every mask blocks (a padding, a static cache's
+    unwritten slot): it reads M's edge."""
     size = attn.mask.shape[-1]
-    if n_keys > size:
-        raise ValueError(f"{attn.mask_prior_name or 'model'}: mask of shape "
-                         f"{tuple(attn.mask.shape)} is for self-attention over sequences of length "
-                         f"at most {size}, got length {n_keys}")
-    bias = MaskedSelfAttention.logit_bias(attn.mask, n_keys, attn.mask_scale, causal, dtype)
-    return bias[:, n_keys - n_queries:]
+    message = (f"{attn.mask_prior_name or 'model'}: mask of shape {tuple(attn.mask.shape)} is for "
+               f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
+    if torch.compiler.is_compiling():         # a compiled graph cannot branch on data: it asserts
+        torch._assert_async(torch.as_tensor(largest < size), message)
+    elif largest >= size:
+        raise ValueError(f"{message}, got position {int(largest)}")
+    heads = torch.arange(len(attn.mask), device=attn.mask.device)[:, None, None]     # (H, 1, 1)
+    rows = query_positions[:, None, :, None]                                          # (B, 1, n, 1)
+    cols = key_positions.clamp(0, size - 1)[:, None, None, :]                         # (B, 1, 1, n_keys)
+    bias = F.logsigmoid(attn.mask_scale * attn.mask[heads, rows, cols])              # (B, H, n, n_keys)
+    return bias.masked_fill(cols > rows, float("-inf")) if causal else bias
 
 def _add_mask_prior_to_call(attn, args, kwargs):
     """nn.MultiheadAttention's pre-hook: attn_mask = log sigmoid(s M) + the caller's mask."""
@@ -992,13 +1058,15 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     batched = query.dim() == 3
     position_dim = 1 if batched and attn.batch_first else 0
     n = query.shape[position_dim]
-    if key.shape[position_dim] != n:
-        raise ValueError(f"{attn.mask_prior_name or 'model'}: the mask prior is for self-attention, "
-                         f"got query {tuple(query.shape)}, key {tuple(key.shape)}")
+    if key is not query and not (key.shape == query.shape and torch.equal(key, query)):   # SigLIP's pooling
+        raise ValueError(f"{attn.mask_prior_name or 'model'}: the mask prior is for self-attention, got "
+                         f"query {tuple(query.shape)} and key {tuple(key.shape)} from another sequence: "
+                         f"patch the part of the model that holds its self-attention layers")
     caller_mask = _as_logits(call.get("attn_mask"), query.dtype)            # (N, N), (B * H, N, N)
     # is_causal is a hint beside attn_mask; alone, the causal -inf goes into the bias
     causal = caller_mask is None and bool(call.get("is_causal"))
-    bias = _prior_bias(attn, n, n, query.dtype, causal)                     # (H, N, N)
+    positions = torch.arange(n, device=query.device)[None]                 # (1, N): 0, ..., N - 1
+    bias = _prior_bias(attn, positions, positions, n - 1, causal)[0].to(query.dtype)   # (H, N, N)
     if batched:                                                             # row b * H + h
         batch = query.shape[0 if attn.batch_first else 1]
         bias = bias.expand(batch, -1, -1, -1).reshape(-1, n, n)             # (B * H, N, N)
@@ -1016,68 +1084,146 @@ def _add_mask_prior_to_timm_call(attn, args, kwargs):
     attn_mask and its fused one (F.scaled_dot_product_attention) refuses both at once."""
     call = dict(zip(_TIMM_ARGUMENTS, args), **kwargs)
     x = call["x"]                                                           # (B, N, C)
-    bias = _prior_bias(attn, x.shape[1], x.shape[1], x.dtype, bool(call.get("is_causal")))
+    positions = torch.arange(x.shape[1], device=x.device)[None]             # (1, N): 0, ..., N - 1
+    bias = _prior_bias(attn, positions, positions, x.shape[1] - 1, bool(call.get("is_causal")))
+    bias = bias.to(x.dtype)                                                 # (1, H, N, N)
     if call.get("attn_mask") is not None:                                   # (N, N), (B, 1 or H, N, N)
         bias = bias + _allowed_as_logits(call["attn_mask"], x.dtype)
     # 4-D: the CPU's fused kernel takes it (a 3-D mask goes to the slower math kernel)
     call.update(attn_mask=bias.expand(len(x), -1, -1, -1), is_causal=False)
     return (), call
 
-def _mask_prior_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                          **kwargs):
-    """transformers' AttentionInterface function: softmax(Q K^T * scaling + log sigmoid(s M) + the
-    model's causal / padding mask) V, written out as transformers' eager attention is (so the
-    weights come back for output_attentions). query (B, H, n, d); key, value (B, H_kv, n_keys, d),
-    H_kv < H under grouped-query attention (Llama). Returns (B, n, H, d) and the weights."""
-    groups = query.shape[1] // key.shape[1]          # query heads per K/V head
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    logits = query @ key.transpose(-2, -1) * scaling                      # (B, H, n, n_keys)
-    if attention_mask is not None:                   # transformers' eager_mask: 0 / dtype's min
-        logits = logits + _allowed_as_logits(attention_mask, logits.dtype)
-    if hasattr(module, "mask_prior_name"):           # a patched layer (cross-attention is not)
-        logits = logits + _prior_bias(module, query.shape[-2], key.shape[-2], logits.dtype)
-    weights = logits.softmax(dim=-1)
-    if dropout:
-        weights = F.dropout(weights, dropout)
-    weights = weights.to(value.dtype)                # mixed precision: a float32 mask promoted it
-    return (weights @ value).transpose(1, 2).contiguous(), weights
+def _add_positions_to_transformers_call(attn, args, kwargs):
+    """A transformers layer's pre-hook: leaves its attention function mask_prior_positions, the
+    positions of its queries (B or 1, n) and keys (B or 1, n_keys), found as the model's own masks
+    find them. The queries sit at position_ids (else at their cache indices, from get_query_offset
+    on); the keys at cache indices kv_offset, ..., kv_offset + kv_length - 1 (get_mask_sizes): the
+    new ones are the queries' tokens, at the queries' positions, and one cached d indices before the
+    first query lies d positions before it (a row's tokens are contiguous; left padding only shifts
+    them, and a padding's position below 0 is blocked anyway). ValueError where the model was
+    switched off MASK_PRIOR_ATTENTION (set_attn_implementation), which would drop M."""
+    name = attn.mask_prior_name or "model"
+    if attn.config._attn_implementation != MASK_PRIOR_ATTENTION:
+        raise ValueError(f"{name} has a mask prior, which needs attn_implementation="
+                         f"{MASK_PRIOR_ATTENTION!r}; got {attn.config._attn_implementation!r}: call "
+                         f"set_attn_implementation({MASK_PRIOR_ATTENTION!r}) on the model")
+    call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
+    if any(call.get(argument) is not None for argument in _CROSS_ARGUMENTS):
+        raise ValueError(f"{name}: the mask prior is for self-attention, got another sequence's states")
+    hidden = call[attn.mask_prior_arguments[0]]                             # (B, n, C)
+    n = hidden.shape[1]
+    cache = next((call[a] for a in _CACHE_ARGUMENTS if call.get(a) is not None), None)
+    cache = getattr(cache, "self_attention_cache", cache)                   # an encoder-decoder's
+    first = cache.get_query_offset(attn.layer_idx) if cache is not None else 0   # the queries' cache index
+    positions = call.get("position_ids")
+    if positions is None or positions.dim() != 2 or positions.shape[-1] != n:   # (3, B, n): mRoPE's
+        positions = torch.arange(n, device=hidden.device)[None] + first        # (1, n)
+    keys = positions                                                        # no cache: the same tokens
+    if cache is not None:       # key k lies relative = k's cache index - first after the first query
+        length, offset = cache.get_mask_sizes(n, attn.layer_idx)
+        relative = torch.arange(length, device=hidden.device) + offset - first     # (n_keys,)
+        inside = relative.clamp(0, n - 1)     # the new keys are the queries' tokens, at their positions
+        keys = positions[:, inside] + (relative - inside)                   # (B or 1, n_keys)
+    # on the layer, not in kwargs: some layers (SigLIP's, VideoMAE's) hand the attention function
+    # no keyword arguments; the function reads them and clears them, so they serve one call
+    attn.mask_prior_positions = (positions, keys)                           # (B or 1, n), (B or 1, n_keys)
 
-def _use_mask_prior_attention(transformers_models):
+def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kwargs):
+    """transformers' AttentionInterface function: the family's eager attention, with log sigmoid(s M)
+    at the positions the pre-hook left on the layer added to the model's float attention_mask (B, 1, n, n_keys).
+    query (B, H, n, d); key, value (B, H_kv, n_keys, d). An unpatched layer (cross-attention, a layer
+    left out of a partial patch) runs the eager attention alone."""
+    if hasattr(module, "mask_prior_name"):
+        name = module.mask_prior_name or "model"
+        if module.mask_prior_positions is None:
+            raise ValueError(f"{name}: the attention function was called for {type(module).__name__} "
+                             f"outside its forward, where the positions of its tokens are found")
+        query_positions, key_positions = module.mask_prior_positions
+        module.mask_prior_positions = None
+        if (query_positions.shape[-1], key_positions.shape[-1]) != (query.shape[-2], key.shape[-2]):
+            raise ValueError(f"{name}: {query.shape[-2]} queries and {key.shape[-2]} keys, where the "
+                             f"model's positions and cache give {query_positions.shape[-1]} and "
+                             f"{key_positions.shape[-1]}")
+        bias = _prior_bias(module, query_positions, key_positions, query_positions.max())  # (B or 1, H, n, n_keys)
+        attention_mask = bias if attention_mask is None else attention_mask + bias
+        # the model's blocked entries hold its dtype's lowest value, which a bias pushes to -inf in
+        # float16: a row of padding would then be all -inf, a NaN; the lowest value keeps it finite
+        attention_mask = attention_mask.clamp_min(torch.finfo(attention_mask.dtype).min)
+    if type(module) not in _EAGER_ATTENTION_OF:       # a class no patch has met: a cross-attention's
+        _EAGER_ATTENTION_OF[type(module)] = _eager_attention(type(module))
+    return _EAGER_ATTENTION_OF[type(module)](module, query, key, value, attention_mask, *args, **kwargs)
+
+def _use_mask_prior_attention(config):
     """Register _mask_prior_attention in transformers' AttentionInterface, and its eager_mask in the
     AttentionMaskInterface (a name without a mask function gets attention_mask=None: no causal, no
-    padding mask), then make it the attn_implementation of each of transformers_models."""
+    padding mask), then make it config's attn_implementation: every layer on config takes it."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import eager_mask
     AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
     AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, eager_mask)
-    for pretrained in transformers_models:
-        pretrained.set_attn_implementation(MASK_PRIOR_ATTENTION)
+    config._attn_implementation = MASK_PRIOR_ATTENTION
 
-def _transformers_models(model):
-    """Every transformers PreTrainedModel in model; ValueError for one whose attention is not on
-    the AttentionInterface (BLOOM, MPT, Falcon, GPT-Neo): it could not take the prior."""
-    pretrained = [(name, m) for name, m in model.named_modules()
-                  if _is_instance(m, "transformers.modeling_utils", "PreTrainedModel")]
-    for name, m in pretrained:
-        if not m.is_backend_compatible():
-            raise ValueError(f"{name or type(m).__name__}: {type(m).__name__}'s attention does not "
-                             f"go through transformers' AttentionInterface (attn_implementation=), "
-                             f"which add_mask_prior needs (GPT-2, ViT, BERT, Llama and most do)")
-    return [m for _, m in pretrained]
+def _self_attention_layers(model):
+    """[(name, module, kind)] of every supported self-attention layer in model, in named_modules()
+    order; ValueError naming a transformers model or layer that cannot take the prior. The
+    multihead_attn of nn.TransformerDecoderLayer is cross-attention (keys from the memory): left out."""
+    import sys
+    pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
+    cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
+    named = []
+    for name, module in model.named_modules():
+        kind = None if id(module) in cross else _attention_kind(module)
+        reason = _refusal(module, kind) if kind or isinstance(module, pretrained) else None
+        if reason:
+            raise ValueError(f"{name or type(module).__name__}: {reason}")
+        if kind:
+            named.append((name, module, kind))
+    return named
+
+def _patch(named, masks, mode, scale):
+    """Give each (name, layer, kind) of named its M (a Parameter from masks), the pre-hook of its
+    kind and, for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which
+    save_pretrained writes to config.json): scale, mode and each layer's M shape under its name in
+    the module add_mask_prior was given (from_pretrained finds the layers by the checkpoint's M)."""
+    for (name, attn, kind), mask in zip(named, masks):
+        _check_mask_fits(name, attn, kind, mask, mode, scale)
+    hooks = {"nn.MultiheadAttention": _add_mask_prior_to_call,
+             "timm Attention": _add_mask_prior_to_timm_call,
+             "transformers attention": _add_positions_to_transformers_call}
+    for (name, attn, kind), mask in zip(named, masks):
+        weight = next(attn.parameters())              # M takes the module's dtype and device
+        attn.mask = nn.Parameter(mask.detach().to(weight).clone(),
+                                 requires_grad=(mode == "learnable"))
+        attn.mask_scale = scale
+        attn.mask_prior_name = name                   # for the forward-time error message
+        attn.register_forward_pre_hook(hooks[kind], with_kwargs=True)
+        if kind == "transformers attention":
+            import inspect
+            attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
+            attn.mask_prior_positions = None
+            _EAGER_ATTENTION_OF[type(attn)] = _eager_attention(type(attn))
+            record = getattr(attn.config, "mask_prior", None) or {"scale": scale, "mode": mode, "layers": {}}
+            record["layers"][name] = list(mask.shape)
+            attn.config.mask_prior = record
+            _use_mask_prior_attention(attn.config)
 
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
-    """Put the Section 4.1 mask prior log sigmoid(scale * M) into every attention layer of model:
-    nn.MultiheadAttention, timm's Attention, transformers' layers on the AttentionInterface; returns
-    the patched modules in model.named_modules() order. mask_init: (heads, N, N) for every layer or
-    (layers, heads, N, N), one per layer in that order; inputs shorter than N use the top-left
-    block. mode: "learnable" or "fixed", as in MaskedSelfAttention; M is the parameter `mask` of
-    each layer, in the state_dict (patch a fresh model before load_state_dict). The caller's causal
-    and padding masks are kept. Sequences longer than N: ValueError at forward time."""
+    """Put the Section 4.1 mask prior log sigmoid(scale * M) into every self-attention layer of
+    model (a whole model or a part: a ModuleList, one layer): nn.MultiheadAttention, timm's
+    Attention, transformers' layers on the AttentionInterface; returns the patched modules in
+    model.named_modules() order. mask_init: float logits (heads, N, N) for every layer or (layers,
+    heads, N, N), one per layer in that order; M[h, i, j] is the prior of a query at position i on a
+    key at position j. mode: "learnable" or "fixed", as in MaskedSelfAttention; M is the parameter
+    `mask` of each layer, in the state_dict (patch a fresh model before load_state_dict; a transformers
+    model saved with save_pretrained comes back with from_pretrained below). The caller's causal and
+    padding masks are kept. Positions past N: ValueError at forward time."""
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
-    transformers_models = _transformers_models(model)
-    named = [(name, m, kind) for name, m in model.named_modules() if (kind := _attention_kind(m))]
+    if not torch.is_floating_point(mask_init):
+        raise ValueError(f"mask_init must hold float logits M (open +{OPEN:g}, closed {CLOSE:g}), got "
+                         f"dtype {mask_init.dtype}: for a Boolean pattern pass "
+                         f"torch.where(allowed, maskprior.OPEN, maskprior.CLOSE)")
+    named = _self_attention_layers(model)
     if not named:
         raise ValueError(f"{type(model).__name__} contains no nn.MultiheadAttention, timm Attention "
                          f"or transformers attention layer to patch")
@@ -1086,44 +1232,82 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
                          f"for the modules {[name for name, _, _ in named]}, "
                          f"got {tuple(mask_init.shape)}")
     masks = mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1)
-    for (name, attn, kind), mask in zip(named, masks):
-        _check_mask_fits(name, attn, kind, mask)
-    hooks = {"nn.MultiheadAttention": _add_mask_prior_to_call,
-             "timm Attention": _add_mask_prior_to_timm_call}
-    for (name, attn, kind), mask in zip(named, masks):
-        weight = next(attn.parameters())              # M takes the module's dtype and device
-        attn.mask = nn.Parameter(mask.detach().to(weight).clone(),
-                                 requires_grad=(mode == "learnable"))
-        attn.mask_scale = scale
-        attn.mask_prior_name = name                   # for the forward-time error message
-        if kind in hooks:
-            attn.register_forward_pre_hook(hooks[kind], with_kwargs=True)
+    _patch(named, masks, mode, scale)
     for encoder in model.modules():
         if isinstance(encoder, nn.TransformerEncoder):
             encoder.use_nested_tensor = False
-    if transformers_models:
-        _use_mask_prior_attention(transformers_models)
     return [attn for _, attn, _ in named]
+
+def from_pretrained(model_class, path, **kwargs):
+    """model_class.from_pretrained(path, **kwargs) with its mask prior: the directory path was
+    written by save_pretrained of a model with add_mask_prior, whose config.json records the prior
+    (scale, mode, layers). A plain from_pretrained drops the masks (transformers lists them as
+    unexpected keys) and loads the model without its prior; this one patches the layers whose M
+    the safetensors files hold and loads M into them. model_class: a model class (an Auto class
+    works too, but transformers then lists the masks as unexpected before they are loaded)."""
+    import glob
+    import os
+    from safetensors import safe_open      # transformers' own checkpoint format
+    if not os.path.isdir(path):
+        raise ValueError(f"{path}: maskprior.from_pretrained reads a directory written by save_pretrained "
+                         f"(download a hub model first), got no such directory")
+    # transformers would report the masks as unexpected keys: it ignores them for this load alone
+    own = vars(model_class).get("_keys_to_ignore_on_load_unexpected")
+    ignored = getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()
+    model_class._keys_to_ignore_on_load_unexpected = [*ignored, r"\.mask$"]
+    try:
+        model = model_class.from_pretrained(path, **kwargs)
+    finally:                                          # the class as it was: its own list or its parent's
+        if own is None:
+            del model_class._keys_to_ignore_on_load_unexpected
+        else:
+            model_class._keys_to_ignore_on_load_unexpected = own
+    masks = {}
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        with safe_open(file, "pt") as tensors:
+            masks.update({key: tensors.get_tensor(key) for key in tensors.keys() if key.endswith(".mask")})
+    modules, prefix = dict(model.named_modules()), model.base_model_prefix + "."
+    named = []
+    for key in masks:                                 # the checkpoint may hold the model with a head
+        saved = key[:-len(".mask")]
+        name = next((n for n in (saved, saved.removeprefix(prefix), prefix + saved) if n in modules), None)
+        record = getattr(getattr(modules.get(name), "config", None), "mask_prior", None)
+        if record is None:
+            raise ValueError(f"{path}: {key} is no mask prior of a {model_class.__name__} layer whose "
+                             f"config.json records one")
+        named.append((name, modules[name], _attention_kind(modules[name])))
+    if not named:
+        raise ValueError(f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
+    records = [attn.config.mask_prior for _, attn, _ in named]
+    for _, attn, _ in named:
+        attn.config.mask_prior = None                 # rebuilt by _patch under the loaded names
+    _patch(named, list(masks.values()), records[0]["mode"], records[0]["scale"])
+    return model
 
 def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=False):
     """Optimizer parameter groups, each trainable parameter once: weight matrices and embeddings
-    (dim >= 2) decayed by weight_decay, but for the names model.no_weight_decay() lists (timm's
-    pos_embed, cls_token); biases and norm gains not; every M (MaskedSelfAttention's and
-    add_mask_prior's) by mask_decay alone. Weight decay pulls M toward 0, the neutral mask of
-    Appendix A.1, and erases the prior; timm's create_optimizer_v2 and the HF Trainer decay M (its
-    name lacks "bias"), as nanoGPT's configure_optimizers does (dim >= 2). For torch.optim
-    (AdamW(groups, lr=...)), timm's create_optimizer_v2(groups, ...) and the HF Trainer's
-    optimizers=(optimizer, None)."""
+    (dim >= 2) decayed by weight_decay, but for the names that no_weight_decay() lists, of the model
+    or of any module inside it (timm's pos_embed, cls_token; fnmatch patterns, as timm reads them);
+    biases and norm gains not; every M (MaskedSelfAttention's and add_mask_prior's) by mask_decay
+    alone. Weight decay pulls M toward 0, the neutral mask of Appendix A.1, and erases the prior;
+    timm's create_optimizer_v2 and the HF Trainer decay M (its name lacks "bias"), as nanoGPT's
+    configure_optimizers does (dim >= 2). mask_lr: M's own learning rate (the other groups take the
+    optimizer's); decay_all: weight_decay on every parameter but M (aryol/GOTU's coupled Adam decay).
+    For torch.optim (AdamW(groups, lr=...)), timm's create_optimizer_v2(groups, ...) and the HF
+    Trainer's optimizers=(optimizer, None)."""
+    import fnmatch
     masks = {id(m.mask) for m in model.modules()
              if isinstance(m, MaskedSelfAttention) or hasattr(m, "mask_prior_name")}
-    no_decay = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    no_decay = [f"{prefix}.{pattern}" if prefix else pattern
+                for prefix, module in model.named_modules() if callable(getattr(module, "no_weight_decay", None))
+                for pattern in module.no_weight_decay()]
     decayed, kept, mask = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         if id(p) in masks:
             mask.append(p)
-        elif decay_all or p.dim() >= 2 and name not in no_decay:
+        elif decay_all or p.dim() >= 2 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in no_decay):
             decayed.append(p)
         else:
             kept.append(p)

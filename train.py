@@ -735,32 +735,31 @@ def build_parser():  # the command line in five groups, each list of choices pri
     count, natural = number(int, strict=False), number(int)
     rate, share = number(float), number(float, strict=False)
     g = p.add_argument_group("what to run")
-    g.add_argument("--task", nargs="+", default=["majority"], choices=every_task + ["all"],
-                   metavar="TASK", help=f"{', '.join(every_task)}; all: the Boolean four")
+    g.add_argument("--task", nargs="+", default=["majority"], choices=every_task + ["all"], metavar="TASK",
+                   help=f"{', '.join(every_task)}; all: the Boolean four")
     g.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS), metavar="INIT",
                    help=f"{', '.join(INITS)} (default mask)")
     g.add_argument("--seed", type=count, default=0, help="random seed (default 0; paper: its own)")
     g.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid")
-    g.add_argument("--preset", choices=["cpu", "paper"], default="cpu",
-                   help="cpu (quick, default) or paper (the paper's tables)")
+    g.add_argument("--preset", choices=["cpu", "paper"], default="cpu", help="cpu (quick, default) or paper "
+                   "(the paper's tables)")
     g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs")
-    g.add_argument("--model", choices=["maskprior", "timm"],
-                   help="vision: maskprior.ViT (default) or timm's VisionTransformer, same shape")
+    g.add_argument("--model", choices=["maskprior", "timm"], help="vision: maskprior.ViT (default) or timm's "
+                   "VisionTransformer, same shape")
     g = p.add_argument_group("the mask prior (inits mask, mask-fixed, mask-hadamard)")
-    g.add_argument("--mask-magnitude", type=rate, nargs="+", metavar="A",
-                   help="open +A, closed -A (GPT: scale s); several: a sweep")
-    g.add_argument("--mask-decay", type=share, nargs="+", metavar="W",
-                   help="weight decay on M alone (default 0); several: a sweep")
-    g.add_argument("--mask-lr", type=rate, nargs="+", metavar="LR",
-                   help="lr of M alone (default --lr); several: a sweep")
-    g.add_argument("--mask-error", nargs="+", type=mask_edit, metavar="KIND:P",
-                   help="extra|missing|moved:P edits the prior; none: exact")
+    g.add_argument("--mask-magnitude", type=rate, nargs="+", metavar="A", help="open +A, closed -A (GPT: "
+                   "scale s); several: a sweep")
+    g.add_argument("--mask-decay", type=share, nargs="+", metavar="W", help="weight decay on M alone "
+                   "(default 0); several: a sweep")
+    g.add_argument("--mask-lr", type=rate, nargs="+", metavar="LR", help="lr of M alone (default --lr); "
+                   "several: a sweep")
+    g.add_argument("--mask-error", nargs="+", type=mask_edit, metavar="KIND:P", help="extra|missing|moved:P "
+                   "edits the prior; none: exact")
     g.add_argument("--mask-from", metavar="DIR", help="M from the attention maps of the finished run DIR")
-    g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU",
-                   help="open where attention >= TAU / row's keys (default 1)")
-    variants = sorted({v for choices in maskprior.BOOLEAN_MASK_VARIANTS.values() for v in choices})
-    g.add_argument("--mask-variant", choices=variants,
-                   help="2parity, cyclic3: the product over two layers (composed) or one (direct)")
+    g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU", help="open where attention >= "
+                   "TAU / row's keys (default 1)")
+    g.add_argument("--mask-variant", choices=["composed", "direct"], help="2parity, cyclic3: the product "
+                   "over two layers (composed) or one (direct)")
     g = p.add_argument_group("overrides of the preset")
     for name, kind, text in (
             ("epochs", natural, "epochs (Boolean, arithmetic, vision)"),
@@ -779,12 +778,12 @@ def build_parser():  # the command line in five groups, each list of choices pri
             ("eval-every", natural, "rounds between evaluations and checkpoints")):
         g.add_argument(f"--{name}", type=kind, metavar="X" if kind in (rate, share) else "N", help=text)
     g = p.add_argument_group("data")
-    g.add_argument("--train-frac", type=rate, nargs="+", metavar="F",
-                   help="arithmetic: fraction of pairs to train on (a sweep)")
-    g.add_argument("--eval-size", type=eval_size, metavar="N",
-                   help="arithmetic: held-out pairs scored, or all (100000)")
-    g.add_argument("--data-dir", default="data", metavar="DIR",
-                   help="where corpus and image files live (default data)")
+    g.add_argument("--train-frac", type=rate, nargs="+", metavar="F", help="arithmetic: fraction of pairs to "
+                   "train on (a sweep)")
+    g.add_argument("--eval-size", type=eval_size, metavar="N", help="arithmetic: held-out pairs scored, or "
+                   "all (100000)")
+    g.add_argument("--data-dir", default="data", metavar="DIR", help="where corpus and image files live "
+                   "(default data)")
     g.add_argument("--bpe-file", metavar="FILE", help="GPT-2's ranks file for tiktoken, offline")
     g.add_argument("--download", action="store_true", help="vision: fetch CIFAR if missing")
     g.add_argument("--workers", type=count, metavar="N", help="vision: loader processes")
@@ -899,14 +898,10 @@ def check_args(args, task_names):
     if len(families) > 1:
         raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
     family = families.pop()
-    for flag in ("epochs", "train_frac", "head_dim", "pos_std", "cls_std", "mlp_dim", "mask_variant",
-                 "mask_error", "eval_size", "iters", "block_size", "bpe_file", "image_size", "patch_size",
-                 "warmup_epochs", "workers", "download", "compile", "model"):
-        value = getattr(args, flag)                 # None / False when not given (0 is given)
-        if value is None or value is False:
-            continue
+    for flag, value in vars(args).items():         # a flag not every family takes: this one's?
         takers = [f for f, about in FAMILIES.items() if flag in about["presets"]["cpu"] or flag in about["takes"]]
-        if family not in takers:
+        given = value is not None and value is not False   # None / False when not given (0 is given)
+        if given and takers and family not in takers:
             raise UsageError(f"--{flag.replace('_', '-')} applies to {' and '.join(takers)} tasks only")
     wrong = [i for i in args.init if i not in FAMILIES[family]["inits"]]
     if wrong:
@@ -1012,9 +1007,9 @@ def check_vision_config(config):
     if config["lr_base_size"]:
         config["lr"] = config["lr"] * config["batch_size"] / config["lr_base_size"]
 
-def train_all(args, stop, grid_lock):
-    """Every run of the command, each in its locked folder, then a grid's tables (grid_lock: its lock).
-    Every run's config, data and folder are checked before the first one trains."""
+def train_all(args, stop):
+    """Every run of the command, each in its locked folder, then a grid's tables (the grid's folder locked
+    too). Every run's config, data and folder are checked before the first one trains."""
     runs = plan(args)
     device, grid = runs[0].device, runs[0].grid
     root = args.out or "runs/grid"
@@ -1037,51 +1032,55 @@ def train_all(args, stop, grid_lock):
             line += (f"; {info['train_images']:,} images to train, {info['eval_images']:,} held out, "
                      f"{len(info['classes'])} classes")
     print(line, flush=True)
-    results, failed, root_locked = [], 0, False
-    for run in runs:
-        run.threads = threads
-        try:
-            data = load_data(run)
-            run.fingerprint = data_fingerprint(data)
-            if run.resume and not grid and not os.path.isdir(run.folder):
-                raise UsageError(f"--resume: no checkpoint at {run.checkpoint}: run without --resume first")
-            if grid and writer and not root_locked:        # held until the grid's tables are written
-                grid_lock.enter_context(folder_lock(root))
-                root_locked = True
-            with folder_lock(run.folder) if writer else contextlib.nullcontext():
-                finished = run.resume and finished_run(run, run.fingerprint)
-                if finished:                       # left as it is, every file
-                    results.append(finished)
-                    if not grid:
-                        print(f"{run.task} / {run.init} / seed {run.seed}: already finished, nothing to "
-                              f"resume; {run.folder} is left as it was")
-                    continue
-                with subnormals_flushed(device):
-                    result = execute(run, data, distributed_setup(device), stop)
-        except Diverged as err:
-            print(f"{run.task} / {run.init} / seed {run.seed}: stopped, {err}; what was saved is in "
-                  f"{run.folder}", file=sys.stderr)
-            failed += 1
-            results += [r for r in [read_result(os.path.join(run.folder, "result.json"))] if r]
-            continue
-        except (Interrupted, WriteError) as err:      # what to do next: read from what is on disk
-            err.advice = kept(run)
-            raise
-        if result is not None:                     # None: a torchrun rank other than 0; rank 0 reports
-            results.append(result)
-            print(tasks.summary_line(result), flush=True)
-            if not grid:
-                print(f"wrote {os.path.join(run.folder, 'result.json')}")
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    if grid and results:
-        try:
-            write_json(os.path.join(root, "grid.json"), results)
-            write_tables(root, results)
-        except WriteError as err:
-            err.advice = kept(runs[-1])
-            raise
+    results, failed = [], 0
+    with folder_lock(root) if grid and writer else contextlib.nullcontext():   # until its tables are written
+        for run in runs:
+            run.threads = threads
+            try:
+                result = train_one(run, device, writer, stop)
+            except Diverged as err:
+                print(f"{run.task} / {run.init} / seed {run.seed}: stopped, {err}; what was saved is in "
+                      f"{run.folder}", file=sys.stderr)
+                failed += 1
+                results += [r for r in [read_result(os.path.join(run.folder, "result.json"))] if r]
+                continue
+            except (Interrupted, WriteError) as err:   # what to do next: read from what is on disk
+                err.advice = kept(run)
+                raise
+            if result is not None:                 # None: a torchrun rank other than 0; rank 0 reports
+                results.append(result)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if grid and results:
+            try:
+                write_json(os.path.join(root, "grid.json"), results)
+                write_tables(root, results)
+            except WriteError as err:
+                err.advice = kept(runs[-1])
+                raise
     return 1 if failed else 0
+
+def train_one(run, device, writer, stop):
+    """One run of the command in its locked folder (torchrun: rank 0 locks and writes): its data and their
+    fingerprint, then execute, or with --resume a finished run's result.json as it is."""
+    data = load_data(run)
+    run.fingerprint = data_fingerprint(data)
+    if run.resume and not run.grid and not os.path.isdir(run.folder):
+        raise UsageError(f"--resume: no checkpoint at {run.checkpoint}: run without --resume first")
+    with folder_lock(run.folder) if writer else contextlib.nullcontext():
+        finished = run.resume and finished_run(run, run.fingerprint)
+        if finished:                               # left as it is, every file
+            if not run.grid:
+                print(f"{run.task} / {run.init} / seed {run.seed}: already finished, nothing to resume; "
+                      f"{run.folder} is left as it was")
+            return finished
+        with subnormals_flushed(device):
+            result = execute(run, data, distributed_setup(device), stop)
+    if result is not None:
+        print(tasks.summary_line(result), flush=True)
+        if not run.grid:
+            print(f"wrote {os.path.join(run.folder, 'result.json')}")
+    return result
 
 def kept(run):
     """What is on disk for a run that stopped, and what to do: read from its folder."""
@@ -1149,8 +1148,7 @@ def main(argv=None):
         args = build_parser().parse_args(argv)
         if args.summarize:
             return summarize(args.summarize)
-        with contextlib.ExitStack() as grid_lock:
-            return train_all(args, stop, grid_lock)
+        return train_all(args, stop)
     except (UsageError, tasks.DataError) as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2

@@ -1,12 +1,18 @@
-"""maskprior.add_mask_prior on modules the project did not write: torchvision's VisionTransformer
-and nn.TransformerEncoder (batch_first True and False). A patched nn.MultiheadAttention must compute
-softmax(Q K^T / sqrt(d) + log sigmoid(M)) V (Section 4.1) in train and eval mode, train M, save and
-load it, and refuse masks that do not fit. The README's examples (torchvision's ViT, timm's ViT,
-Hugging Face's GPT-2) run as written."""
+"""maskprior.add_mask_prior on modules the project did not write: torchvision's VisionTransformer,
+nn.TransformerEncoder (batch_first True and False) and nn.Transformer. A patched nn.MultiheadAttention
+must compute softmax(Q K^T / sqrt(d) + log sigmoid(M)) V (Section 4.1) in train and eval mode, train
+M, save and load it, and refuse masks that do not fit; cross-attention stays unpatched.
+maskprior.param_groups groups the project's own models as it always has. The package builds as a
+wheel of maskprior.py alone, and the README's examples run as written from another directory, on
+the installed wheel."""
 import copy
+import importlib.util
 import math
 import os
 import re
+import subprocess
+import sys
+import zipfile
 
 import pytest
 import torch
@@ -17,9 +23,13 @@ import torchvision
 import maskprior
 from conftest import ROOT
 
-# The section whose code blocks test_readme_snippets_run executes.
-README_PATH = os.path.join(ROOT, "README.md")
+# The section whose code blocks test_readme_snippets_run executes: the README's, and a draft of it
+# beside the README where one is being written.
+README_PATHS = [path for path in (os.path.join(ROOT, "README.md"), os.path.join(ROOT, "README-own-model.md"))
+                if os.path.exists(path)]
 README_HEADING = "## Add a mask prior to your own model"
+# The models are tiny: a second torch thread only waits on the first (conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 WIDTH, HEADS, LAYERS = 32, 2, 2
 VIT_TOKENS = 17                                   # CLS + 4 x 4 patches of 8 x 8 in a 32 x 32 image
@@ -252,12 +262,12 @@ def test_wrong_head_count_is_refused_at_call_time():
 def test_wrong_sequence_length_is_refused_at_forward_time():
     model = vit()
     maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, HEADS, 3))  # 10 x 10, N = 17
-    message = re.escape(FIRST_VIT_ATTENTION) + r".*\(2, 10, 10\).*length 17"
+    message = re.escape(FIRST_VIT_ATTENTION) + r".*\(2, 10, 10\).*at most 10.*got position 16"
     with pytest.raises(ValueError, match=message):
         model(torch.randn(1, 3, 32, 32))
     model = encoder(batch_first=False)
     maskprior.add_mask_prior(model, random_masks(ENCODER_TOKENS))
-    with pytest.raises(ValueError, match=r"layers\.0\.self_attn.*length 7"):
+    with pytest.raises(ValueError, match=r"layers\.0\.self_attn.*at most 6.*got position 6"):
         model(torch.randn(7, 2, WIDTH))                                   # (N, B, E)
 
 
@@ -274,16 +284,91 @@ def test_models_without_multihead_attention_and_other_misuse_are_refused():
         maskprior.add_mask_prior(model, torch.zeros(HEADS, VIT_TOKENS, VIT_TOKENS))
     attn = model.encoder.layers[0].self_attention
     x, memory = torch.randn(1, VIT_TOKENS, WIDTH), torch.randn(1, 5, WIDTH)
-    message = re.escape(FIRST_VIT_ATTENTION) + r".*self-attention.*key \(1, 5, 32\)"
+    message = re.escape(FIRST_VIT_ATTENTION) + r".*self-attention.*key \(1, 5, 32\) from another sequence"
     with pytest.raises(ValueError, match=message):
         attn(x, memory, memory)                                          # cross-attention
+    with pytest.raises(ValueError, match=r"key \(1, 17, 32\) from another sequence"):
+        attn(x, x + 1, x + 1)                                            # of the same length
+
+
+def test_nn_transformer_patches_self_attention_and_leaves_cross_attention():
+    """nn.Transformer: the encoder's and the decoder's self_attn take the prior; the decoder's
+    multihead_attn (queries from the target, keys from the memory) keeps its stock attention, also
+    with a source of another length than the target."""
+    torch.manual_seed(0)
+    model = nn.Transformer(WIDTH, HEADS, 1, 1, 64, dropout=0.0, batch_first=True).double()
+    stock = copy.deepcopy(model)
+    patched = maskprior.add_mask_prior(model, torch.full((2, HEADS, 5, 5), maskprior.OPEN))
+    assert [attn.mask_prior_name for attn in patched] == ["encoder.layers.0.self_attn",
+                                                          "decoder.layers.0.self_attn"]
+    assert not hasattr(model.decoder.layers[0].multihead_attn, "mask")
+    source, target = torch.randn(2, 5, WIDTH).double(), torch.randn(2, 3, WIDTH).double()
+    causal = nn.Transformer.generate_square_subsequent_mask(3, dtype=torch.float64)
+    torch.testing.assert_close(model(source, target, tgt_mask=causal), stock(source, target, tgt_mask=causal))
+
+
+@pytest.mark.parametrize("mode", ["none", "learnable"])
+@pytest.mark.parametrize("name", ["vit", "gpt", "transformer"])
+def test_param_groups_group_the_projects_own_models_as_train_py_trains_them(name, mode):
+    """maskprior's ViT, GPT and Transformer, as train.py's optimizer groups them (the rule of the
+    recorded runs, written out here): matrices decayed but the positions and CLS (no_weight_decay,
+    timm's convention), vectors not, every M alone, in named_parameters order; decay_all (aryol/GOTU's
+    coupled decay) decays everything but M in one group; mask_lr reaches M's group alone."""
+    torch.manual_seed(0)
+    masks = None if mode == "none" else torch.zeros(2, HEADS, 17, 17)
+    model = {"vit": lambda: maskprior.ViT(16, 4, 10, WIDTH, 2, HEADS, 64, masks=masks, mode=mode),
+             "gpt": lambda: maskprior.GPT(50, 17, WIDTH, 2, HEADS, mode=mode, masks=masks),
+             "transformer": lambda: maskprior.Transformer(2, 17, WIDTH, 2, HEADS, 64, 1, masks=masks,
+                                                          mode=mode)}[name]()
+    mask_ids = {id(m.mask) for m in maskprior.attention_modules(model) if m.mask is not None}
+    starts = {id(p) for n, p in model.named_parameters() if n in ("pos", "cls")}
+    assert len(starts) == (1 if name == "gpt" else 2)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    weights = [id(p) for p in parameters if id(p) not in mask_ids]
+    matrices = [i for i, p in zip(weights, [p for p in parameters if id(p) not in mask_ids])
+                if p.dim() >= 2 and i not in starts]
+    expected = [(matrices, 0.05), ([i for i in weights if i not in matrices], 0.0),
+                ([id(p) for p in parameters if id(p) in mask_ids], 1e-3)]
+    groups = maskprior.param_groups(model, 0.05, mask_decay=1e-3)
+    assert [([id(p) for p in g["params"]], g["weight_decay"]) for g in groups] == [e for e in expected if e[0]]
+    coupled = maskprior.param_groups(model, 0.05, mask_decay=1e-3, mask_lr=0.03, decay_all=True)
+    assert [([id(p) for p in g["params"]], g["weight_decay"], g.get("lr")) for g in coupled] == [
+        e for e in [(weights, 0.05, None), (expected[2][0], 1e-3, 0.03)] if e[0]]
 
 
 # ----------------------------------------------------------------------------------------------
-# The README snippet
+# The package and the README's examples, as a user gets them
 # ----------------------------------------------------------------------------------------------
 
-def readme_code(path=README_PATH, heading=README_HEADING):
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The directory a wheel of the repository's pyproject.toml was unpacked into (as pip installs
+    a pure-Python wheel), and the names the wheel holds. The build runs on a copy of pyproject.toml
+    and maskprior.py, so no build/ or egg-info lands in the repository."""
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("setuptools, the build backend, is not installed (pip would fetch it)")
+    source, dist, site = (tmp_path_factory.mktemp(name) for name in ("source", "dist", "site"))
+    for name in ("pyproject.toml", "maskprior.py"):
+        (source / name).write_bytes(open(os.path.join(ROOT, name), "rb").read())
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                           "--no-index", "-q", "-w", str(dist), str(source)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    [wheel] = dist.glob("maskprior-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+        return site, archive.namelist()
+
+
+def test_the_wheel_holds_maskprior_alone(installed):
+    """maskprior.py is the library; tasks.py and train.py, the paper's scripts, stay out."""
+    _, names = installed
+    assert [name for name in names if not name.startswith("maskprior-")] == ["maskprior.py"]
+    metadata = next(name for name in names if name.endswith("METADATA"))
+    assert metadata.startswith("maskprior-0.1.0.dist-info/")
+
+
+def readme_code(path, heading=README_HEADING):
     """The ```python blocks between the heading line and the next "## " heading in the file at path."""
     with open(path) as f:
         text = f.read()
@@ -292,20 +377,38 @@ def readme_code(path=README_PATH, heading=README_HEADING):
     return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
 
 
-def test_readme_snippets_run():
-    """Each example runs as written; each of its models has its attention patched, and each of its
-    optimizers keeps every M in a group of its own, undecayed (maskprior.param_groups)."""
-    blocks = readme_code()
-    assert len(blocks) == 2
-    for code in blocks:
-        namespace = {}
-        exec(compile(code, README_PATH, "exec"), namespace)
-        models = [v for v in namespace.values() if isinstance(v, nn.Module)]
-        optimizers = [v for v in namespace.values() if isinstance(v, torch.optim.Optimizer)]
-        assert models and len(optimizers) == len(models)
-        for model, optimizer in zip(models, optimizers):
-            masks = [m.mask for m in model.modules() if hasattr(m, "mask_prior_name")]
-            assert masks and all(isinstance(mask, nn.Parameter) for mask in masks)
-            mask_group = next(g for g in optimizer.param_groups if g["params"][0] is masks[0])
-            assert [id(p) for p in mask_group["params"]] == [id(mask) for mask in masks]
-            assert mask_group["weight_decay"] == 0.0
+# Runs each block given as a file in a fresh namespace, then checks it: every model it patched holds
+# its M as Parameters, and no optimizer it made decays an M (maskprior.param_groups).
+CHECK_BLOCKS = """
+import sys, torch, torch.nn as nn
+for path in sys.argv[1:]:
+    namespace = {}
+    exec(compile(open(path).read(), path, "exec"), namespace)
+    masks = [m.mask for v in namespace.values() if isinstance(v, nn.Module) for m in v.modules()
+             if hasattr(m, "mask_prior_name")]
+    assert masks and all(isinstance(mask, nn.Parameter) for mask in masks), path
+    for optimizer in (v for v in namespace.values() if isinstance(v, torch.optim.Optimizer)):
+        for group in optimizer.param_groups:
+            held = {id(p) for p in group["params"]}
+            assert group["weight_decay"] == 0.0 or not any(id(mask) in held for mask in masks), path
+    print("ran", path, "imported maskprior from", namespace["maskprior"].__file__)
+"""
+
+
+@pytest.mark.parametrize("path", README_PATHS, ids=os.path.basename)
+def test_readme_snippets_run_from_another_directory(path, installed, tmp_path):
+    """Each example runs as written in a directory of its own, importing the installed maskprior
+    (not the repository's); each of its models has its attention patched, and each optimizer keeps
+    every M undecayed (maskprior.param_groups)."""
+    site, _ = installed
+    blocks = readme_code(path)
+    assert len(blocks) >= 2
+    files = []
+    for i, code in enumerate(blocks):
+        files.append(tmp_path / f"example_{i}.py")
+        files[-1].write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", CHECK_BLOCKS, *map(str, files)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count(f"imported maskprior from {site}") == len(blocks), done.stdout

@@ -1,0 +1,325 @@
+"""maskprior.add_mask_prior in what users do next with a Hugging Face model, on tiny models built
+from configs (no download): M is indexed by the positions the model uses, so cached generation
+(dynamic, static, sliding-window and hybrid caches), left padding, beam search, offsets and chunked
+prefill read the entries of M that the no-cache run of the same tokens reads, and give its tokens
+and logits; a position past M's N is a ValueError on every path. A part of a model (its ModuleList,
+one layer) takes the prior in exactly those layers; switching the attention implementation away is
+refused; save_pretrained and maskprior.from_pretrained restore a trained prior; cross-attention is
+left unpatched."""
+import copy
+import json
+import os
+
+import pytest
+import torch
+import transformers as T
+
+import maskprior
+
+VOCAB, WIDTH, LAYERS = 64, 32, 2
+N = 16                  # M covers positions 0..15: a prompt of 5 and 8 new tokens fit, 13 do not
+PROMPT, NEW = 5, 8
+GREEDY = dict(do_sample=False, pad_token_id=0)
+# The models are tiny: a second torch thread only waits on the first (conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def decoder(config_class, model_class, **overrides):
+    """A decoder of the Llama line: 4 query heads on 2 K/V heads (grouped-query attention)."""
+    settings = dict(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=64, num_hidden_layers=LAYERS,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                    bos_token_id=0, eos_token_id=VOCAB, pad_token_id=0)   # eos outside the vocabulary:
+    return model_class(config_class(**{**settings, **overrides}))       # every run makes NEW tokens
+
+
+def gpt2(**overrides):
+    return T.GPT2LMHeadModel(T.GPT2Config(n_layer=LAYERS, n_embd=WIDTH, n_head=2, vocab_size=VOCAB,
+                                          n_positions=64, bos_token_id=0, eos_token_id=VOCAB,
+                                          pad_token_id=0, **overrides))
+
+
+MODELS = {  # name: build; Mistral's window of 4 and Gemma3's sliding layer are passed by 13 tokens
+    "gpt2": gpt2,
+    "llama": lambda: decoder(T.LlamaConfig, T.LlamaForCausalLM),
+    "mistral": lambda: decoder(T.MistralConfig, T.MistralForCausalLM, sliding_window=4),
+    "gemma3": lambda: decoder(T.Gemma3TextConfig, T.Gemma3ForCausalLM, head_dim=8, sliding_window=4,
+                              layer_types=["sliding_attention", "full_attention"]),
+}
+
+
+def heads(model):
+    return model.config.num_attention_heads
+
+
+def position_dependent_masks(model, seed=1):
+    """(layers, heads, N, N) random logits: every position pair has its own prior."""
+    return 3 * torch.randn(LAYERS, heads(model), N, N, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def patched(request):
+    """(name, the model with a position-dependent prior, a prompt (1, 5), its no-cache greedy
+    continuation (1, 13) and the no-cache logits at every position (1, 13, V))."""
+    torch.manual_seed(0)
+    model = MODELS[request.param]().eval()
+    maskprior.add_mask_prior(model, position_dependent_masks(model))
+    prompt = torch.randint(1, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()          # one thread here too: the tests' fixture comes later
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        reference = model.generate(prompt, max_new_tokens=NEW, use_cache=False, **GREEDY)
+        logits = model(reference, use_cache=False).logits
+    torch.set_num_threads(threads)
+    return request.param, model, prompt, reference, logits
+
+
+def step_logits(out, row=0):
+    """The logits of each generated token, (NEW, V), from generate(output_logits=True)."""
+    return torch.stack([step[row] for step in out.logits])
+
+
+# ----------------------------------------------------------------------------------------------
+# Cached and padded runs equal the no-cache run of the same tokens
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_cached_generation_gives_the_no_cache_tokens_and_logits(patched, cache):
+    """Each step's queries read M's rows at their positions, its keys (the cache's buffer, a
+    sliding window's last keys) the columns at theirs: the tokens and logits of use_cache=False."""
+    _, model, prompt, reference, logits = patched
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=NEW, cache_implementation=cache, output_logits=True,
+                             return_dict_in_generate=True, **GREEDY)
+    assert torch.equal(out.sequences, reference)
+    torch.testing.assert_close(step_logits(out), logits[0, PROMPT - 1:-1], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_left_padded_generation_gives_each_prompt_alone(patched, cache):
+    """A batch of the prompt left-padded by 3 and a prompt of 8: the padded row reads M at its
+    position_ids (0 from its first real token on), not at its slots, and gives the prompt's own
+    tokens and logits; the unpadded row gives its own."""
+    _, model, prompt, reference, logits = patched
+    other = torch.randint(1, VOCAB, (1, PROMPT + 3), generator=torch.Generator().manual_seed(4))
+    ids = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], 1), other])
+    attention_mask = (torch.arange(PROMPT + 3) >= torch.tensor([[3], [0]])).long()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=attention_mask, max_new_tokens=NEW, cache_implementation=cache,
+                             output_logits=True, return_dict_in_generate=True, **GREEDY)
+        alone = model.generate(other, max_new_tokens=NEW, use_cache=False, **GREEDY)
+    assert torch.equal(out.sequences[0, 3:], reference[0])
+    torch.testing.assert_close(step_logits(out), logits[0, PROMPT - 1:-1], rtol=0, atol=1e-4)
+    assert torch.equal(out.sequences[1], alone[0])
+
+
+def test_beam_search_with_its_cache_gives_the_no_cache_beams(patched):
+    _, model, prompt, _, _ = patched
+    with torch.no_grad():
+        cached = model.generate(prompt, max_new_tokens=NEW, num_beams=3, **GREEDY)
+        uncached = model.generate(prompt, max_new_tokens=NEW, num_beams=3, use_cache=False, **GREEDY)
+    assert torch.equal(cached, uncached)
+
+
+def test_chunked_prefill_gives_the_one_piece_logits(patched):
+    """The 13 tokens fed in chunks of 5, 6 and 2 through one cache (beyond a window of 4: the
+    sliding layers' cache drops keys): the logits of the whole sequence in one piece."""
+    _, model, _, reference, logits = patched
+    with torch.no_grad():
+        cache = T.DynamicCache(config=model.config)
+        chunks = [model(reference[:, a:b], cache=cache, use_cache=True).logits
+                  for a, b in ((0, 5), (5, 11), (11, 13))]
+    torch.testing.assert_close(torch.cat(chunks, 1), logits, rtol=0, atol=1e-4)
+
+
+def test_position_ids_offset_reads_the_shifted_block_of_m():
+    """Llama's RoPE scores depend on i - j alone, so a run at position_ids 3..8 is the run at
+    0..5 but for the prior: its M block [3:9, 3:9]. The model with that block as its M at 0..5
+    gives the same logits; with M unshifted they differ."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval()
+    same_weights = copy.deepcopy(model)
+    masks = position_dependent_masks(model)
+    maskprior.add_mask_prior(model, masks)
+    maskprior.add_mask_prior(same_weights, masks[:, :, 3:, 3:].contiguous())
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        offset = model(ids, position_ids=torch.arange(3, 9)[None], use_cache=False).logits
+        shifted = same_weights(ids, use_cache=False).logits
+        unshifted = model(ids, use_cache=False).logits
+    torch.testing.assert_close(offset, shifted, rtol=0, atol=1e-5)
+    assert (offset - unshifted).abs().max() > 1e-3
+
+
+def test_float16_left_padding_with_a_strong_prior_stays_finite():
+    """In float16 a blocked entry (the dtype's lowest value, -65504) plus a bias of -50 would be
+    -inf; a padded query's row, all blocked, would then be NaN and reach the real tokens through
+    0 * NaN. The padded row gives the prompt's own tokens."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval().half()
+    maskprior.add_mask_prior(model, torch.full((4, N, N), -5.0), scale=10.0)     # bias -50 everywhere
+    prompt = torch.randint(1, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], 1)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=(ids != 0).long(), max_new_tokens=NEW, output_logits=True,
+                             return_dict_in_generate=True, **GREEDY)
+        alone = model.generate(prompt, max_new_tokens=NEW, use_cache=False, **GREEDY)
+    assert torch.isfinite(step_logits(out)).all()
+    assert torch.equal(out.sequences[0, 3:], alone[0])
+
+
+def test_packed_sequences_read_m_at_their_own_positions():
+    """Two sequences packed in one row, position_ids 0..3 then 0..2 (transformers masks them apart):
+    each reads M from position 0, as it does alone."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval()
+    maskprior.add_mask_prior(model, position_dependent_masks(model))
+    first, second = torch.randint(1, VOCAB, (1, 7), generator=torch.Generator().manual_seed(5)).split([4, 3], 1)
+    with torch.no_grad():
+        packed = model(torch.cat([first, second], 1), position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2]]),
+                       use_cache=False).logits
+        alone = torch.cat([model(first, use_cache=False).logits, model(second, use_cache=False).logits], 1)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache", [None, "dynamic", "static"])
+def test_a_position_past_n_is_refused_on_every_path(patched, cache):
+    """The 13th new token after a prompt of 5 is predicted at position 16, past an M of N = 16:
+    ValueError naming the first layer, with and without a cache, beyond a sliding window too."""
+    name, model, prompt, _, _ = patched
+    first = "transformer.h.0.attn" if name == "gpt2" else "model.layers.0.self_attn"
+    settings = {"use_cache": False} if cache is None else {"cache_implementation": cache}
+    with pytest.raises(ValueError, match=rf"^{first}: mask of shape \({heads(model)}, 16, 16\).*at most 16"
+                                         rf".*got position 16"):
+        with torch.no_grad():
+            model.generate(prompt, max_new_tokens=13, **settings, **GREEDY)
+
+
+# ----------------------------------------------------------------------------------------------
+# A part of a model, and a switch of its attention implementation
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, part", [("llama", "model.layers"), ("gpt2", "transformer.h")])
+def test_patching_the_layers_equals_patching_the_model_and_trains_m(name, part):
+    torch.manual_seed(0)
+    stock = MODELS[name]().eval()
+    whole, layers_only = copy.deepcopy(stock), copy.deepcopy(stock)
+    masks = position_dependent_masks(stock)
+    maskprior.add_mask_prior(whole, masks)
+    patched = maskprior.add_mask_prior(layers_only.get_submodule(part), masks)
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    logits = layers_only(ids).logits
+    torch.testing.assert_close(logits, whole(ids).logits, rtol=0, atol=1e-6)
+    assert (logits - stock(ids).logits).abs().max() > 1e-3
+    logits.square().mean().backward()
+    assert all(attn.mask.grad.abs().max() > 0 for attn in patched)
+
+
+def test_patching_one_layer_puts_the_prior_in_that_layer_alone():
+    """add_mask_prior(model.model.layers[1], M): the model with M in layer 1 and a constant
+    (neutral) M in layer 0; layer 0 has no M, and only layer 1's M trains."""
+    torch.manual_seed(0)
+    stock = MODELS["llama"]().eval()
+    one, reference = copy.deepcopy(stock), copy.deepcopy(stock)
+    masks = position_dependent_masks(stock)
+    [attn] = maskprior.add_mask_prior(one.model.layers[1], masks[1])
+    maskprior.add_mask_prior(reference, torch.stack([torch.full_like(masks[0], maskprior.OPEN), masks[1]]))
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    logits = one(ids).logits
+    torch.testing.assert_close(logits, reference(ids).logits, rtol=0, atol=1e-5)
+    assert not hasattr(one.model.layers[0].self_attn, "mask")
+    logits.square().mean().backward()
+    assert attn.mask.grad.abs().max() > 0
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_switching_the_attention_implementation_is_refused_until_switched_back(implementation):
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval()
+    maskprior.add_mask_prior(model, position_dependent_masks(model))
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        before = model(ids).logits
+        model.set_attn_implementation(implementation)
+        with pytest.raises(ValueError, match=rf"^model\.layers\.0\.self_attn has a mask prior, which needs "
+                                             rf"attn_implementation='mask_prior'; got '{implementation}'"):
+            model(ids)
+        model.set_attn_implementation(maskprior.MASK_PRIOR_ATTENTION)
+        torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# save_pretrained and maskprior.from_pretrained
+# ----------------------------------------------------------------------------------------------
+
+def test_from_pretrained_restores_a_trained_prior_and_a_plain_load_does_not(tmp_path):
+    """A Llama with the GPT prior (scale 10) after one training step: config.json records it;
+    maskprior.from_pretrained gives back M, scale, mode and the logits (also into the headless
+    LlamaModel, whose names lack the "model." prefix); a plain from_pretrained has no prior."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]()
+    patched = maskprior.add_mask_prior(model, maskprior.relative_distance_mask(4, N), scale=10.0)
+    optimizer = torch.optim.AdamW(maskprior.param_groups(model, 0.1), lr=1e-2)
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    model(ids, labels=ids).loss.backward()
+    optimizer.step()
+    model.save_pretrained(tmp_path)
+    record = json.loads((tmp_path / "config.json").read_text())["mask_prior"]
+    assert record == {"scale": 10.0, "mode": "learnable",
+                      "layers": {f"model.layers.{i}.self_attn": [4, N, N] for i in range(LAYERS)}}
+    loaded = maskprior.from_pretrained(T.LlamaForCausalLM, tmp_path)
+    headless = maskprior.from_pretrained(T.LlamaModel, tmp_path)
+    plain = T.LlamaForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        expected = model.eval()(ids).logits
+        torch.testing.assert_close(loaded(ids).logits, expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(headless(ids).last_hidden_state, model.model(ids).last_hidden_state,
+                                   rtol=0, atol=1e-5)
+        assert (plain(ids).logits - expected).abs().max() > 1e-3
+    for attn, restored in zip(patched, [layer.self_attn for layer in loaded.model.layers]):
+        assert torch.equal(restored.mask, attn.mask) and restored.mask.requires_grad
+        assert restored.mask_scale == 10.0
+    assert not any(hasattr(m, "mask") for m in plain.modules())
+
+
+def test_from_pretrained_restores_a_partial_fixed_patch(tmp_path):
+    torch.manual_seed(0)
+    model = MODELS["gpt2"]().eval()
+    masks = position_dependent_masks(model)
+    maskprior.add_mask_prior(model.transformer.h[1], masks[1], mode="fixed")
+    model.save_pretrained(tmp_path)
+    loaded = maskprior.from_pretrained(T.GPT2LMHeadModel, tmp_path)
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
+    assert not hasattr(loaded.transformer.h[0].attn, "mask")
+    assert torch.equal(loaded.transformer.h[1].attn.mask, masks[1])
+    assert not loaded.transformer.h[1].attn.mask.requires_grad
+
+
+def test_from_pretrained_refuses_a_model_saved_without_a_prior(tmp_path):
+    MODELS["gpt2"]().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"holds no mask prior: load it with GPT2LMHeadModel\.from_pretrained"):
+        maskprior.from_pretrained(T.GPT2LMHeadModel, tmp_path)
+    assert os.path.exists(tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"reads a directory written by save_pretrained"):
+        maskprior.from_pretrained(T.GPT2LMHeadModel, tmp_path / "elsewhere")
+
+
+# ----------------------------------------------------------------------------------------------
+# Cross-attention stays as it was
+# ----------------------------------------------------------------------------------------------
+
+def test_gpt2_cross_attention_is_left_unpatched():
+    """GPT-2 with add_cross_attention: its crossattention layers keep no M and read the encoder's
+    states of any length, as the stock model's do, while the self-attention takes the prior."""
+    torch.manual_seed(0)
+    stock = gpt2(add_cross_attention=True).eval()
+    model = copy.deepcopy(stock)
+    patched = maskprior.add_mask_prior(model, torch.full((2, N, N), maskprior.OPEN))
+    assert [attn.mask_prior_name for attn in patched] == [f"transformer.h.{i}.attn" for i in range(LAYERS)]
+    assert not any(hasattr(layer.crossattention, "mask") for layer in model.transformer.h)
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    memory = torch.randn(2, 9, WIDTH, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, encoder_hidden_states=memory).logits,
+                                   stock(ids, encoder_hidden_states=memory).logits, rtol=1e-4, atol=1e-5)
