@@ -218,7 +218,10 @@ def load_data(family, task, config, seed, args, device, cache):
 def boolean_setup(task, init, seed, config, device, data):
     exact = maskprior.boolean_mask(task, config["layers"], config["heads"],
                                    config.get("mask_variant"))                    # (L, H, N, N)
-    pattern = maskprior.edited_prior(exact, config.get("mask_error"), seed, cls_row=True)
+    pattern = exact
+    if config.get("mask_error"):                                                  # KIND:P
+        kind, fraction = config["mask_error"].split(":")
+        pattern = maskprior.edit_pattern(exact, kind, float(fraction), seed, cls_row=True)
     model, seconds = build_encoder(init, scaled_pattern(pattern, config, "boolean"), config, seed,
                                    device, vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1, out_dim=1)
     def loss_of(net, batch):                     # the aryol/GOTU loss: MSE of the CLS readout
@@ -238,7 +241,10 @@ def boolean_setup(task, init, seed, config, device, data):
 # --- Three-digit arithmetic (Section 5.2): train on a seeded fraction, score held-out pairs ---
 def arithmetic_setup(task, init, seed, config, device, data):
     exact = maskprior.ARITHMETIC_MASKS[task](config["layers"], config["heads"])
-    pattern = maskprior.edited_prior(exact, config.get("mask_error"), seed)       # (L, H, N, N)
+    pattern = exact                                                               # (L, H, N, N)
+    if config.get("mask_error"):                                                  # KIND:P
+        kind, fraction = config["mask_error"].split(":")
+        pattern = maskprior.edit_pattern(exact, kind, float(fraction), seed)
     # Structured SVD on arithmetic opens with 10000 and closes with 0 (Table "Arithmetic task
     # setup"); the encoder reads a 10-way digit at every position, no CLS.
     model, seconds = build_encoder(
@@ -758,12 +764,19 @@ def build_parser():  # the command line in five groups, each list of choices pri
     return p
 
 def mask_edit(text):
-    """argparse type of --mask-error: "none" -> None (the exact prior), KIND:P -> "kind:p"."""
+    """argparse type of --mask-error: "none" -> None (the exact prior), KIND:P -> "kind:p" with kind
+    in maskprior.EDIT_KINDS and 0 < p <= 1."""
+    if text == "none":
+        return None
+    kind, _, number = text.partition(":")
     try:
-        edit = maskprior.parse_edit(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err))
-    return edit and "%s:%s" % edit
+        fraction = float(number)
+    except ValueError:
+        fraction = math.nan
+    if kind not in maskprior.EDIT_KINDS or not 0 < fraction <= 1:
+        raise argparse.ArgumentTypeError(f"expected 'none' or KIND:FRACTION with KIND one of "
+                                         f"{', '.join(maskprior.EDIT_KINDS)} and 0 < FRACTION <= 1, got {text!r}")
+    return f"{kind}:{fraction}"
 
 def check_args(args, task_names):
     """One family per command; family-only flags and inits belong to it. Returns the family."""
