@@ -6,8 +6,9 @@ read top to bottom beside the paper:
      (Appendix A.2), Hadamard (Appendix B) and vanilla modes; masked_attention, the same function.
   2. Models, one mask per layer (Principle 4): the GOTU encoder (Section 5.1, also the arithmetic
      model), the GPT (Appendix "Wiki-text and Tiny-stories"), the ViT (Section 5.3).
-  3. Mask patterns (Appendix "Design of Mask Pattern"): Boolean, arithmetic, the GPT's relative
-     distance, the ViT's impulse; their edits (Appendix A.2); priors learned from a trained model.
+  3. Mask patterns (Section 4.2, Appendix "Design of Mask Pattern"): boolean_mask, the arithmetic
+     masks, the GPT's relative distance, the ViT's impulse; edit_pattern, a seeded edit of a
+     pattern (Appendix A.2); learned_mask, a prior learned from a trained model.
   4. QK baselines, the same patterns in W_Q / W_K (Sections 2.1, 5.1): structured SVD and Opt
      (Zheng et al.), mimetic (Trockman and Kolter).
   5. Measuring the prior (Section 6.1): attention maps, prior mass, drift: the persistence numbers.
@@ -34,19 +35,20 @@ NORM_P = 18.0           # structured init multiplies the positions by 18 before 
 
 # === 1. The attention block (Section 4.1) =========================================================
 class MaskedSelfAttention(nn.Module):
-    """Multi-head self-attention with a learnable additive logit bias per head, Section 4.1:
-        A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
-    M (heads, seq_len, seq_len) is the parameter `mask`, starting at the task's pattern (open +10,
-    closed -10); s = mask_scale (1; 10 for the GPT prior). log sigmoid(s M) <= 0 only down-weights:
-    a row whose entries share one M (e.g. the zero mask of Appendix A.1) is vanilla attention; in a
-    mixed row an open key outweighs a closed one of equal content score by e^10 = 22026.
+    """Multi-head self-attention with a learnable additive logit bias per head (Section 4.1; forward
+    writes the equation above the lines that compute it). M (heads, seq_len, seq_len) is the
+    parameter `mask`, starting at the task's pattern (open +10, closed -10), scaled by
+    s = mask_scale (1; 10 for the GPT prior). log sigmoid(s M) <= 0 only down-weights: a row whose
+    entries share one M (e.g. the zero mask of Appendix A.1) is vanilla attention; in a mixed row an
+    open key outweighs a closed one of equal content score by e^10 = 22026.
     mode: "learnable" (the paper: M trains with the model), "fixed" (Appendix A.2: M never moves),
     "hadamard" (Appendix B: sigma(s M) o softmax(Q K^T / sqrt(d)), rows no longer sum to 1), "none"
     (vanilla attention, no M). causal: the hard causal mask on top (the GPT). Inputs shorter than
     seq_len use the top-left (n, n) block of M. Needs only math, torch, nn and F: pastes alone."""
     MODES = ("learnable", "fixed", "hadamard", "none")
-    # forward's two paths compute the same function; path "auto" takes the fused one where it is
-    # faster, "fused" or "written" forces one (e.g. a backend without the float mask's gradient).
+    # forward computes one function by two paths, written out or in one fused kernel; path "auto"
+    # lets writes_out choose, "fused" or "written" forces one (e.g. a backend without the float
+    # mask's gradient).
     path = "auto"
     sdpa_cpu_min_tokens = 128   # the CPU's fused kernel wins from this sequence length on
 
@@ -85,51 +87,64 @@ class MaskedSelfAttention(nn.Module):
         dtype: cast to it (q's dtype under autocast); device: the causal mask's (default M's)."""
         bias = None
         if mask is not None:
-            mask = mask[..., :n, :n] if mask.shape[-1] != n else mask
-            bias = F.logsigmoid(scale * mask if scale != 1 else mask)           # (H, n, n)
-            bias = bias.to(dtype) if dtype is not None else bias
+            bias = F.logsigmoid(scale * mask[..., :n, :n])                             # (H, n, n)
+            if dtype is not None:
+                bias = bias.to(dtype)
+            device = mask.device
         if causal:
-            future = torch.ones(n, n, dtype=torch.bool,
-                                device=device if mask is None else mask.device).triu(1)
-            bias = torch.zeros(n, n, dtype=dtype, device=future.device) if bias is None else bias
-            bias = bias.masked_fill(future, float("-inf"))                      # (H, n, n) or (n, n)
+            future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)      # key after query
+            if bias is None:
+                bias = torch.zeros(n, n, dtype=dtype, device=device)
+            bias = bias.masked_fill(future, float("-inf"))                          # (H, n, n) or (n, n)
         return bias
+
+    def writes_out(self, q, bias, dropout, return_attn):
+        """Whether forward computes the attention step by step (else F.scaled_dot_product_attention
+        computes the same function in one fused kernel). The probabilities (return_attn, mode
+        "hadamard") exist only written out; path "written" / "fused" forces a path. On CUDA the
+        kernel always wins; on the CPU (tests/bench_attention_paths.py, torch 2.14) only from
+        sdpa_cpu_min_tokens positions on, without dropout and without a gradient into the bias."""
+        if return_attn or self.mode == "hadamard":
+            return True
+        if self.path != "auto":
+            return self.path != "fused"
+        if q.device.type != "cpu":
+            return False
+        bias_needs_grad = bias is not None and bias.requires_grad
+        return dropout != 0 or q.shape[-2] < self.sdpa_cpu_min_tokens or bias_needs_grad
 
     def forward(self, x, return_attn=False):
         B, N, _ = x.shape
         if N > self.seq_len:
             raise ValueError(f"sequence of length {N} is longer than seq_len={self.seq_len}")
-        # unbind(2) + transpose rather than permute: the backward then writes the three gradients
-        # straight into the (B, N, 3, H, hd) layout of the qkv output, one copy instead of two.
-        q, k, v = (t.transpose(1, 2) for t in
-                   self.qkv(x).view(B, N, 3, self.heads, self.head_dim).unbind(2))  # (B, H, N, hd)
+        # Q, K, V of every head from one projection, (B, H, N, hd) each. unbind(2) + transpose
+        # rather than permute: the backward then writes the three gradients straight into the
+        # (B, N, 3, H, hd) layout of the qkv output, one copy instead of two.
+        q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(B, N, 3, self.heads, self.head_dim).unbind(2))
         dropout = self.dropout if self.training else 0.0
-        hadamard = self.mode == "hadamard"    # Appendix B: sigma(s M) gates the probabilities
-        bias = self.logit_bias(None if hadamard else self.mask, N, self.mask_scale, self.causal,
-                               q.dtype, q.device)                  # (H, N, N), (N, N) or None
-        # The fused kernel: on CUDA always; on the CPU (tests/bench_attention_paths.py, torch 2.14)
-        # it needs no dropout and no bias gradient, and beats the written-out path from 128 tokens.
-        fused = not (return_attn or hadamard) and (self.path == "fused" or self.path == "auto" and (
-            q.device.type != "cpu" or dropout == 0 and N >= self.sdpa_cpu_min_tokens
-            and (bias is None or not bias.requires_grad)))
-        if fused:   # F.scaled_dot_product_attention adds attn_mask to the scaled logits (and
-            # back-propagates into it); is_causal lets CUDA take its flash kernel; a 4-D mask
-            # keeps the CPU on its fused kernel (a 3-D one goes to the slower math kernel)
-            causal_only = self.causal and self.mask is None
-            mask = None if causal_only or bias is None else bias.expand(1, -1, -1, -1)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
-                                               is_causal=causal_only)         # (B, H, N, hd)
-            attn = None
-        else:       # written out; div_ and add_ in place: neither needs what it overwrites
+        # log sigmoid(s M) + the causal -inf: (H, N, N), (N, N) without M, None for vanilla
+        # attention. Mode "hadamard" applies M after the softmax instead: its bias is causal only.
+        hadamard = self.mode == "hadamard"
+        bias = self.logit_bias(None if hadamard else self.mask, N, self.mask_scale, self.causal, q.dtype, q.device)
+        # Section 4.1:    A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
+        if self.writes_out(q, bias, dropout, return_attn):
             logits = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.head_dim))      # (B, H, N, N)
             if bias is not None:
-                logits.add_(bias)
-            attn = logits.softmax(dim=-1)      # softmax(Q K^T / sqrt(d) + log sigmoid(s M))
-            if hadamard:                       # sigma(s M) = exp(log sigmoid(s M))
+                logits.add_(bias)          # div_ and add_ in place: nothing needs what they overwrite
+            attn = logits.softmax(dim=-1)                                          # A
+            if hadamard:     # Appendix B: A = sigma(s M) o softmax(Q K^T / sqrt(d)), rows < 1
                 attn = self.logit_bias(self.mask, N, self.mask_scale).exp() * attn
-            if dropout:                        # F.dropout with p = 0 would still cost a pass
+            if dropout:      # F.dropout with p = 0 would still cost a pass
                 attn = F.dropout(attn, dropout)
-            y = attn @ v                                                         # (B, H, N, hd)
+            y = attn @ v                                                           # (B, H, N, hd)
+        else:
+            # The same in one kernel: SDPA adds attn_mask to the scaled logits (and
+            # back-propagates into it). is_causal alone lets CUDA take its flash kernel; a 4-D
+            # mask keeps the CPU on its fused kernel (a 3-D one goes to the slower math kernel).
+            causal_only = self.causal and self.mask is None
+            mask = None if causal_only or bias is None else bias.expand(1, -1, -1, -1)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal_only)
+            attn = None
         y = self.proj(y.transpose(1, 2).reshape(B, N, self.heads * self.head_dim))  # (B, N, dim)
         return (y, attn) if return_attn else y
 
@@ -161,34 +176,31 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)). drop_path: None, or a module on
     each residual branch (the ViT's StochasticDepth, built by train.py: this file imports torch only)."""
-    def __init__(self, dim, heads, seq_len, mlp_dim, head_dim=None, mask_init=None,
-                 mode="learnable", causal=False, mask_scale=1.0, dropout=0.0, qkv_bias=False,
-                 drop_path=None):
+    def __init__(self, dim, heads, seq_len, mlp_dim, head_dim=None, mask_init=None, mode="learnable",
+                 causal=False, mask_scale=1.0, dropout=0.0, qkv_bias=False, drop_path=None):
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
-        self.attn = MaskedSelfAttention(dim, heads, seq_len, head_dim, mask_init, mode, causal,
-                                        mask_scale, dropout, qkv_bias)
+        self.attn = MaskedSelfAttention(dim, heads, seq_len, head_dim, mask_init, mode, causal, mask_scale,
+                                        dropout, qkv_bias)
         self.ln2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, mlp_dim, dropout)
         self.resid_dropout = nn.Dropout(dropout)
         self.drop_path = drop_path if drop_path is not None else nn.Identity()
 
     def forward(self, x, return_attn=False):
+        """x (B, N, dim) -> (x, the block's attention (B, H, N, N) with return_attn, else None)."""
         h = self.attn(self.ln1(x), return_attn=return_attn)
         h, attn = h if return_attn else (h, None)
         x = x + self.drop_path(self.resid_dropout(h))
         x = x + self.drop_path(self.mlp(self.ln2(x)))
-        return (x, attn) if return_attn else x
+        return x, attn
 
 def run_blocks(blocks, x, return_attn=False):
-    """x through every block; with return_attn also each layer's attention, [(B, H, N, N)]."""
+    """x through every block; and each layer's attention, [(B, H, N, N)] with return_attn."""
     attns = []
     for block in blocks:
-        if return_attn:
-            x, attn = block(x, return_attn=True)
-            attns.append(attn)                                     # (B, H, N, N)
-        else:
-            x = block(x)
+        x, attn = block(x, return_attn)
+        attns.append(attn)                                     # (B, H, N, N), or None
     return x, attns
 
 class Transformer(nn.Module):
@@ -196,9 +208,8 @@ class Transformer(nn.Module):
     masks: None, or (depth, heads, seq_len, seq_len), one mask_init per layer (Principle 4); seq_len
     counts every position, CLS included. readout: "cls" returns head(LN(x[:, 0])) (B, out_dim), as
     the GOTU code reads the CLS token; "tokens" returns head(LN(x)), (B, N, out_dim)."""
-    def __init__(self, vocab_size, seq_len, dim, depth, heads, mlp_dim, out_dim, head_dim=None,
-                 masks=None, mode="none", cls_token=True, readout="cls", dropout=0.0, pos_std=0.02,
-                 cls_std=0.0):
+    def __init__(self, vocab_size, seq_len, dim, depth, heads, mlp_dim, out_dim, head_dim=None, masks=None,
+                 mode="none", cls_token=True, readout="cls", dropout=0.0, pos_std=0.02, cls_std=0.0):
         super().__init__()
         if masks is not None and tuple(masks.shape[:2]) != (depth, heads):
             raise ValueError(f"masks must have shape (depth, heads, seq_len, seq_len) = "
@@ -212,11 +223,12 @@ class Transformer(nn.Module):
         # routes by position from the first steps. Drawn in the GOTU model's order (embedding,
         # positions, CLS, blocks): with cls_std = pos_std = 1 a seed gives its TokenTransformer's.
         self.pos = nn.Parameter(pos_std * torch.randn(1, seq_len, dim))
-        self.cls = None if not cls_token else nn.Parameter(
-            cls_std * torch.randn(1, 1, dim) if cls_std else torch.zeros(1, 1, dim))
+        self.cls = None
+        if cls_token:
+            self.cls = nn.Parameter(cls_std * torch.randn(1, 1, dim) if cls_std else torch.zeros(1, 1, dim))
         self.blocks = nn.ModuleList(
-            Block(dim, heads, seq_len, mlp_dim, head_dim, None if masks is None else masks[layer],
-                  mode, dropout=dropout) for layer in range(depth))
+            Block(dim, heads, seq_len, mlp_dim, head_dim, None if masks is None else masks[layer], mode,
+                  dropout=dropout) for layer in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, out_dim)
 
@@ -251,17 +263,16 @@ class GPT(nn.Module):
     """nanoGPT's GPT (Appendix "Wiki-text and Tiny-stories") on MaskedSelfAttention(causal=True).
     mode "none" is the default GPT; "learnable" with masks (depth, heads, block_size, block_size)
     of relative_distance_mask per layer is the paper's mask init."""
-    def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none",
-                 masks=None, mask_scale=GPT_MASK_SCALE):
+    def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none", masks=None,
+                 mask_scale=GPT_MASK_SCALE):
         super().__init__()
         self.block_size = block_size
         self.embed = nn.Embedding(vocab_size, dim)
         self.pos = nn.Parameter(torch.zeros(1, block_size, dim))
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            Block(dim, heads, block_size, 4 * dim, mask_init=None if masks is None else masks[layer],
-                  mode=mode, causal=True, mask_scale=mask_scale, dropout=dropout)
-            for layer in range(depth))
+            Block(dim, heads, block_size, 4 * dim, mask_init=None if masks is None else masks[layer], mode=mode,
+                  causal=True, mask_scale=mask_scale, dropout=dropout) for layer in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # weight tying, as in GPT-2 and nanoGPT
@@ -284,9 +295,10 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
         x = self.drop(self.embed(idx) + self.pos[:, :T])
         x, attns = run_blocks(self.blocks, x, return_attn)
-        logits = self.head(self.norm(x))
-        out = logits if targets is None else \
-            (logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
+        logits = self.head(self.norm(x))                                   # (B, T, vocab)
+        out = logits
+        if targets is not None:
+            out = (logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
         return (out, attns) if return_attn else out
 
     @torch.no_grad()
@@ -308,8 +320,8 @@ class ViT(nn.Module):
     reads CLS (timm's default, used for CIFAR), "avg" averages the patch tokens ("Global pool avg"
     in Table "Experimental setup for ImageNet100"). drop_paths: None, or one module per block, e.g.
     torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule)."""
-    def __init__(self, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
-                 masks=None, mode="none", pool="cls", drop_paths=None, channels=3):
+    def __init__(self, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, masks=None, mode="none",
+                 pool="cls", drop_paths=None, channels=3):
         super().__init__()
         if image_size % patch_size:
             raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
@@ -322,9 +334,8 @@ class ViT(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(torch.empty(1, seq_len, dim))
         self.blocks = nn.ModuleList(
-            Block(dim, heads, seq_len, mlp_dim, mask_init=None if masks is None else masks[layer],
-                  mode=mode, qkv_bias=True,
-                  drop_path=None if drop_paths is None else drop_paths[layer])
+            Block(dim, heads, seq_len, mlp_dim, mask_init=None if masks is None else masks[layer], mode=mode,
+                  qkv_bias=True, drop_path=None if drop_paths is None else drop_paths[layer])
             for layer in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
@@ -345,168 +356,141 @@ class ViT(nn.Module):
         out = self.head(x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1))   # features (B, dim)
         return (out, attns) if return_attn else out
 
-# === 3. Mask patterns: the Boolean GOTU tasks (Appendix "Design of Mask Pattern") ================
-# Token layout of the Boolean model: position 0 is the CLS token the readout uses, position 1 + i
-# holds bit x_i, so d = 15 bits give N = 16. Each constructor returns (depth, heads, N, N) logits M:
-# OPEN where a query (row) may attend to a key (column), CLOSE elsewhere: Figure "Visualization of
-# task-specific mask design"; each docstring names the principles (Section 4.2) it serves.
-def _bit(i):
-    return 1 + i                   # sequence position of bit x_i (position 0 is CLS)
+# === 3. Mask patterns (Section 4.2; Appendix "Design of Mask Pattern") ===========================
+# A pattern is (depth, heads, N, N) logits M: OPEN where a query (row) may attend to a key (column),
+# CLOSE elsewhere (Figure "Visualization of task-specific mask design"). Every hand-made pattern of
+# the Boolean and arithmetic tasks opens the diagonal: each token sees itself and keeps its own
+# value in its residual stream. Each pattern's comment names the principles (Section 4.2) it serves.
+BUILD_LAYERS = 2   # a composed pattern (Principle 4): these first layers build, the rest read out
 
-def _pattern(open_pairs, n_tokens, open_value=OPEN, close_value=CLOSE):
-    """(N, N) logits that are open_value at the (query, key) pairs given and close_value elsewhere."""
-    m = torch.full((n_tokens, n_tokens), close_value)
-    for query, key in open_pairs:
-        m[query, key] = open_value
+def _mask(depth, heads, n, head_pairs, readout_pairs=None, open_value=OPEN, close_value=CLOSE):
+    """(depth, heads, N, N) logits: open_value on the diagonal and at the (query, key) pairs
+    head_pairs[h % len(head_pairs)] of head h (a list of one: every head alike), close_value
+    elsewhere. With readout_pairs, layers BUILD_LAYERS.. open readout_pairs in every head instead
+    (fewer layers get the build layers only)."""
+    m = torch.full((depth, heads, n, n), close_value)
+    m.diagonal(dim1=-2, dim2=-1).fill_(open_value)
+    for layer in range(depth):
+        for h in range(heads):
+            pairs = head_pairs[h % len(head_pairs)]
+            if readout_pairs is not None and layer >= BUILD_LAYERS:
+                pairs = readout_pairs
+            for query, key in pairs:
+                m[layer, h, query, key] = open_value
     return m
 
-def _diagonal(n_tokens):   # every token sees itself: keeps its own value in its residual stream
-    return [(i, i) for i in range(n_tokens)]
+# --- The Boolean GOTU tasks (Section 5.1). Position 0 is the CLS token the readout uses, position
+# 1 + i holds bit x_i, so d = 15 bits give N = 16.
+BOOLEAN_MASKS = ("2parity", "majority", "cyclic3", "threesym")      # the tasks boolean_mask knows
+# Named alternatives to a task's pattern, its default first (a command line names one)
+BOOLEAN_MASK_VARIANTS = {"2parity": ("direct", "composed"), "cyclic3": ("composed", "direct")}
 
-def _head_cycle(depth, heads, n, head_pairs, open_value=OPEN, close_value=CLOSE):
-    """(depth, heads, N, N), equal in every layer: head h opens the diagonal and the (query, key)
-    pairs head_pairs[h % len(head_pairs)] (one list: every head alike)."""
-    per_head = [_pattern(_diagonal(n) + head_pairs[h % len(head_pairs)], n, open_value, close_value)
-                for h in range(heads)]                                  # heads x (N, N)
-    return torch.stack(per_head).expand(depth, heads, n, n).clone()
-
-def mask_2parity(depth, heads, d=15):
-    """2parity, f = x0 x1. Principles (1) task-aligned interaction and (2) shortcut suppression:
-    only x0 and x1 attend to each other (and themselves); every other token, CLS included, sees only
-    itself. x0 x1 appears naturally in a bilinear logit q(x0) . k(x1); a CLS reading x0 and x1 would
-    mix them linearly (the minimum-degree shortcut), so CLS starts closed and learns where to read."""
-    return _head_cycle(depth, heads, d + 1, [[(_bit(0), _bit(1)), (_bit(1), _bit(0))]])
-
-PARITY_BUILD = 2    # 2parity, composed: the first PARITY_BUILD layers form x0 x1, the rest read out
-
-def mask_2parity_composed(depth, heads, d=15):
-    """2parity, the composed variant (Principle (4), as cyclic3's default; --mask-variant composed).
-    Layers 0-1 (build): mask_2parity's pattern, x0 <-> x1 open, CLS sees only itself, so the product
-      x0 x1 can form in the bilinear logit q(x0) . k(x1) before anything reads the bits.
-    Layers 2.. (readout): bit tokens see only themselves, CLS reads x0 and x1, where the product
-      now lives: CLS opens through M, not through W_Q W_K, whose linear read of the raw bits is the
-      minimum-degree shortcut x0 + x1 - 1."""
-    n = d + 1
-    build = _pattern(_diagonal(n) + [(_bit(0), _bit(1)), (_bit(1), _bit(0))], n)
-    readout = _pattern(_diagonal(n) + [(0, _bit(0)), (0, _bit(1))], n)
-    return torch.stack([build if layer < PARITY_BUILD else readout for layer in range(depth)]
-                       )[:, None].expand(depth, heads, n, n).clone()
-
-def mask_majority(depth, heads, d=15):
-    """3-bit majority, f = sign(x0 + x1 + x2), a global sum and a sign, where the MDI uses the
-    pairwise products x0 x2 and x1 x2. Principle (2) shortcut suppression: each bit sees only
-    itself, so no pairwise product forms in attention; the CLS row opens to x0, x1, x2, so the
-    readout token aggregates exactly the three votes."""
-    return _head_cycle(depth, heads, d + 1, [[(0, _bit(i)) for i in range(3)]])
-
-CYCLIC3_BUILD = 2   # cyclic3: the first CYCLIC3_BUILD layers build the triples, the rest read out
-
-def mask_cyclic3(depth, heads, d=15):
-    """cyclic3, f = sum_i x_i x_{i+1} x_{i+2} (indices mod d). Principle (4) layer-wise composition
-    (Appendix "Design of Mask Pattern": the cyclic triples are built "through layer-wise
-    composition of structured local connections, rather than encoding them directly").
-    Layer 0 (pairs): bit token i sees {x_i, x_{i+1 mod d}}; its MLP can form x_i x_{i+1}.
-    Layer 1 (pairs of pairs): the same +1 window; token i reads its pair and token i+1's, whose
-      union is the triple T_i = (x_i, x_{i+1}, x_{i+2}) (a window {i, i+1, i+2} would compose 4
-      bits); with d = 15 the 15 tokens then hold the 15 cyclic triples of f, each once.
-    Layers 2.. (readout): bit tokens see only themselves, CLS sees every position and sums them.
-    In layers 0-1 CLS sees only itself: reading raw bits early it could fit the minimum-degree
-    shortcut (Principle 2). Fewer than 3 layers get the build layers only; the paper's Boolean
-    models have 4. mask_cyclic3_direct (--mask-variant direct) builds each triple in one layer."""
-    n = d + 1
-    build = _pattern(_diagonal(n) + [(_bit(i), _bit((i + 1) % d)) for i in range(d)], n)
-    readout = _pattern(_diagonal(n) + [(0, key) for key in range(n)], n)
-    return torch.stack([build if layer < CYCLIC3_BUILD else readout for layer in range(depth)]
-                       )[:, None].expand(depth, heads, n, n).clone()
-
-def mask_cyclic3_direct(depth, heads, d=15):
-    """cyclic3, the direct variant: every layer lets bit token i see itself and its two cyclic
-    successors i+1, i+2, so one layer spans the whole triple (x_i, x_{i+1}, x_{i+2}); CLS sees only
-    itself at the start and learns to read the sum. Not composition, so not what Principle (4)
-    describes; kept for comparison (BOOLEAN_MASK_VARIANTS["cyclic3"]["direct"])."""
-    pairs = [(_bit(i), _bit((i + s) % d)) for i in range(d) for s in (1, 2)]
-    return _head_cycle(depth, heads, d + 1, [pairs])
-
-def mask_threesym(depth, heads, d=15):
-    """threesym, f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0. Principles (2) and (3) multi-head
-    specialisation. A sum of three pairwise parities: head h gets a 2parity-style mask for one pair,
-    (x0, x1), (x1, x2), (x2, x0) in turn (cycling past three heads); head concatenation then adds
-    the three products. Every other token, CLS included, sees only itself."""
-    head_pairs = [[(_bit(a), _bit(b)), (_bit(b), _bit(a))] for a, b in ((0, 1), (1, 2), (2, 0))]
-    return _head_cycle(depth, heads, d + 1, head_pairs)
-
-BOOLEAN_MASKS = {"2parity": mask_2parity, "majority": mask_majority, "cyclic3": mask_cyclic3,
-                 "threesym": mask_threesym}
-# Named alternatives to a task's default pattern, the default among them: a command line names one
-BOOLEAN_MASK_VARIANTS = {"cyclic3": {"composed": mask_cyclic3, "direct": mask_cyclic3_direct},
-                         "2parity": {"direct": mask_2parity, "composed": mask_2parity_composed}}
-
-def boolean_mask(task, depth, heads, variant=None):
-    """The (depth, heads, N, N) mask logits of a Boolean task: BOOLEAN_MASKS[task], or the named
+def boolean_mask(task, depth, heads, variant=None, d=15):
+    """The (depth, heads, N, N) mask logits of a Boolean task, N = d + 1: its pattern, or the named
     variant of BOOLEAN_MASK_VARIANTS[task] (KeyError naming the choices if there is none)."""
-    if variant is None:
-        return BOOLEAN_MASKS[task](depth, heads)
-    variants = BOOLEAN_MASK_VARIANTS.get(task, {})
-    if variant not in variants:
+    if task not in BOOLEAN_MASKS:
+        raise KeyError(f"no mask pattern for task {task!r}; tasks: {', '.join(BOOLEAN_MASKS)}")
+    variants = BOOLEAN_MASK_VARIANTS.get(task, ())
+    if variant is not None and variant not in variants:
         raise KeyError(f"task {task!r} has no mask variant {variant!r}; choices: {sorted(variants)}")
-    return variants[variant](depth, heads)
+    n = d + 1
+    x = [1 + i for i in range(d)]                  # x[i]: the sequence position of bit x_i
+    x0_x1 = [(x[0], x[1]), (x[1], x[0])]
+    if task == "2parity" and variant != "composed":
+        # 2parity, f = x0 x1. Principles (1) task-aligned interaction and (2) shortcut suppression:
+        # only x0 and x1 attend to each other (and themselves); every other token, CLS included,
+        # sees only itself. x0 x1 appears naturally in a bilinear logit q(x0) . k(x1); a CLS
+        # reading x0 and x1 would mix them linearly (the minimum-degree shortcut), so CLS starts
+        # closed and learns where to read.
+        return _mask(depth, heads, n, [x0_x1])
+    if task == "2parity":
+        # 2parity composed (Principle 4). Layers 0-1 (build): the pattern above, so the product
+        # x0 x1 can form in q(x0) . k(x1) before anything reads the bits. Layers 2.. (readout): bits
+        # see only themselves, CLS reads x0 and x1, where the product now lives: CLS opens through
+        # M, not through W_Q W_K, whose linear read of the raw bits is the shortcut x0 + x1 - 1.
+        return _mask(depth, heads, n, [x0_x1], readout_pairs=[(0, x[0]), (0, x[1])])
+    if task == "majority":
+        # 3-bit majority, f = sign(x0 + x1 + x2), a global sum and a sign, where the MDI uses the
+        # pairwise products x0 x2 and x1 x2. Principle (2): each bit sees only itself, so no
+        # pairwise product forms in attention; CLS reads x0, x1, x2: exactly the three votes.
+        return _mask(depth, heads, n, [[(0, x[0]), (0, x[1]), (0, x[2])]])
+    if task == "cyclic3" and variant != "direct":
+        # cyclic3, f = sum_i x_i x_{i+1} x_{i+2} (indices mod d). Principle (4) layer-wise
+        # composition: the triples are built "through layer-wise composition of structured local
+        # connections, rather than encoding them directly".
+        # Layer 0 (pairs): bit token i sees {x_i, x_{i+1 mod d}}; its MLP can form x_i x_{i+1}.
+        # Layer 1 (pairs of pairs): the same +1 window; token i reads its pair and token i+1's, whose
+        #   union is the triple (x_i, x_{i+1}, x_{i+2}) (a window {i, i+1, i+2} would compose 4
+        #   bits); with d = 15 the 15 tokens then hold the 15 cyclic triples of f, each once.
+        # Layers 2.. (readout): bits see only themselves, CLS sees every position and sums them.
+        # In layers 0-1 CLS sees only itself: reading raw bits early it could fit the minimum-degree
+        # shortcut (Principle 2). The paper's Boolean models have 4 layers.
+        pairs = [(x[i], x[(i + 1) % d]) for i in range(d)]
+        return _mask(depth, heads, n, [pairs], readout_pairs=[(0, key) for key in range(n)])
+    if task == "cyclic3":
+        # cyclic3 direct: in every layer bit token i sees itself and its two cyclic successors, so
+        # one layer spans the whole triple; CLS sees only itself at the start and learns to read
+        # the sum. Not composition, so not what Principle (4) describes; kept for comparison.
+        pairs = [(x[i], x[(i + step) % d]) for i in range(d) for step in (1, 2)]
+        return _mask(depth, heads, n, [pairs])
+    # threesym, f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0. Principles (2) and (3) multi-head
+    # specialisation. A sum of three pairwise parities: head h gets a 2parity-style pattern for one
+    # pair, (x0, x1), (x1, x2), (x2, x0) in turn (cycling past three heads); head concatenation then
+    # adds the three products. Every other token, CLS included, sees only itself.
+    head_pairs = [[(x[a], x[b]), (x[b], x[a])] for a, b in ((0, 1), (1, 2), (2, 0))]
+    return _mask(depth, heads, n, head_pairs)
 
 # --- Three-digit arithmetic (Section 5.2; Appendix "Design of Mask Pattern") ---
-# Token layout (tasks.py, section 3): a0 a1 a2 b0 b1 b2 c0 .. c(K-1), least significant digit first,
-# no CLS; answer digit c_k is read off position 6 + k. Open / closed at +-5, softer than the
-# Boolean +-10. Each token sees itself and each operand digit its partner (Principle 1); head h takes
-# role h mod 4 of the algorithm (Principle 3), and depth composes them (Principle 4: carries).
-def _operand(which, i):
-    return 3 * which + i           # position of digit i (10^i) of operand a (which 0) or b (1)
-
-def _answer(k):
-    return 6 + k                   # position of answer digit c_k
-
-def _answer_reads(k, operand_pairs, answers=()):
-    """Open pairs letting answer slot k read the digit pairs (i, j) = (a_i, b_j) and the answers."""
-    keys = [_operand(0, i) for i, _ in operand_pairs] + [_operand(1, j) for _, j in operand_pairs]
-    return [(_answer(k), key) for key in keys + [_answer(m) for m in answers]]
-
-def _arithmetic_masks(depth, heads, answer_digits, operand_links, roles):
-    """(depth, heads, N, N) logits: the shared links (self, operand_links) in every head, plus
-    role h mod len(roles) of head h: a function k -> open pairs for answer slot k."""
-    head_pairs = [operand_links + [p for k in range(answer_digits) for p in role(k)] for role in roles]
-    return _head_cycle(depth, heads, 6 + answer_digits, head_pairs, ARITHMETIC_OPEN, ARITHMETIC_CLOSE)
+# Token layout (tasks.py, section 3), least significant digit first, no CLS: digit a_i of the
+# first operand at position i, b_i at 3 + i, answer digit c_k at 6 + k. Open / closed at +-5,
+# softer than the Boolean +-10. Each token sees itself and each operand digit its partner
+# (Principle 1); head h takes role h mod 4 of the algorithm (Principle 3), and depth composes them
+# (Principle 4: carries).
+def _answer_reads(k, digit_pairs, answers=()):
+    """The open (query, key) pairs that let answer slot c_k read a_i and b_j of every (i, j) in
+    digit_pairs and the answer slots c_m of answers."""
+    keys = [i for i, _ in digit_pairs] + [3 + j for _, j in digit_pairs] + [6 + m for m in answers]
+    return [(6 + k, key) for key in keys]
 
 def mask_addition(depth, heads):
-    """Addition: c_k = (a_k + b_k + carry_k) mod 10, carry_k from column k - 1.
+    """Addition: c_k = (a_k + b_k + carry_k) mod 10, carry_k from column k - 1; K = 4 answer slots.
     Shared: a_i <-> b_i (the aligned column, Principle 1).
     role 0  c_k reads its column (a_k, b_k): the digit-wise sum.
     role 1  c_k reads column k - 1 and c_{k-1}: the carry into k (Principle 3).
     role 2  c_k reads every lower column: a carry can ripple from the units (999 + 1).
     role 3  c_k reads its column again, so two heads carry the digit-wise sum.
     With these four roles the mask model learns addition from 0.4 % of the pairs (Section 5.2)."""
-    columns = [(i, i) for i in range(3)]
-    aligned = [(_operand(0, i), _operand(1, i)) for i in range(3)]
-    aligned += [(b, a) for a, b in aligned]
-    roles = [lambda k: _answer_reads(k, columns[k:k + 1]),
-             lambda k: _answer_reads(k, columns[k - 1:k], [k - 1] if k else []),
-             lambda k: _answer_reads(k, columns[:k]),
-             lambda k: _answer_reads(k, columns[k:k + 1])]
-    return _arithmetic_masks(depth, heads, 4, aligned, roles)
+    aligned = [(i, 3 + i) for i in range(3)] + [(3 + i, i) for i in range(3)]
+    columns = [[(0, 0)], [(1, 1)], [(2, 2)], []]           # the digit pair (i, j) of each c_k
+    roles = [list(aligned) for _ in range(4)]               # the open pairs of each role
+    for k in range(4):
+        roles[0] += _answer_reads(k, columns[k])
+        roles[2] += _answer_reads(k, [pair for column in columns[:k] for pair in column])
+        roles[3] += _answer_reads(k, columns[k])
+        if k > 0:
+            roles[1] += _answer_reads(k, columns[k - 1], [k - 1])
+    return _mask(depth, heads, 10, roles, open_value=ARITHMETIC_OPEN, close_value=ARITHMETIC_CLOSE)
 
 def mask_multiplication(depth, heads):
-    """Multiplication: c_k collects the partial products a_i b_j with i + j = k, plus carries.
-    Shared: a_i <-> b_j for every i, j: each operand digit sees the digits it multiplies with
-    (structured cross-number interactions).
+    """Multiplication: c_k collects the partial products a_i b_j with i + j = k, plus carries;
+    K = 6 answer slots. Shared: a_i <-> b_j for every i, j: each operand digit sees the digits it
+    multiplies with (structured cross-number interactions).
     role 0  c_k reads the partial products landing on k: every (a_i, b_j) with i + j = k.
     role 1  c_k reads the products of column k - 1 and c_{k-1}: the carry into k.
     role 2  c_k reads every partial product below k: carries of carries.
     role 3  c_k reads the answer slots below it, c_0 .. c_{k-1}: accumulating partial sums,
             which deeper layers compose (Principle 4)."""
-    products = lambda column: [(i, column - i) for i in range(3) if 0 <= column - i < 3]
-    cross = [(_operand(0, i), _operand(1, j)) for i in range(3) for j in range(3)]
+    cross = [(i, 3 + j) for i in range(3) for j in range(3)]
     cross += [(b, a) for a, b in cross]
-    roles = [lambda k: _answer_reads(k, products(k)),
-             lambda k: _answer_reads(k, products(k - 1), [k - 1] if k else []),
-             lambda k: _answer_reads(k, [p for c in range(k) for p in products(c)]),
-             lambda k: _answer_reads(k, [], list(range(k)))]
-    return _arithmetic_masks(depth, heads, 6, cross, roles)
+    columns = [[(i, k - i) for i in range(3) if 0 <= k - i < 3] for k in range(6)]   # i + j = k
+    roles = [list(cross) for _ in range(4)]                 # the open pairs of each role
+    for k in range(6):
+        roles[0] += _answer_reads(k, columns[k])
+        roles[2] += _answer_reads(k, [pair for column in columns[:k] for pair in column])
+        roles[3] += _answer_reads(k, [], range(k))
+        if k > 0:
+            roles[1] += _answer_reads(k, columns[k - 1], [k - 1])
+    return _mask(depth, heads, 12, roles, open_value=ARITHMETIC_OPEN, close_value=ARITHMETIC_CLOSE)
 
 ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplication}
 
@@ -535,75 +519,52 @@ def relative_distance_mask(heads, block_size):
 # 2025 code on pos_embed[1:]; CLS belongs to the mask prior.
 IMPULSE_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
 
-def impulse_offsets(heads):
-    """The (row, col) offset of each head's impulse, [(dr, dc)] of length heads."""
-    return [(k // 3 - 1, k % 3 - 1) for k in (IMPULSE_ORDER[h % 9] for h in range(heads))]
-
-def patch_position(r, c, grid):
-    return 1 + r * grid + c        # sequence position of patch (r, c); position 0 is CLS
-
 def impulse_mask(depth, heads, grid):
     """Impulse mask logits over CLS + grid x grid patches, (depth, heads, N, N), N = grid^2 + 1:
-    query patch (r, c) of head h is OPEN to key patch (r + dr, c + dc) only, the CLS row to all."""
+    query patch (r, c) of head h is OPEN to key patch (r + dr, c + dc) only, the CLS row to all.
+    Patch (r, c) sits at position 1 + r * grid + c (row-major, after CLS)."""
     n = grid * grid + 1
     m = torch.full((heads, n, n), CLOSE)
     m[:, 0, :] = OPEN                                              # CLS reads the whole image
-    for h, (dr, dc) in enumerate(impulse_offsets(heads)):
+    for h in range(heads):
+        k = IMPULSE_ORDER[h % 9]
+        dr, dc = k // 3 - 1, k % 3 - 1                             # head h's offset (row, col)
         for r in range(grid):
             for c in range(grid):
                 if 0 <= r + dr < grid and 0 <= c + dc < grid:      # off-grid: empty row
-                    m[h, patch_position(r, c, grid), patch_position(r + dr, c + dc, grid)] = OPEN
+                    m[h, 1 + r * grid + c, 1 + (r + dr) * grid + c + dc] = OPEN
     return m.expand(depth, heads, n, n).clone()
 
-# --- Imperfect priors (Appendix "Why Not Just Fix the Mask?": a learnable mask can "refine or
+# --- Imperfect priors (Appendix A.2, "Why Not Just Fix the Mask?": a learnable mask can "refine or
 # correct imperfect initial patterns"). A seeded edit of a task's exact pattern stands in for a
 # rough or wrong guess of the interaction structure; the run then shows whether training M
 # recovers the exact pattern (train.py's --mask-error, its true_prior_mass_* numbers).
 EDIT_KINDS = ("extra", "missing", "moved")
 
-def parse_edit(text):
-    """--mask-error's value: 'none' (the exact pattern) -> None; 'KIND:FRACTION' -> (kind, p) with
-    kind in EDIT_KINDS and 0 < p <= 1. ValueError saying what is expected otherwise."""
-    if text == "none":
-        return None
-    kind, _, number = text.partition(":")
-    try:
-        fraction = float(number)
-    except ValueError:
-        fraction = math.nan
-    if kind not in EDIT_KINDS or not 0 < fraction <= 1:
-        raise ValueError(f"expected 'none' or KIND:FRACTION with KIND one of {', '.join(EDIT_KINDS)} "
-                         f"and 0 < FRACTION <= 1, got {text!r}")
-    return kind, fraction
-
-def edit_count(fraction, n):
-    """How many of n entries an edit of the fraction p touches: p n rounded half up, and at least
-    one when p > 0 and n > 0 (a non-zero fraction always edits something)."""
-    return min(n, max(math.floor(fraction * n + 0.5), int(fraction > 0 and n > 0)))
-
-def _lowest(rank, where, k):
-    """Boolean mask of the k entries of `where` (bool, any shape) that have the lowest rank."""
-    chosen = torch.zeros_like(where)
-    chosen.view(-1)[torch.where(where, rank, rank.numel()).flatten().argsort()[:k]] = True
-    return chosen
-
-def edit_pattern(pattern, kind, fraction, generator, cls_row=False):
+def edit_pattern(pattern, kind, fraction, seed, cls_row=False):
     """A seeded edit of the mask logits pattern (..., N, N), open > 0, closed < 0: an edited entry
-    is negated (open +A <-> closed -A). p = fraction; the diagonal is never edited:
-      extra    opens  edit_count(p, #closed) closed off-diagonal entries   (a rough superset)
-      missing  closes edit_count(p, #open) open off-diagonal entries       (a rough subset)
-      moved    closes k = min(edit_count(p, #open), #closed) open off-diagonal entries and opens k
-               closed ones: a wrong prior with the right density
+    is negated (open +A <-> closed -A). p = fraction, 0 < p <= 1; the diagonal is never edited.
+    An edit of n entries touches k(n) = p n rounded half up of them, at least one when n > 0:
+      extra    opens  k(#closed) closed off-diagonal entries      (a rough superset)
+      missing  closes k(#open) open off-diagonal entries          (a rough subset)
+      moved    closes min(k(#open), #closed) open off-diagonal entries and opens as many closed
+               ones: a wrong prior with the right density
     cls_row (the Boolean encoders, CLS at position 0): the CLS query row and the other rows are
     edited as two parts, a moved entry staying in its part: CLS keeps how many keys it reads and is
     never opened where the exact pattern keeps it closed (Principle 2); `extra` treats it as any row.
     Every (layer, head) matrix and part takes the lowest-ranked entries of the set an edit acts on
-    in ONE uniformly random ranking of the N x N positions, drawn from generator: equal patterns
-    get equal edits, and a larger fraction's edit contains a smaller one's."""
+    in ONE uniformly random ranking of the N x N positions, drawn from a generator seeded by seed:
+    equal patterns get equal edits, and a larger fraction's edit contains a smaller one's."""
+    if kind not in EDIT_KINDS or not 0 < fraction <= 1:
+        raise ValueError(f"expected a kind in {EDIT_KINDS} and 0 < fraction <= 1, got {kind!r}, {fraction!r}")
     n = pattern.shape[-1]
-    if isinstance(generator, int):       # TEMPORARY (train-read branch): a seed, until mp-read lands
-        generator = torch.Generator().manual_seed(generator)
-    rank = torch.randperm(n * n, generator=generator).view(n, n)   # (N, N): position -> rank
+    rank = torch.randperm(n * n, generator=torch.Generator().manual_seed(seed)).view(n, n)   # position -> rank
+
+    def lowest(where, count):
+        """The `count` entries of where (N, N, bool) of lowest rank."""
+        ranks = torch.where(where, rank, n * n).flatten().sort().values   # where's ranks first
+        return where & (rank < ranks[count])
+
     off_diagonal = ~torch.eye(n, dtype=torch.bool)
     first_row = torch.zeros(n, n, dtype=torch.bool)
     first_row[0] = cls_row
@@ -614,19 +575,15 @@ def edit_pattern(pattern, kind, fraction, generator, cls_row=False):
         for part in parts:
             opened, closed = part & (matrix > 0), part & (matrix < 0)
             n_open, n_closed = int(opened.sum()), int(closed.sum())
-            k = edit_count(fraction, n_closed if kind == "extra" else n_open)
-            k = min(k, n_closed) if kind == "moved" else k
-            flips |= _lowest(rank, opened, 0 if kind == "extra" else k)       # open -> closed
-            flips |= _lowest(rank, closed, 0 if kind == "missing" else k)     # closed -> open
+            counted = n_closed if kind == "extra" else n_open
+            k = min(counted, max(1, math.floor(fraction * counted + 0.5)))     # k(counted)
+            if kind == "moved":
+                k = min(k, n_closed)
+            if kind != "extra":
+                flips |= lowest(opened, k)                             # open -> closed
+            if kind != "missing":
+                flips |= lowest(closed, k)                             # closed -> open
     return torch.where(flip.view(pattern.shape), -pattern, pattern)
-
-def edited_prior(pattern, error, seed, cls_row=False):
-    """The prior a run gets: the exact pattern, or with error = 'KIND:FRACTION' (--mask-error)
-    edit_pattern of it from a generator seeded by the run's seed."""
-    if error is None:
-        return pattern
-    kind, fraction = parse_edit(error)
-    return edit_pattern(pattern, kind, fraction, torch.Generator().manual_seed(seed), cls_row)
 
 # --- Priors learned from a trained model. The hand-made patterns are "in effect an oracle
 # assumption" (the paper's Limitations, which name "learning priors from data or pretrained models"
@@ -671,6 +628,8 @@ def open_fraction(pattern, causal=False):
 #     impulse_init (SVD solve), get_ortho_like (mimetic factors), VisionTransformer.post_init_weights.
 #   osiriszjq/structured_init (Zheng et al. 2024): its impulse_init fits Q, K by Adam, the only
 #     public code of "Structured (Opt)".
+# Both structured variants first multiply the learned positions by pos_scale (norm_p = 18 of
+# post_init_weights' impulse branch): at the usual 0.02 they would be invisible beside the tokens.
 def pattern_targets(pattern):
     """Binary target (1 = open, 0 = closed) from mask logits, any shape."""
     return (pattern > 0).to(torch.float32)
@@ -702,17 +661,13 @@ def _factor(a, rank):
     root = s[:rank].sqrt()
     return u[:, :rank] * root, root[:, None] * vh[:rank]
 
-def mimetic_noise(dim, generator=None):
-    """Z of mimetic initialisation: (dim, dim), uniform on +-sqrt(3 / dim) (variance 1 / dim), the
-    default (dist='uniform') of get_ortho_like (osiriszjq/structured_initialization)."""
-    return (torch.rand(dim, dim, generator=generator) * 2 - 1) * math.sqrt(3 / dim)
-
 def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator=None):
     """Mimetic initialisation (Trockman and Kolter 2023), the baseline of Tables "Best Top-1
     accuracy" and "Perplexity (PPL) comparison"; it takes no task pattern. Per head,
     W_Q,h W_K,h^T ~ alpha1 Z1 + beta1 I (fresh Z1), factored by SVD and truncated to head_dim, as
     post_init_weights' mimetic branch (osiriszjq/structured_initialization) writes Q.T and K.T; per
-    layer, W_V W_O ~ alpha2 Z2 - beta2 I (fresh Z2); Z: mimetic_noise (alphas and betas its values).
+    layer, W_V W_O ~ alpha2 Z2 - beta2 I (fresh Z2). Z: uniform on +-sqrt(3 / D), variance 1 / D,
+    the default (dist='uniform') of get_ortho_like; alphas and betas its values.
     Where we differ: that code's mimetic branch writes V and Proj untransposed, giving the value-output
     map x (R L)^T, which loses the -beta2 I part; we write v rows = L^T and proj = R^T, so
     W_V W_O = L R, the formula of Trockman and Kolter and what that code's impulse branch writes.
@@ -720,28 +675,16 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
     for attn in attention_modules(model):
         dim, inner = attn.qkv.weight.shape[1], attn.heads * attn.head_dim
         eye = torch.eye(dim)
+        # Z1 of every head, then Z2: (heads + 1) x (D, D)
+        *z1, z2 = [(torch.rand(dim, dim, generator=generator) * 2 - 1) * math.sqrt(3 / dim)
+                   for _ in range(attn.heads + 1)]
         for h in range(attn.heads):
-            z1 = mimetic_noise(dim, generator)
-            left, right = _factor(alpha1 * z1 + beta1 * eye, min(attn.head_dim, dim))
+            left, right = _factor(alpha1 * z1[h] + beta1 * eye, min(attn.head_dim, dim))
             _write_qk(attn, h, left.T, right)            # W_Q,h^T W_K,h = L R
-        z2 = mimetic_noise(dim, generator)
         left, right = _factor(alpha2 * z2 - beta2 * eye, min(inner, dim))
         _write_padded(attn.qkv.weight, slice(2 * inner, None), left.T)  # v = x W_V: stores W_V^T
         _write_padded(attn.proj.weight, slice(None), right.T)           # y = o W_O: stores W_O^T
     return model
-
-def scale_positions_(model, factor=NORM_P):
-    """Multiply the learned positions by factor (norm_p = 18 of post_init_weights' impulse branch,
-    osiriszjq/structured_initialization): at the usual 0.02 they would be invisible beside tokens."""
-    with torch.no_grad():
-        model.pos.mul_(factor)
-    return model
-
-def _prefix_tokens(model, skip):
-    """Leading positions the structured solves leave out: skip if given, else 1 for a ViT (its CLS:
-    the 2025 code solves on pos_embed[1:] in post_init_weights, its impulse targets covering patches
-    only) and 0 for the Boolean / arithmetic encoders, whose patterns cover every position."""
-    return skip if skip is not None else int(isinstance(model, ViT))
 
 def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_norm=7.0,
                          pos_scale=NORM_P, generator=None, skip=None):
@@ -753,12 +696,15 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
     rows = K_h (forward keeps its 1/sqrt(head_dim)); V and O mimetic (0.4, 0.4), fresh per layer.
     T_h = open_logit * target + noise_scale * eps on closed entries, eps a normal truncated at +-2
     with std 0.6, fresh for every layer (1000 and 3 in that code; the paper's arithmetic runs quote
-    open = 10000, close = 0). skip=None means _prefix_tokens (a ViT solves on the patches only).
+    open = 10000, close = 0). skip: the leading positions left out of the solve; None means 1 for
+    a ViT (its CLS: the 2025 code solves on pos_embed[1:], its impulse targets covering patches
+    only) and 0 for the Boolean / arithmetic encoders, whose patterns cover every position.
     Where we differ: r is capped by the numerical rank of P^T P (the Boolean models have N = 16
     positions, fewer than head_dim; the reference would divide by zero singular values there); the
     Boolean / arithmetic patterns include the CLS (or first) position, the reference's do not."""
-    skip = _prefix_tokens(model, skip)
-    scale_positions_(model, pos_scale)
+    skip = int(isinstance(model, ViT)) if skip is None else skip
+    with torch.no_grad():
+        model.pos.mul_(pos_scale)
     mimetic_init_(model, generator=generator)  # V / O (its Q / K are overwritten below)
     p = pseudo_input(model, skip)                                  # (N - skip, D)
     n, dim = p.shape
@@ -775,13 +721,6 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
             _write_qk(attn, h, q.T, k)
     return model
 
-def opt_norm_reset_(q, k, nq):
-    """The norm reset of Structured (Opt), in place (impulse_init, osiriszjq/structured_init): every
-    column of Q (H, D, r) and of K (H, r, D) (not K's rows) rescaled to norm nq."""
-    with torch.no_grad():
-        q.div_(q.norm(dim=1, keepdim=True) / nq)
-        k.div_(k.norm(dim=1, keepdim=True) / nq)
-
 def _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator):
     """Adam fit of Q (H, D, r), K (H, r, D) so that softmax(scale P Q K P^T) ~ target (MSE), with
     the norm reset before every renorm_every-th step (structured_opt_init_ has the details)."""
@@ -794,7 +733,11 @@ def _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator):
     with torch.enable_grad():
         for step in range(steps):
             if step % renorm_every == 0:
-                opt_norm_reset_(q, k, nq)
+                # the norm reset of impulse_init (osiriszjq/structured_init): every column of Q
+                # (H, D, r) and of K (H, r, D) (not K's rows) rescaled to norm nq
+                with torch.no_grad():
+                    q.div_(q.norm(dim=1, keepdim=True) / nq)
+                    k.div_(k.norm(dim=1, keepdim=True) / nq)
             attn = torch.softmax(scale * (p @ q @ k @ p.T), dim=-1)          # (H, N, N)
             optimizer.zero_grad()
             F.mse_loss(attn, target).backward()
@@ -809,13 +752,14 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
     fitted by Adam at lr: MSE of A_h = softmax(scale * P Q_h K_h P^T) (P = pseudo_input) to the 0/1
     pattern itself (not row-normalised). scale=None means head_dim ** -0.5, the value its caller
     passes: as forward also divides by sqrt(head_dim), the written Q, K (q rows = Q_h^T, k rows =
-    K_h) reproduce A_h on P exactly. opt_norm_reset_ runs BEFORE steps 0, renorm_every, ...: the
+    K_h) reproduce A_h on P exactly. The norm reset runs BEFORE steps 0, renorm_every, ...: the
     first acts on the fresh draw, the last renorm_every steps run without one.
     Where we differ: steps = 2000 by default (Table "Arithmetic task setup": 2000 steps at lr 1e-4;
     that code runs 10000); P: the model's learned positions times pos_scale (the 2025 code's
     norm_p), where that code has fixed 2-D sin-cos positions and no CLS token; one fit per distinct
     layer pattern (that code's init_once: one for all); random draws come from a torch.Generator."""
-    scale_positions_(model, pos_scale)
+    with torch.no_grad():
+        model.pos.mul_(pos_scale)
     p = pseudo_input(model)
     attns = attention_modules(model)
     rank = attns[0].head_dim
@@ -850,8 +794,7 @@ def mask_biases(model):
     layers = attention_modules(model)
     if not layers or layers[0].mask is None:
         return None
-    return torch.stack([a.logit_bias(a.mask, a.seq_len, a.mask_scale).detach().float().cpu()
-                        for a in layers])
+    return torch.stack([a.logit_bias(a.mask, a.seq_len, a.mask_scale).detach().float().cpu() for a in layers])
 
 @torch.no_grad()
 def centre_patch_maps(vit, image, device):
@@ -859,11 +802,10 @@ def centre_patch_maps(vit, image, device):
     Classification"), on the grid x grid patches, CLS left out: its attention row "attn" and its
     mask bias row log sigmoid(s M) "bias" (None without a mask), (L, H, grid, grid) each."""
     grid = vit.grid
-    centre = patch_position(grid // 2, grid // 2, grid)
-    on_grid = lambda maps: maps[:, :, centre, 1:].unflatten(-1, (grid, grid))
-    bias = mask_biases(vit)
-    return {"attn": on_grid(mean_attention(vit, image, device)),
-            "bias": None if bias is None else on_grid(bias)}
+    centre = 1 + (grid // 2) * grid + grid // 2                    # patch (grid // 2, grid // 2)
+    maps = {"attn": mean_attention(vit, image, device), "bias": mask_biases(vit)}     # (L, H, N, N)
+    return {name: None if m is None else m[:, :, centre, 1:].unflatten(-1, (grid, grid))
+            for name, m in maps.items()}
 
 def prior_stats(mean_attn, pattern):
     """Per layer and head (L, H): the attention mass on the pattern's open entries (mean over query
@@ -875,18 +817,12 @@ def prior_stats(mean_attn, pattern):
     corr = (a * t).sum(-1) / (a.norm(dim=-1) * t.norm(dim=-1)).clamp(min=1e-12)
     return mass, corr
 
-def bias_by_distance(bias):
-    """The causal bias log sigmoid(s M) (L, H, N, N) at each distance d = i - j >= 0, averaged over
-    layers, heads and query rows: the N numbers of Figure "Relative mask bias before and after
-    training"."""
-    n = bias.shape[-1]
-    return [bias[..., torch.arange(d, n), torch.arange(0, n - d)].mean().item() for d in range(n)]
-
 def persistence_fields(before, after, pattern, true_pattern=None):
     """Section 6.1's persistence numbers: prior mass and pattern correlation at init and final
     (mean and per head), the drift ||log sig(M_T) - log sig(M_0)||_F / ||log sig(M_0)||_F, and for
-    the GPT's causal prior bias_by_distance. With a true_pattern (the task's exact pattern, of which
-    pattern may be an edit_pattern) also the mean mass on that, true_prior_mass_init / _final."""
+    the GPT's causal prior (no pattern) the bias at each distance. With a true_pattern (the task's
+    exact pattern, of which pattern may be an edit_pattern) also the mean mass on that,
+    true_prior_mass_init / _final."""
     fields = {"mask_drift": None}
     if pattern is not None:
         init, final = prior_stats(before["attn"], pattern), prior_stats(after["attn"], pattern)
@@ -900,9 +836,13 @@ def persistence_fields(before, after, pattern, true_pattern=None):
     if b0 is not None:
         drift = (b1 - b0).flatten(2).norm(dim=-1) / b0.flatten(2).norm(dim=-1)
         fields.update(mask_drift=drift.mean().item(), mask_drift_per_head=drift.tolist())
-        if pattern is None:
-            fields.update(bias_by_distance_init=bias_by_distance(b0),
-                          bias_by_distance_final=bias_by_distance(b1))
+    if b0 is not None and pattern is None:
+        # Figure "Relative mask bias before and after training": the causal bias log sigmoid(s M)
+        # (L, H, N, N) at each distance d = i - j >= 0, averaged over layers, heads and query rows
+        n = b0.shape[-1]
+        for when, bias in (("init", b0), ("final", b1)):
+            fields[f"bias_by_distance_{when}"] = [
+                bias[..., torch.arange(d, n), torch.arange(0, n - d)].mean().item() for d in range(n)]
     return fields
 
 # === 6. Appendix: the same prior inside an existing model (Section 4.1) ============================

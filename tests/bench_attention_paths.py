@@ -46,7 +46,8 @@ def bench(kind, n, head_dim, tokens, repeats, sample_seconds, max_other, max_rou
     mode, causal = KINDS[kind]
     torch.manual_seed(0)
     mask = None if mode == "none" else 4 * torch.randn(heads, n, n)
-    module = maskprior.MaskedSelfAttention(heads * head_dim, heads, n, head_dim, mask_init=mask, mode=mode, causal=causal)
+    module = maskprior.MaskedSelfAttention(heads * head_dim, heads, n, head_dim, mask_init=mask, mode=mode,
+                                           causal=causal)
     x = torch.randn(max(1, tokens // n), n, heads * head_dim, requires_grad=True)
 
     def run(path, steps):      # MaskedSelfAttention.path forces one path: "fused" or "written"

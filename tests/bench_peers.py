@@ -8,7 +8,7 @@ Not collected by pytest (the name does not start with test_). Needs the peers of
 tests/requirements-bench.txt (vit-pytorch, timm, transformers), never the project itself.
 
   boolean  maskprior.Transformer (default = mode "none"; mask = mode "learnable" with
-           BOOLEAN_MASKS["majority"]) against vit-pytorch's vit_pytorch.vit.Transformer with the
+           boolean_mask("majority", ...)) against vit-pytorch's vit_pytorch.vit.Transformer with the
            same embedding, CLS token, positions and LayerNorm + Linear readout on CLS (the GOTU
            code's TokenTransformer), dim_head = our head size; batch 256, N = 16 (CLS + 15 bits),
            4 layers, 3 heads, scalar output, MSE, Adam lr 1e-3. Two widths: the cpu preset (64,
@@ -77,7 +77,7 @@ def boolean_group(width):
     n = bits + 1
     tokens = torch.randint(0, 2, (batch, bits))
     target = torch.randn(batch)
-    masks = maskprior.BOOLEAN_MASKS["majority"](depth, heads)
+    masks = maskprior.boolean_mask("majority", depth, heads)
 
     def ours(mode):
         return maskprior.Transformer(2, n, dim, depth, heads, mlp, 1, head_dim=head_dim,

@@ -6,7 +6,10 @@ import torch
 import torch.nn.functional as F
 
 import maskprior
+from helpers import qkv_by_hand
 from maskprior import MaskedSelfAttention
+
+BIT = 1     # bit x_i of the Boolean tasks sits at position BIT + i; position 0 is CLS
 
 
 def make_block(mode="learnable", heads=3, seq_len=7, dim=12, mask_init=None, **kw):
@@ -16,15 +19,6 @@ def make_block(mode="learnable", heads=3, seq_len=7, dim=12, mask_init=None, **k
     return MaskedSelfAttention(dim, heads, seq_len, mask_init=mask_init, mode=mode, **kw).double()
 
 
-def split_qkv(block, x):
-    """q, k, v of shape (B, H, N, head_dim) computed from the block's weights by hand."""
-    B, N, _ = x.shape
-    qkv = x @ block.qkv.weight.T
-    q, k, v = qkv.split(block.heads * block.head_dim, dim=-1)
-    shape = lambda t: t.view(B, N, block.heads, block.head_dim).transpose(1, 2)
-    return shape(q), shape(k), shape(v)
-
-
 def merge(block, y):
     B, H, N, hd = y.shape
     return y.transpose(1, 2).reshape(B, N, H * hd) @ block.proj.weight.T + block.proj.bias
@@ -32,7 +26,7 @@ def merge(block, y):
 
 def reference(block, x):
     """softmax(Q K^T / sqrt(d) + log sigmoid(M)) V, written out (Section 4.1)."""
-    q, k, v = split_qkv(block, x)
+    q, k, v = qkv_by_hand(block, x)
     n = x.shape[1]
     logits = q @ k.transpose(-1, -2) / math.sqrt(block.head_dim)
     logits = logits + torch.log(torch.sigmoid(block.mask[:, :n, :n]))
@@ -41,11 +35,13 @@ def reference(block, x):
 
 
 @pytest.mark.parametrize("n", [7, 4])
-def test_learnable_block_equals_written_out_formula(n):
+def test_learnable_block_equals_written_out_formula(n, monkeypatch):
     block = make_block()
     x = torch.randn(2, n, 12, dtype=torch.float64)
     expected, expected_attn = reference(block, x)
-    torch.testing.assert_close(block(x), expected)               # fast path (SDPA)
+    torch.testing.assert_close(block(x), expected)               # the rule's path: written out here
+    monkeypatch.setattr(MaskedSelfAttention, "path", "fused")
+    torch.testing.assert_close(block(x), expected)               # the fused path (SDPA)
     y, attn = block(x, return_attn=True)                         # written-out path
     torch.testing.assert_close(y, expected)
     torch.testing.assert_close(attn, expected_attn)
@@ -60,7 +56,7 @@ def test_plain_path_equals_the_functional_form(n, mask_scale, causal):
     equation (plus the hard causal -inf when causal)."""
     block = make_block(mask_scale=mask_scale, causal=causal)
     x = torch.randn(2, n, 12, dtype=torch.float64)
-    q, k, v = split_qkv(block, x)
+    q, k, v = qkv_by_hand(block, x)
     mask = block.mask[:, :n, :n]
     if causal:                           # sigmoid(-inf) = 0: log sigmoid adds the hard -inf
         mask = mask.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
@@ -130,7 +126,7 @@ def test_fixed_mode_trains_no_mask_and_learnable_does():
 def test_hadamard_mode_equals_its_formula():
     block = make_block(mode="hadamard")
     x = torch.randn(2, 7, 12, dtype=torch.float64)
-    q, k, v = split_qkv(block, x)
+    q, k, v = qkv_by_hand(block, x)
     attn = torch.sigmoid(block.mask) * torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(block.head_dim), -1)
     torch.testing.assert_close(block(x), merge(block, attn @ v))
     y, returned = block(x, return_attn=True)
@@ -144,7 +140,7 @@ def test_causal_learnable_block():
     y, attn = block(x, return_attn=True)
     assert attn.triu(1).abs().max() == 0
     torch.testing.assert_close(block(x), y)
-    q, k, v = split_qkv(block, x)
+    q, k, v = qkv_by_hand(block, x)
     logits = q @ k.transpose(-1, -2) / math.sqrt(block.head_dim) + F.logsigmoid(10.0 * block.mask)
     logits = logits.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
     torch.testing.assert_close(attn, torch.softmax(logits, -1))
@@ -164,8 +160,8 @@ def test_wrong_mask_shape_raises_naming_the_expected_shape():
 
 
 def test_transformer_takes_one_mask_per_layer_and_returns_attention():
-    masks = maskprior.mask_cyclic3(4, 3)
-    masks[1] = maskprior.mask_majority(1, 3)[0]
+    masks = maskprior.boolean_mask("cyclic3", 4, 3)
+    masks[1] = maskprior.boolean_mask("majority", 1, 3)[0]
     model = maskprior.Transformer(2, 16, 12, 4, 3, 12, 1, masks=masks, mode="learnable")
     for layer, attn in enumerate(maskprior.attention_modules(model)):
         torch.testing.assert_close(attn.mask.detach(), masks[layer])
@@ -177,23 +173,29 @@ def test_transformer_takes_one_mask_per_layer_and_returns_attention():
 
 @pytest.mark.parametrize("task", list(maskprior.BOOLEAN_MASKS))
 def test_boolean_masks_have_the_documented_structure(task):
-    masks = maskprior.BOOLEAN_MASKS[task](4, 3)
+    masks = maskprior.boolean_mask(task, 4, 3)
     assert masks.shape == (4, 3, 16, 16)
     assert set(masks.unique().tolist()) == {maskprior.OPEN, maskprior.CLOSE}
     assert (masks.diagonal(dim1=-2, dim2=-1) == maskprior.OPEN).all()  # every token sees itself
-    bit = lambda i: 1 + i
     if task == "2parity":
-        assert masks[0, 0, bit(0), bit(1)] == masks[0, 0, bit(1), bit(0)] == maskprior.OPEN
+        assert masks[0, 0, BIT + 0, BIT + 1] == masks[0, 0, BIT + 1, BIT + 0] == maskprior.OPEN
         assert (masks == maskprior.OPEN).sum() == 4 * 3 * (16 + 2)
     if task == "majority":
-        assert (masks[0, 0, 0, [bit(0), bit(1), bit(2)]] == maskprior.OPEN).all()
+        assert (masks[0, 0, 0, [BIT + 0, BIT + 1, BIT + 2]] == maskprior.OPEN).all()
         assert (masks == maskprior.OPEN).sum() == 4 * 3 * (16 + 3)
     if task == "cyclic3":   # composed: bit i sees i + 1 (mod 15) in the two build layers
-        assert masks[0, 0, bit(14), bit(0)] == masks[1, 0, bit(13), bit(14)] == maskprior.OPEN
-        assert masks[0, 0, bit(13), bit(0)] == masks[0, 0, bit(0), bit(14)] == maskprior.CLOSE
-        direct = maskprior.mask_cyclic3_direct(4, 3)   # i sees i + 1 and i + 2 in every layer
-        assert direct[3, 0, bit(14), bit(0)] == direct[3, 0, bit(13), bit(0)] == maskprior.OPEN
+        assert masks[0, 0, BIT + 14, BIT + 0] == masks[1, 0, BIT + 13, BIT + 14] == maskprior.OPEN
+        assert masks[0, 0, BIT + 13, BIT + 0] == masks[0, 0, BIT + 0, BIT + 14] == maskprior.CLOSE
+        direct = maskprior.boolean_mask("cyclic3", 4, 3, "direct")   # i sees i + 1 and i + 2, every layer
+        assert direct[3, 0, BIT + 14, BIT + 0] == direct[3, 0, BIT + 13, BIT + 0] == maskprior.OPEN
     if task == "threesym":
         for head, (a, b) in enumerate([(0, 1), (1, 2), (2, 0)]):
-            assert masks[0, head, bit(a), bit(b)] == maskprior.OPEN
+            assert masks[0, head, BIT + a, BIT + b] == maskprior.OPEN
             assert (masks[0, head] == maskprior.OPEN).sum() == 16 + 2
+
+
+def test_boolean_mask_names_its_choices():
+    with pytest.raises(KeyError, match="threesym"):
+        maskprior.boolean_mask("parity", 4, 3)
+    with pytest.raises(KeyError, match="composed"):
+        maskprior.boolean_mask("2parity", 4, 3, "stacked")

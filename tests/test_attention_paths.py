@@ -23,8 +23,11 @@ def sdpa_calls(monkeypatch):
     """The list that every call of F.scaled_dot_product_attention appends to."""
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+
+    def counted_sdpa(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted_sdpa)
     return calls
 
 
@@ -150,7 +153,7 @@ def test_cuda_always_takes_sdpa_and_agrees_with_plain(monkeypatch, sdpa_calls):
 def test_training_steps_agree_on_both_paths(monkeypatch):
     """A few Adam steps of the Boolean model (N = 16) with the mask prior give the same weights
     whichever path the attention takes (float64: only rounding could differ)."""
-    masks = maskprior.BOOLEAN_MASKS["majority"](2, 3)
+    masks = maskprior.boolean_mask("majority", 2, 3)
     tokens = torch.randint(0, 2, (32, 15), generator=torch.Generator().manual_seed(0))
     target = torch.randn(32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     finals = []

@@ -306,7 +306,7 @@ def test_mask_magnitude_sets_the_prior_and_a_sweep_writes_its_table_and_figure(t
     closed entries; table.md gets an "A" column and mask_magnitude.svg one line per panel."""
     assert train.main(["--task", "majority", "--init", "mask", "--mask-magnitude", "2", "5",
                        "--out", str(tmp_path), *TINY]) == 0
-    pattern = maskprior.mask_majority(1, 2)                            # (1, 2, 16, 16), +-10
+    pattern = maskprior.boolean_mask("majority", 1, 2)                            # (1, 2, 16, 16), +-10
     for magnitude in (2, 5):
         folder = tmp_path / f"majority-mask-seed0-A{magnitude}"
         assert json.loads((folder / "result.json").read_text())["config"]["mask_magnitude"] == magnitude

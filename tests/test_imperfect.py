@@ -3,6 +3,7 @@ fraction its kind says and nothing else, train.py's --mask-error / --mask-lr rea
 M's optimizer group, and the true prior mass is measured on the exact pattern."""
 import argparse
 import json
+import math
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -12,13 +13,20 @@ from hypothesis import given, settings, strategies as st
 import maskprior
 import tasks
 import train
-from conftest import BOOLEAN_TINY as TINY
-from helpers import experiment
+from helpers import BOOLEAN_TINY as TINY, experiment
 
 # (pattern, whether position 0 is the CLS token): every Boolean and arithmetic prior
 PATTERNS = {**{t: (maskprior.boolean_mask(t, 4, 3), True) for t in maskprior.BOOLEAN_MASKS},
             **{t: (f(2, 4), False) for t, f in maskprior.ARITHMETIC_MASKS.items()}}
 N_SVG = "{http://www.w3.org/2000/svg}"
+
+
+def edit_count(fraction, n):
+    """How many of n entries an edit of fraction p (0 < p <= 1) touches: p n rounded half up, but
+    at least one of n > 0 (a non-zero fraction always edits something)."""
+    if n == 0:
+        return 0
+    return min(n, max(1, int(fraction * n + 0.5)))
 
 
 def parts(n, cls_row):
@@ -37,7 +45,7 @@ def test_each_kind_edits_the_fraction_it_says_and_nothing_else(task, kind, fract
     missing closes edit_count(p, #open) open ones, moved closes k = min(edit_count(p, #open),
     #closed) and opens k; the diagonal, the two values and every other entry stay."""
     pattern, cls_row = PATTERNS[task]
-    edited = maskprior.edit_pattern(pattern, kind, fraction, torch.Generator().manual_seed(seed), cls_row)
+    edited = maskprior.edit_pattern(pattern, kind, fraction, seed, cls_row)
     assert edited.shape == pattern.shape
     assert ((edited == pattern) | (edited == -pattern)).all()          # only negations (open <-> closed)
     n = pattern.shape[-1]
@@ -48,45 +56,66 @@ def test_each_kind_edits_the_fraction_it_says_and_nothing_else(task, kind, fract
             was_open, is_open = part & (before > 0), part & (after > 0)
             n_open, n_closed = int(was_open.sum()), int((part & (before < 0)).sum())
             opened, closed = int((is_open & ~was_open).sum()), int((was_open & ~is_open).sum())
-            k = maskprior.edit_count(fraction, n_closed if kind == "extra" else n_open)
+            k = edit_count(fraction, n_closed if kind == "extra" else n_open)
             expected = {"extra": (k, 0), "missing": (0, k),
                         "moved": (min(k, n_closed), min(k, n_closed))}[kind]
             assert (opened, closed) == expected, (part[0].any().item(), n_open, n_closed)
 
 
-def test_edit_count_rounds_half_up_and_edits_at_least_one_entry():
-    assert [maskprior.edit_count(0.25, 2), maskprior.edit_count(0.25, 6), maskprior.edit_count(0.1, 15)] == [1, 2, 2]
-    assert maskprior.edit_count(0.1, 4) == 1 and maskprior.edit_count(0.5, 0) == 0
-    assert maskprior.edit_count(0.0, 9) == 0 and maskprior.edit_count(1.0, 7) == 7
+def one_matrix_with_open_entries(n_open, n=20):
+    """(1, 1, N, N) logits: the diagonal and n_open off-diagonal entries of row 1 on (keys 2, 3, ...)
+    OPEN, the rest CLOSED."""
+    pattern = torch.full((1, 1, n, n), maskprior.CLOSE)
+    pattern[0, 0].diagonal().fill_(maskprior.OPEN)
+    pattern[0, 0, 1, 2:2 + n_open] = maskprior.OPEN
+    return pattern
+
+
+@pytest.mark.parametrize("fraction, n_open, closed", [
+    (0.25, 2, 1), (0.25, 6, 2), (0.1, 15, 2), (0.1, 4, 1), (0.5, 0, 0), (1.0, 7, 7), (0.5, 5, 3)])
+def test_an_edit_rounds_half_up_and_edits_at_least_one_entry(fraction, n_open, closed):
+    """missing closes p n of the n open off-diagonal entries, rounded half up (0.5 x 5 -> 3), and
+    at least one (0.1 x 4 -> 1); nothing else changes."""
+    pattern = one_matrix_with_open_entries(n_open)
+    edited = maskprior.edit_pattern(pattern, "missing", fraction, seed=0)
+    assert int(((pattern > 0) & (edited < 0)).sum()) == closed
+    assert not ((pattern < 0) & (edited > 0)).any()
+
+
+def test_an_edit_of_a_fraction_outside_0_1_or_of_an_unknown_kind_raises():
+    pattern = one_matrix_with_open_entries(4)
+    for kind, fraction in (("missing", 0.0), ("missing", 1.5), ("missing", math.nan), ("shifted", 0.5)):
+        with pytest.raises(ValueError, match="0 < fraction <= 1"):
+            maskprior.edit_pattern(pattern, kind, fraction, seed=0)
 
 
 def test_the_cls_row_and_the_same_edit_in_every_layer_and_head():
     """2parity keeps CLS closed: missing and moved leave its row alone; majority's prior is its CLS
     row, which moved keeps at three keys, none of them x0, x1, x2 at p = 1. Equal patterns (all
     layers and heads of 2parity) get equal edits; a larger fraction's edit contains a smaller's."""
-    generator = lambda seed: torch.Generator().manual_seed(seed)
     parity, majority = PATTERNS["2parity"][0], PATTERNS["majority"][0]
     for kind in ("missing", "moved"):
-        edited = maskprior.edit_pattern(parity, kind, 1.0, generator(3), cls_row=True)
+        edited = maskprior.edit_pattern(parity, kind, 1.0, 3, cls_row=True)
         assert torch.equal(edited[..., 0, :], parity[..., 0, :])
         assert (edited == edited[0, 0]).all()
-    moved = maskprior.edit_pattern(majority, "moved", 1.0, generator(3), cls_row=True)
+    moved = maskprior.edit_pattern(majority, "moved", 1.0, 3, cls_row=True)
     assert ((moved[..., 0, 1:] > 0).sum(-1) == 3).all() and (moved[..., 0, 1:4] < 0).all()
-    small, large = (maskprior.edit_pattern(parity, "extra", p, generator(5), cls_row=True) > 0
+    small, large = (maskprior.edit_pattern(parity, "extra", p, 5, cls_row=True) > 0
                     for p in (0.1, 0.5))
     assert (large | ~small).all() and large.sum() > small.sum()
 
 
 def test_same_seed_same_edit_other_seed_another_edit():
     pattern = PATTERNS["threesym"][0]
-    edit = lambda seed: maskprior.edited_prior(pattern, "moved:1.0", seed, cls_row=True)
-    assert torch.equal(edit(0), edit(0))
-    assert not torch.equal(edit(0), edit(1))
-    assert maskprior.edited_prior(pattern, None, 0) is pattern
+    first = maskprior.edit_pattern(pattern, "moved", 1.0, 0, cls_row=True)
+    assert torch.equal(first, maskprior.edit_pattern(pattern, "moved", 1.0, 0, cls_row=True))
+    assert not torch.equal(first, maskprior.edit_pattern(pattern, "moved", 1.0, 1, cls_row=True))
 
 
-def test_mask_error_takes_kind_and_fraction_or_none():
+def test_mask_edit_takes_kind_and_fraction_or_none():
+    """--mask-error's argparse type: 'none' -> None (the exact prior), KIND:P -> 'kind:p'."""
     assert train.mask_edit("moved:1") == "moved:1.0" and train.mask_edit("none") is None
+    assert train.mask_edit("extra:0.25") == "extra:0.25"
     for bad in ("wrong:0.5", "moved:1.5", "moved:0", "moved", "extra:nan", "missing:-0.1"):
         with pytest.raises(argparse.ArgumentTypeError, match="KIND:FRACTION"):
             train.mask_edit(bad)
@@ -181,9 +210,11 @@ def test_bad_mask_error_or_mask_lr_exits_2_with_one_line(args, message, capsys):
 
 def test_the_model_starts_from_the_edited_prior_and_measures_against_the_exact_one():
     exp = tiny_experiment("mask", "--mask-error", "moved:1.0")
-    exact = maskprior.mask_2parity(1, 2)
+    exact = maskprior.boolean_mask("2parity", 1, 2)
     assert torch.equal(exp.true_pattern, exact)
-    assert torch.equal(exp.pattern, maskprior.edited_prior(exact, "moved:1.0", 0, cls_row=True))
+    assert torch.equal(exp.pattern, maskprior.edit_pattern(exact, "moved", 1.0, 0, cls_row=True))
     assert not torch.equal(exp.pattern, exact)
+    exact_run = tiny_experiment("mask")                          # no --mask-error: the exact prior
+    assert torch.equal(exact_run.pattern, exact) and torch.equal(exact_run.true_pattern, exact)
     masks = torch.stack([a.mask.detach() for a in maskprior.attention_modules(exp.model)])
     assert torch.equal(masks, exp.pattern)                     # A = 10: M is the pattern itself

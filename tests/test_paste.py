@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import maskprior
-from conftest import ROOT
+from helpers import ROOT
 
 HEADER = "import math, torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 DIM, HEADS, SEQ_LEN = 12, 3, 7

@@ -10,6 +10,7 @@ compares our implementation with it:
 and the two cyclic3 mask patterns against their definitions (Appendix "Design of Mask Pattern",
 Principle 4, layer-wise composition).
 """
+import copy
 import itertools
 import math
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 
 import maskprior
 import tasks
+from helpers import mimetic_noise
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -59,17 +61,19 @@ def uniform_qk(heads, dim, rank, generator):
 
 
 def test_opt_norm_reset_matches_the_reference_on_a_tiny_case():
-    """Same Q, K in -> same Q, K out; every column of Q over D and of K over r ends at nq."""
+    """One step at lr 0 leaves only the norm reset of the fresh draw: Q and K as the reference
+    rescales them, every column of Q over D and of K over r at nq, Q's mean column norm."""
+    heads, n, dim, rank = 2, 6, 5, 3
     g = torch.Generator().manual_seed(1)
-    q, k = 3 * torch.rand(2, 5, 3, generator=g), torch.rand(2, 3, 5, generator=g)
-    nq = torch.tensor(0.7)
-    want_q = q / (q.norm(dim=1, keepdim=True) / nq)
-    want_k = k / (k.norm(dim=1, keepdim=True) / nq)
-    maskprior.opt_norm_reset_(q, k, nq)
-    torch.testing.assert_close(q, want_q)
-    torch.testing.assert_close(k, want_k)
-    torch.testing.assert_close(q.norm(dim=1), torch.full((2, 3), 0.7))   # (H, r): columns over D
-    torch.testing.assert_close(k.norm(dim=1), torch.full((2, 5), 0.7))   # (H, D): columns over r
+    p = F.layer_norm(torch.randn(n, dim, generator=g), (dim,))
+    target = (torch.rand(heads, n, n, generator=g) > 0.6).float()
+    q, k = maskprior._fit_qk(p, target, rank, 1, 0.0, 100, rank ** -0.5, torch.Generator().manual_seed(5))
+    q0, k0 = uniform_qk(heads, dim, rank, torch.Generator().manual_seed(5))
+    nq = q0.norm(dim=1).mean()
+    torch.testing.assert_close(q, q0 / (q0.norm(dim=1, keepdim=True) / nq))
+    torch.testing.assert_close(k, k0 / (k0.norm(dim=1, keepdim=True) / nq))
+    torch.testing.assert_close(q.norm(dim=1), nq.expand(heads, rank))   # (H, r): columns over D
+    torch.testing.assert_close(k.norm(dim=1), nq.expand(heads, dim))    # (H, D): columns over r
 
 
 @pytest.mark.parametrize("steps", [1, 101, 250])
@@ -121,7 +125,8 @@ def test_structured_opt_scale_argument_reaches_the_fit():
     def fit(**kw):
         torch.manual_seed(0)
         model = maskprior.Transformer(2, 5, 12, 1, 2, 12, 1, mode="none")
-        pattern = maskprior._pattern(maskprior._diagonal(5), 5).expand(1, 2, 5, 5)
+        pattern = torch.full((1, 2, 5, 5), maskprior.CLOSE)
+        pattern.diagonal(dim1=-2, dim2=-1).fill_(maskprior.OPEN)
         maskprior.structured_opt_init_(model, pattern, steps=20, lr=1e-2,
                                        generator=torch.Generator().manual_seed(0), **kw)
         return maskprior.attention_modules(model)[0].qkv.weight.detach()
@@ -170,13 +175,28 @@ def tiny_vit():
     return maskprior.ViT(32, 8, 10, 16, 2, 2, 32)
 
 
+def svd_solution(model, pattern, **kw):
+    """The q, k, v and proj weights structured_svd_init_ writes into a copy of model."""
+    model = copy.deepcopy(model)
+    maskprior.structured_svd_init_(model, pattern, generator=torch.Generator().manual_seed(0), **kw)
+    return [w.detach() for w in (*(a.qkv.weight for a in maskprior.attention_modules(model)), model.pos)]
+
+
 def test_vit_impulse_solve_inputs_are_the_reference_ones():
-    """What goes into the solve: the patch positions only and the patches-only target."""
+    """What goes into the solve: the patch positions only (skip defaults to 1 for a ViT, its CLS;
+    to 0 for an encoder, whose patterns cover every position) and the patches-only target."""
     vit = tiny_vit()
     pos = vit.pos.detach()[0]
     torch.testing.assert_close(maskprior.pseudo_input(vit, skip=1), F.layer_norm(pos[1:], (16,)))
-    assert maskprior._prefix_tokens(vit, None) == 1
-    assert maskprior._prefix_tokens(maskprior.Transformer(2, 5, 12, 1, 2, 12, 1), None) == 0
+    impulse = maskprior.impulse_mask(2, 2, 4)
+    assert all(torch.equal(a, b) for a, b in zip(svd_solution(vit, impulse), svd_solution(vit, impulse, skip=1)))
+    torch.manual_seed(0)
+    encoder = maskprior.Transformer(2, 5, 12, 1, 2, 12, 1)
+    diagonal = torch.full((1, 2, 5, 5), maskprior.CLOSE)
+    diagonal.diagonal(dim1=-2, dim2=-1).fill_(maskprior.OPEN)
+    assert all(torch.equal(a, b) for a, b in zip(svd_solution(encoder, diagonal),
+                                                   svd_solution(encoder, diagonal, skip=0)))
+    assert not torch.equal(svd_solution(encoder, diagonal)[0], svd_solution(encoder, diagonal, skip=1)[0])
     pattern = maskprior.impulse_mask(1, 3, 4)
     torch.testing.assert_close(maskprior.pattern_targets(pattern[0, :, 1:, 1:]),
                                reference_impulse_target(3, 4))
@@ -201,7 +221,7 @@ def test_vit_impulse_init_equals_the_reference_solve():
 
 
 def test_solving_with_the_cls_row_would_differ():
-    """The same solve with the CLS row kept (skip=0, the earlier setup) gives another product,
+    """The same solve with the CLS row kept (skip=0) gives another product,
     so the test above does tell the two setups apart."""
     vit = tiny_vit()
     pos = vit.pos.detach()[0].clone()
@@ -218,10 +238,11 @@ def test_solving_with_the_cls_row_would_differ():
 # ------------------------------------------------------------------------------------------
 
 def test_mimetic_noise_is_uniform_with_variance_one_over_dim():
-    """Entries uniform on [-sqrt(3/D), sqrt(3/D)]: mean 0, variance 1/D, support bounded by
-    sqrt(3/D) and reaching it, kurtosis 1.8 (a normal has 3)."""
+    """Our transcription of get_ortho_like's Z (the draws test_mimetic_init_uses_uniform_noise
+    finds in the model): entries uniform on [-sqrt(3/D), sqrt(3/D)]: mean 0, variance 1/D, support
+    bounded by sqrt(3/D) and reaching it, kurtosis 1.8 (a normal has 3)."""
     dim = 256
-    z = maskprior.mimetic_noise(dim, torch.Generator().manual_seed(0)).double()
+    z = mimetic_noise(dim, torch.Generator().manual_seed(0)).double()
     bound = math.sqrt(3 / dim)
     assert z.shape == (dim, dim)
     assert z.abs().max() <= bound and z.abs().max() > 0.999 * bound
@@ -243,7 +264,7 @@ def test_mimetic_init_uses_uniform_noise():
     model = maskprior.Transformer(2, 16, dim, 1, 1, dim, 1, mode="none")
     maskprior.mimetic_init_(model, generator=torch.Generator().manual_seed(3))
     g = torch.Generator().manual_seed(3)
-    z1, z2 = maskprior.mimetic_noise(dim, g), maskprior.mimetic_noise(dim, g)
+    z1, z2 = mimetic_noise(dim, g), mimetic_noise(dim, g)
     attn = maskprior.attention_modules(model)[0]
     w_q, w_k, w_v = attn.qkv.weight.detach().split(dim)
     eye = torch.eye(dim)
@@ -289,7 +310,7 @@ def cyclic3_monomials(d=15):
 
 def test_cyclic3_composed_layers_match_their_definition():
     d, depth, heads = 15, 4, 3
-    m = maskprior.mask_cyclic3(depth, heads, d)
+    m = maskprior.boolean_mask("cyclic3", depth, heads, d=d)
     assert m.shape == (depth, heads, d + 1, d + 1)
     assert set(m.unique().tolist()) == {maskprior.OPEN, maskprior.CLOSE}
     assert torch.equal(m[:, :1].expand_as(m), m)                       # every head the same
@@ -307,7 +328,7 @@ def test_cyclic3_composition_builds_exactly_the_target_triples():
     """After the first layer a bit token spans a pair; after the second exactly one cyclic triple
     of f, all 15 of them once each; the CLS token reaches every bit after the readout layer."""
     d = 15
-    m = maskprior.mask_cyclic3(4, 3, d)[:, 0]                          # (layers, N, N)
+    m = maskprior.boolean_mask("cyclic3", 4, 3, d=d)[:, 0]            # (layers, N, N)
     one = receptive_fields(m[:1])
     assert all(set(one[BIT + i].nonzero().flatten().tolist()) == {BIT + i, BIT + (i + 1) % d}
                for i in range(d))
@@ -323,7 +344,7 @@ def test_cyclic3_direct_matches_its_definition():
     """The direct variant: every layer, bit i sees {i, i+1, i+2} (mod 15), CLS only itself, so one
     layer already spans each whole triple."""
     d = 15
-    m = maskprior.mask_cyclic3_direct(4, 3, d)
+    m = maskprior.boolean_mask("cyclic3", 4, 3, "direct", d=d)
     assert torch.equal(m[:1, :1].expand_as(m), m)                      # every layer and head
     keys = opened(m[0, 0])
     assert keys[0] == {0}
@@ -334,13 +355,11 @@ def test_cyclic3_direct_matches_its_definition():
 
 
 def test_cyclic3_variants_are_registered():
-    assert maskprior.BOOLEAN_MASKS["cyclic3"] is maskprior.mask_cyclic3
-    assert maskprior.BOOLEAN_MASK_VARIANTS["cyclic3"] == {
-        "composed": maskprior.mask_cyclic3, "direct": maskprior.mask_cyclic3_direct}
-    torch.testing.assert_close(maskprior.boolean_mask("cyclic3", 4, 3, "direct"),
-                               maskprior.mask_cyclic3_direct(4, 3))
-    torch.testing.assert_close(maskprior.boolean_mask("majority", 4, 3),
-                               maskprior.mask_majority(4, 3))
+    """composed is cyclic3's default, direct its alternative; majority has no variant."""
+    assert maskprior.BOOLEAN_MASK_VARIANTS["cyclic3"] == ("composed", "direct")
+    assert torch.equal(maskprior.boolean_mask("cyclic3", 4, 3), maskprior.boolean_mask("cyclic3", 4, 3, "composed"))
+    assert not torch.equal(maskprior.boolean_mask("cyclic3", 4, 3), maskprior.boolean_mask("cyclic3", 4, 3, "direct"))
+    assert "majority" in maskprior.BOOLEAN_MASKS and "majority" not in maskprior.BOOLEAN_MASK_VARIANTS
     with pytest.raises(KeyError, match="direct"):
         maskprior.boolean_mask("majority", 4, 3, "direct")
 
@@ -352,10 +371,11 @@ def test_2parity_composed_builds_the_product_then_lets_cls_read_it():
     m = maskprior.boolean_mask("2parity", 4, 3, "composed")
     assert m.shape == (4, 3, d + 1, d + 1)
     assert torch.equal(m[:, :1].expand_as(m), m)                       # every head alike
-    assert torch.equal(m[:2], maskprior.mask_2parity(2, 3, d))         # the build layers
+    assert torch.equal(m[:2], maskprior.boolean_mask("2parity", 2, 3, d=d))   # the build layers
     for layer in (2, 3):
         keys = opened(m[layer, 0])
         assert keys[0] == {0, x0, x1}                                  # CLS reads the two bits
         assert all(keys[i] == {i} for i in range(1, d + 1))           # every bit only itself
     assert set(m.unique().tolist()) == {maskprior.OPEN, maskprior.CLOSE}
-    assert maskprior.BOOLEAN_MASK_VARIANTS["2parity"]["direct"] is maskprior.mask_2parity
+    assert maskprior.BOOLEAN_MASK_VARIANTS["2parity"] == ("direct", "composed")     # direct: the default
+    assert torch.equal(maskprior.boolean_mask("2parity", 4, 3, "direct"), maskprior.boolean_mask("2parity", 4, 3))

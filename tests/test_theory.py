@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import maskprior
+from helpers import qkv_by_hand, split_heads
 
 SETTINGS = settings(deadline=None, max_examples=40, derandomize=True)
 
@@ -199,17 +200,16 @@ def test_theorem1_mask_gradient_of_the_modules_probabilities(module_and_input):
 @given(attention_module())
 def test_theorem1_mask_gradient_of_the_modules_output(module_and_input):
     """L = sum(W o y) with y the module's output by its default path (without return_attn; on
-    the CPU that is the written-out softmax, since the mask needs a gradient): G = dL/dp = (dL/dO) V^T, O = p V the per-head output before W_O."""
+    the CPU that is the written-out softmax, since the mask needs a gradient):
+    G = dL/dp = (dL/dO) V^T, O = p V the per-head output before W_O."""
     block, x = module_and_input
     y = block(x)                                                         # (B, n, dim)
     weights = torch.randn(y.shape, generator=torch.Generator().manual_seed(0), dtype=y.dtype)
     (grad,) = torch.autograd.grad((weights * y).sum(), block.mask)
     with torch.no_grad():
         _, p = block(x, return_attn=True)                                # (B, H, n, n)
-        B, n, _ = x.shape
-        split = lambda t: t.view(B, n, block.heads, block.head_dim).transpose(1, 2)
-        v = split(x @ block.qkv.weight[2 * block.heads * block.head_dim:].T)   # (B, H, n, hd)
-        grad_o = split(weights @ block.proj.weight)                      # dL/dO, (B, H, n, hd)
+        v = qkv_by_hand(block, x)[2]                                     # (B, H, n, hd)
+        grad_o = split_heads(weights @ block.proj.weight, block.heads)   # dL/dO, (B, H, n, hd)
         expected = theorem1_mask_gradient(block, p, grad_o @ v.transpose(-1, -2))
     torch.testing.assert_close(grad, expected, rtol=1e-8, atol=1e-11)
 
@@ -315,8 +315,9 @@ def test_theorem1_key_jacobian_of_the_modules_probabilities(drawn, data):
     torch.testing.assert_close(jac, expected, rtol=1e-9, atol=1e-12)
 
 
-def same_weights(block, mode):
-    """A block of another mode with block's shape and mask (mode "none": no mask)."""
+def block_of_mode(block, mode):
+    """A fresh block of another mode with block's shape, causal, mask_scale and mask (mode "none": no
+    mask); module_probabilities supplies its q and k."""
     other = maskprior.MaskedSelfAttention(
         block.heads * block.head_dim, block.heads, block.seq_len, head_dim=block.head_dim,
         mask_init=None if mode == "none" else block.mask.detach(), mode=mode, causal=block.causal,
@@ -328,21 +329,33 @@ def same_weights(block, mode):
 @given(block_with_queries_and_keys(), st.floats(-20.0, 15.0))
 def test_proposition1_attention_norms_of_the_modules(drawn, shift):
     """Proposition 1, Eq. (1), per batch element and head: the additive block's A has rows that
-    sum to one, so ||A||_F >= 1 for any M; the Hadamard block's sigma(s M) o softmax(...) has
-    ||.||_F >= 0 only, no larger than vanilla attention's, and it collapses where every
-    sigma(s M) ~ 0 (M = -40), while the additive block's stays >= 1."""
+    sum to one, so ||A||_F >= 1 for any M. The Hadamard block's map is H = sigma(s M) o P entry by
+    entry, P the vanilla block's softmax (Appendix B), so row i sums to sum_j sigma(s M_ij) P_ij
+    < 1 and, with the proof's ||P||_F >= 1, min sigma(s M) <= ||H||_F <= ||P||_F: the only lower
+    bound left is the gate's, and H collapses where every sigma(s M) ~ 0 (M = -40), while the
+    additive block's norm stays >= 1."""
     block, q, k = drawn
+    n = q.shape[-2]
     for m in (block.mask.detach() + shift, torch.full_like(block.mask, -40.0)):
         with torch.no_grad():
             block.mask.copy_(m)
         additive = module_probabilities(block, q, k)                   # (B, H, n, n)
         torch.testing.assert_close(additive.sum(-1), torch.ones(additive.shape[:-1], dtype=q.dtype))
         assert (additive.flatten(2).norm(dim=-1) >= 1 - 1e-12).all()
-        hadamard = module_probabilities(same_weights(block, "hadamard"), q, k).flatten(2)
-        vanilla = module_probabilities(same_weights(block, "none"), q, k).flatten(2)
-        assert (hadamard.norm(dim=-1) >= 0).all()
-        assert (hadamard.norm(dim=-1) <= vanilla.norm(dim=-1) + 1e-12).all()
-    assert (hadamard.norm(dim=-1) < 1e-12).all()                       # M = -40: collapsed
+        gated = block_of_mode(block, "hadamard")        # its M: block's, rounded to float32
+        hadamard = module_probabilities(gated, q, k)                    # (B, H, n, n)
+        vanilla = module_probabilities(block_of_mode(block, "none"), q, k)
+        gate = torch.sigmoid(gated.mask_scale * gated.mask.detach()[:, :n, :n])    # (H, n, n)
+        torch.testing.assert_close(hadamard, gate * vanilla, rtol=1e-9, atol=1e-300)
+        torch.testing.assert_close(hadamard.sum(-1), (gate * vanilla).sum(-1), rtol=1e-9, atol=1e-300)
+        hadamard_norm, vanilla_norm = hadamard.flatten(2).norm(dim=-1), vanilla.flatten(2).norm(dim=-1)
+        assert (vanilla_norm >= 1 - 1e-12).all()
+        # ||H||_F >= min sigma(s M) ||P||_F, divided through by the smallest gate of each head
+        # (M = -40 gives gates of 1e-174, whose squares would underflow)
+        smallest_gate = gate.flatten(1).min(-1).values[:, None, None]             # (H, 1, 1)
+        assert ((hadamard / smallest_gate).flatten(2).norm(dim=-1) >= vanilla_norm * (1 - 1e-9)).all()
+        assert (hadamard_norm <= vanilla_norm + 1e-12).all()
+    assert (hadamard_norm < 1e-12).all()                               # M = -40: collapsed
 
 
 @THEORY_SETTINGS
@@ -357,10 +370,10 @@ def test_proposition1_hadamard_jacobian_of_the_module_is_no_larger(drawn):
     k = math.sqrt(d) * torch.eye(n, dtype=q.dtype).expand(B, H, n, n)  # (B, H, n, d = n)
     jacobians = {}
     for mode in ("none", "hadamard"):
-        other = same_weights(block, mode)
+        other = block_of_mode(block, mode)
         jacobians[mode] = torch.autograd.functional.jacobian(
             lambda a: module_probabilities(other, a, k), q)             # (B, H, n, n, B, H, n, n)
-    p = module_probabilities(same_weights(block, "none"), q, k).detach()   # (B, H, n, n)
+    p = module_probabilities(block_of_mode(block, "none"), q, k).detach()   # (B, H, n, n)
     eye = torch.eye(n, dtype=q.dtype)
     softmax_jac = torch.zeros_like(jacobians["none"])
     for b in range(B):

@@ -72,12 +72,19 @@ def test_paper_preset_is_vit_tiny_patch16_224():
     assert rates[0] == 0 and rates[-1] == pytest.approx(0.1) and rates == sorted(rates)
 
 
-def test_impulse_offsets_follow_the_reference_order():
-    # k = [4, 1, 5, 3, 7, 0, 2, 6, 8], (row, col) = (k // 3 - 1, k % 3 - 1)
-    nine = [(0, 0), (-1, 0), (0, 1), (0, -1), (1, 0), (-1, -1), (-1, 1), (1, -1), (1, 1)]
-    assert maskprior.impulse_offsets(9) == nine
-    assert maskprior.impulse_offsets(3) == [(0, 0), (-1, 0), (0, 1)]   # ViT-Tiny: identity, up, right
-    assert maskprior.impulse_offsets(11)[9:] == nine[:2]                # head i uses k[i mod 9]
+# The reference's impulse order: k = [4, 1, 5, 3, 7, 0, 2, 6, 8], (row, col) = (k // 3 - 1, k % 3 - 1):
+# identity, up, right, left, down, then the diagonals (ViT-Tiny's 3 heads: identity, up, right).
+NINE = [(0, 0), (-1, 0), (0, 1), (0, -1), (1, 0), (-1, -1), (-1, 1), (1, -1), (1, 1)]
+
+
+def test_impulse_heads_follow_the_reference_order():
+    """On a 3 x 3 grid the centre patch of head h opens exactly its offset NINE[h mod 9]."""
+    m = maskprior.impulse_mask(1, 11, 3)
+    centre = 1 + 1 * 3 + 1                                              # patch (1, 1); 0 is CLS
+    for h in range(11):
+        dr, dc = NINE[h % 9]                                            # head i uses k[i mod 9]
+        opened = (m[0, h, centre] == maskprior.OPEN).nonzero().flatten().tolist()
+        assert opened == [1 + (1 + dr) * 3 + (1 + dc)], h
 
 
 @settings(deadline=None, max_examples=30)
@@ -88,7 +95,7 @@ def test_impulse_mask_matches_its_definition(depth, heads, grid):
     assert m.shape == (depth, heads, n, n)
     assert set(m.unique().tolist()) <= {maskprior.OPEN, maskprior.CLOSE}
     assert torch.equal(m[0].expand_as(m), m)                              # every layer the same
-    offsets = maskprior.impulse_offsets(heads)
+    offsets = [NINE[h % 9] for h in range(heads)]
     for h in range(heads):
         assert (m[0, h, 0] == maskprior.OPEN).all()                       # CLS row: all open
         assert (m[0, h, 1:, 0] == maskprior.CLOSE).all()                  # CLS column: closed
