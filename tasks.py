@@ -734,10 +734,9 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
         samples[split] = [(path, label) for label, name in enumerate(classes) for path in files[name]]
     headers = [image_header(path) for split in ("train", "test") for path, _ in samples[split]]
     channels = 1 if all(mode in GREY_MODES for mode, _, _ in headers) else 3
-    tops = [top for _, _, top in headers if top is not None]
-    wide = None
-    if tops:                      # the largest value, rounded up to 1 (floats in [0, 1]), 255 or 65535 if below
-        wide = next((nominal for nominal in (1.0, 255.0, 65535.0) if max(tops) <= nominal), max(tops))
+    wide = max((top for _, _, top in headers if top is not None), default=None)
+    if wide is not None:          # the largest value, rounded up to 1 (floats in [0, 1]), 255 or 65535 if below
+        wide = next((nominal for nominal in (1.0, 255.0, 65535.0) if wide <= nominal), wide)
     datasets = {}
     for split in ("train", "test"):
         transform = vision_transform("images", image_size, split == "train", randaugment_magnitude, crop_scale,
@@ -750,11 +749,8 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
             **({"wide_range": wide} if wide else {})}
     sources = {}                  # per class folder and role: a refusal of --resume names the folder that changed
     for role, files, top in (("trained on", train, layout["train_folder"]), ("held out", held, layout["eval_folder"])):
-        for name, paths in files.items():
-            if top == data_dir:       # one folder: "disc (trained on)", "disc (held out)"
-                sources[f"{name} ({role})"] = paths
-            else:                     # "train/disc", "val/disc"
-                sources[os.path.relpath(os.path.join(top, name), data_dir)] = paths
+        for name, paths in files.items():   # "train/disc", "val/disc"; one folder: "disc (trained on)"
+            sources[f"{name} ({role})" if top == data_dir else f"{os.path.basename(top)}/{name}"] = paths
     return {**datasets, "classes": len(classes), "channels": channels, "info": {"data": info},
             "sources": sources, "root": data_dir}
 
