@@ -192,27 +192,19 @@ class Experiment:
     info: dict = field(default_factory=dict)  # further result.json fields (init_seconds: QK init)
     net: Optional[torch.nn.Module] = None     # what the loop calls: the model, or its DDP / compiled form
 
-def load_data(family, task, config, seed, args, device, cache):
-    """A run's data, each built or read once (cache): the Boolean cube and seen set (Section 5.1), the
-    arithmetic split of this seed (Section 5.2), a corpus (Appendix), an image set (Section 5.3)."""
+def load_data(family, task, config, seed, args, device):
+    """A run's data, built or read once per command (tasks.py's loaders cache it): the Boolean cube and
+    seen set (Section 5.1), the arithmetic split of this seed (Section 5.2), a corpus (Appendix), an
+    image set (Section 5.3)."""
     if family == "boolean":
-        key = (task,)
-        if key not in cache:
-            cache[key] = tasks.boolean_dataset(task)
-    elif family == "arithmetic":
-        key = (task, config["train_frac"], seed, config["eval_size"])
-        if key not in cache:
-            cache[key] = tasks.arithmetic_dataset(task, *key[1:])
-    elif family == "language":
-        key = (task,)
-        if key not in cache:
-            cache[key] = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
-        tasks.check_lm_splits(cache[key], config["block_size"])
-    else:
-        key = (task, config["image_size"], config["randaugment"], config["crop_scale"])
-        if key not in cache:
-            cache[key] = vision_data(task, key[1:], args, device)
-    return cache[key]
+        return tasks.boolean_dataset(task)
+    if family == "arithmetic":
+        return tasks.arithmetic_dataset(task, config["train_frac"], seed, config["eval_size"])
+    if family == "language":
+        data = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
+        tasks.check_lm_splits(data, config["block_size"])
+        return data
+    return vision_data(task, (config["image_size"], config["randaugment"], config["crop_scale"]), args, device)
 
 # --- Boolean GOTU (Section 5.1, Table 1): train on the seen points, test on the whole cube -----
 def boolean_setup(task, init, seed, config, device, data):
@@ -950,13 +942,14 @@ def train_all(args, family, task_names, device, stop, grid_lock):
     is_grid, root = len(runs) > 1, args.out or "runs/grid"
     source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
     writer = int(os.environ.get("RANK", "0")) == 0   # torchrun: rank 0 writes
-    planned, cache = [], {}
+    planned, loaded = [], {}                       # loaded: the data sets read up front, each once
     for settings in runs:
         name = settings.folder(args.mask_variant, source)
         out_dir = os.path.join(root, name) if is_grid else args.out or os.path.join("runs", name)
         config = make_config(family, settings, args)
         if family in ("language", "vision"):      # files: read (and checked) before any run starts
-            load_data(family, settings.task, config, settings.seed, args, device, cache)
+            data = load_data(family, settings.task, config, settings.seed, args, device)
+            loaded[id(data)] = data
         check_fits(family, config)
         if writer:                                 # torchrun: rank 0 locks and writes, and checks
             check_folder(out_dir, settings.task, settings.init, settings.seed, config, args.resume, is_grid)
@@ -967,15 +960,15 @@ def train_all(args, family, task_names, device, stop, grid_lock):
     workers = args.workers                         # vision's loader processes: 8 beside a GPU, else 0
     if workers is None:
         workers = 8 if device.type == "cuda" else 0
-    print(first_line(planned, task_names, device, threads[1], args, root if is_grid else planned[0][2], cache),
-          flush=True)
+    print(first_line(planned, task_names, device, threads[1], args, root if is_grid else planned[0][2],
+                     loaded.values()), flush=True)
     results, failed, root_locked = [], 0, False
     for settings, config, out_dir in planned:
         task, init, seed = settings.task, settings.init, settings.seed
         checkpoint = os.path.join(out_dir, "checkpoint.pt")
         resume = args.resume and (not is_grid or os.path.exists(checkpoint))   # a grid: runs with one
         stop.start(out_dir, is_grid, resume)
-        data = load_data(family, task, config, seed, args, device, cache)
+        data = load_data(family, task, config, seed, args, device)
         fingerprint = data_fingerprint(family, data)
         if args.resume and not is_grid and not os.path.isdir(out_dir):
             raise no_checkpoint(checkpoint)        # said before a folder is made for it
@@ -1014,13 +1007,13 @@ def train_all(args, family, task_names, device, stop, grid_lock):
         write_tables(root, results)
     return 1 if failed else 0
 
-def first_line(planned, task_names, device, threads, args, out, cache):
+def first_line(planned, task_names, device, threads, args, out, loaded):
     """What a command runs, where, with how many threads, and where its results go (and, for --task
     images, what the image tree holds)."""
     count = len(planned)
     line = (f"train.py: {count} run{'s' * (count > 1)} of {' '.join(task_names)} on {device_name(device)}, "
             f"{threads}, preset {args.preset}; results in {out}")
-    for data in cache.values():
+    for data in loaded:
         info = data.get("info", {}).get("data", {})
         if "train_images" in info:
             line += (f"; {info['train_images']:,} images to train, {info['eval_images']:,} held out, "
@@ -1067,6 +1060,7 @@ def main(argv=None):
     """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder that
     cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
     stop = Stop()
+    tasks.forget_data()                                # each command reads its data afresh
     if hasattr(sys.stdout, "reconfigure"):             # a path that is not UTF-8 prints, escaped
         sys.stdout.reconfigure(errors="backslashreplace")
     threads = torch.get_num_threads()                  # put back at the end (in-process callers)
