@@ -10,6 +10,12 @@
 Each loader returns its tensors or data sets and, under "sources", what it read (train.py fingerprints
 it). Reports read what result.json records. Imports torch and the standard library (torchvision, PIL,
 tiktoken only where needed), never train.py.
+
+The four loaders, boolean_dataset, arithmetic_dataset, lm_dataset and vision_dataset, cache what they
+return (@cached: functools.cache): the runs of one command share one copy, built or read once, and
+must not change it. A command starts with forget_data(), so that it reads every file afresh: a file
+changed between two commands of one process (tests call train.main many times) is seen, and --resume
+can refuse data that changed.
 """
 
 
@@ -24,8 +30,6 @@ import os
 import statistics
 import warnings
 from collections import namedtuple
-from dataclasses import dataclass
-from typing import Callable, Optional
 from xml.sax.saxutils import escape
 
 import torch
@@ -49,50 +53,45 @@ def paper_table(inits, rows):
 class DataError(Exception):
     """A missing or unreadable dataset or tokenizer file; the message says what to put where."""
 
+CACHED = []   # the loaders that keep what they return, until forget_data
+
+def cached(loader):
+    """The loader with functools.cache: one copy per arguments (see the top of this file)."""
+    CACHED.append(functools.cache(loader))
+    return CACHED[-1]
+
+def forget_data():
+    """Empty the loaders' caches: train.py calls it as each command starts."""
+    for loader in CACHED:
+        loader.cache_clear()
+
 # === 1. Boolean GOTU tasks (Section 5.1; the tasks of aryol/GOTU, Abbe et al. 2023) ===============
-# Bits x in {-1, +1}^d, d = 15, shape (P, d) throughout; every function returns (P,). Training uses
-# every seen point of the cube (not sampled); testing the whole cube (2^15 points) and its unseen part.
+# Bits x in {-1, +1}^d, d = 15, shape (P, d) throughout. Training uses every seen point of the cube (not
+# sampled); testing the whole cube (2^15 points) and its unseen part. For each task, Section 5.1 gives
+# f, the seen domain Omega_seen and the minimum-degree interpolator (MDI): the lowest-degree function
+# that agrees with f on Omega_seen, which a Transformer without the right prior learns instead of f.
 BOOLEAN_DIM = 15
+# Each task's name and the values f can take (accuracy rounds a prediction to the nearest one); threesym
+# is continuous: the paper reports no accuracy for it. A sum of 15 signs (cyclic3) is odd.
+BOOLEAN_TASKS = {"2parity": (-1.0, 1.0), "majority": (-1.0, 1.0),
+                 "cyclic3": tuple(float(v) for v in range(-BOOLEAN_DIM, BOOLEAN_DIM + 1, 2)),
+                 "threesym": None}
+BooleanTask = namedtuple("BooleanTask", "target seen mdi")   # each (P,): f(x), x in Omega_seen, MDI(x)
 
-@dataclass(frozen=True)
-class BooleanTask:
-    name: str
-    target: Callable          # f(x), the true function
-    seen: Callable            # bool mask of the training domain Omega_seen
-    mdi: Callable             # minimum-degree interpolator: agrees with f on Omega_seen
-    values: Optional[tuple]   # the values f can take, for accuracy; None where the paper has none
-
-def _cyclic3(x):
-    """sum_{i=0}^{d-1} x_i x_{i+1} x_{i+2}, indices mod d (wraps around)."""
-    return (x * x.roll(-1, dims=1) * x.roll(-2, dims=1)).sum(1)
-
-def _cyclic3_mdi(x):
-    """cyclic3 with x0 x1 x2 replaced by the quadratic equal on the seen domain (Section 5.1)."""
+def boolean_task(name, x):
+    """Section 5.1's f, Omega_seen and MDI of a task at the bits x (P, d)."""
     x0, x1, x2 = x[:, 0], x[:, 1], x[:, 2]
-    quadratic = x0 * x1 + x1 * x2 + x2 * x0 - x0 - x1 - x2 + 1
-    return _cyclic3(x) - x0 * x1 * x2 + quadratic
-
-BOOLEAN_TASKS = {
-    # f = x0 x1; unseen: x0 = x1 = -1 (1/4 of the cube). MDI x0 + x1 - 1.
-    "2parity": BooleanTask(
-        "2parity", target=lambda x: x[:, 0] * x[:, 1], values=(-1.0, 1.0),
-        seen=lambda x: (x[:, 0] == 1) | (x[:, 1] == 1), mdi=lambda x: x[:, 0] + x[:, 1] - 1),
-    # f = sign(x0 + x1 + x2); unseen: x0 = x1 = -1. MDI (x0 + x1 + 2 x2 - x0 x2 - x1 x2) / 2.
-    "majority": BooleanTask(
-        "majority", target=lambda x: torch.sign(x[:, 0] + x[:, 1] + x[:, 2]), values=(-1.0, 1.0),
-        mdi=lambda x: (x[:, 0] + x[:, 1] + 2 * x[:, 2] - x[:, 0] * x[:, 2] - x[:, 1] * x[:, 2]) / 2,
-        seen=lambda x: (x[:, 0] == 1) | (x[:, 1] == 1)),
-    # f = sum_i x_i x_{i+1} x_{i+2}; unseen: x0 = x1 = x2 = -1 (1/8). A sum of 15 signs is odd.
-    "cyclic3": BooleanTask(
-        "cyclic3", target=_cyclic3, mdi=_cyclic3_mdi,
-        seen=lambda x: ~((x[:, 0] == -1) & (x[:, 1] == -1) & (x[:, 2] == -1)),
-        values=tuple(float(v) for v in range(-BOOLEAN_DIM, BOOLEAN_DIM + 1, 2))),
-    # f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0; unseen: x0 x1 x2 = -1 (1/2). MDI x2 - 1.25 x0 + 1.5 x1.
-    "threesym": BooleanTask(
-        "threesym", seen=lambda x: x[:, 0] * x[:, 1] * x[:, 2] == 1, values=None,
-        target=lambda x: x[:, 0] * x[:, 1] - 1.25 * x[:, 1] * x[:, 2] + 1.5 * x[:, 2] * x[:, 0],
-        mdi=lambda x: x[:, 2] - 1.25 * x[:, 0] + 1.5 * x[:, 1]),
-}
+    if name == "2parity":       # f = x0 x1, unseen x0 = x1 = -1 (1/4 of the cube); there x0 x1 = x0 + x1 - 1
+        return BooleanTask(x0 * x1, (x0 == 1) | (x1 == 1), x0 + x1 - 1)
+    if name == "majority":      # f = Maj(x0, x1, x2), unseen x0 = x1 = -1; MDI (x0 + x1 + 2 x2 - x0 x2 - x1 x2) / 2
+        return BooleanTask(torch.sign(x0 + x1 + x2), (x0 == 1) | (x1 == 1),
+                           (x0 + x1 + 2 * x2 - x0 * x2 - x1 * x2) / 2)
+    if name == "cyclic3":       # f = sum_i x_i x_{i+1} x_{i+2}, indices mod d; unseen x0 = x1 = x2 = -1 (1/8)
+        target = (x * x.roll(-1, dims=1) * x.roll(-2, dims=1)).sum(1)
+        quadratic = x0 * x1 + x1 * x2 + x2 * x0 - x0 - x1 - x2 + 1    # = x0 x1 x2 on the seen domain
+        return BooleanTask(target, ~((x0 == -1) & (x1 == -1) & (x2 == -1)), target - x0 * x1 * x2 + quadratic)
+    # threesym: f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0, unseen x0 x1 x2 = -1 (1/2); MDI x2 - 1.25 x0 + 1.5 x1
+    return BooleanTask(x0 * x1 - 1.25 * x1 * x2 + 1.5 * x2 * x0, x0 * x1 * x2 == 1, x2 - 1.25 * x0 + 1.5 * x1)
 
 def boolean_cube(d=BOOLEAN_DIM):
     """Every point of {-1, +1}^d, (2^d, d) float; row r holds the bits of r (bit i = column i)."""
@@ -103,39 +102,37 @@ def boolean_tokens(x):
     """Bits {-1, +1} -> token ids {0, 1} for the embedding (one token per bit, as in GOTU)."""
     return ((x + 1) / 2).long()
 
-def boolean_dataset(name, d=BOOLEAN_DIM):
+@cached
+def boolean_dataset(name):
     """Train = every seen point; test = the whole cube. Returns a dict of tensors."""
-    task, cube = BOOLEAN_TASKS[name], boolean_cube(d)
-    seen = task.seen(cube)
-    return {"x_train": cube[seen], "y_train": task.target(cube[seen]),
-            "x_test": cube, "y_test": task.target(cube), "unseen": ~seen}
-
-def round_to_values(pred, values):
-    """Each prediction replaced by the nearest of the target's possible values."""
-    values = torch.tensor(values, dtype=pred.dtype, device=pred.device)
-    return values[(pred[:, None] - values[None]).abs().argmin(1)]
+    cube = boolean_cube()
+    task = boolean_task(name, cube)
+    return {"x_train": cube[task.seen], "y_train": task.target[task.seen],
+            "x_test": cube, "y_test": task.target, "unseen": ~task.seen}
 
 def boolean_accuracy(pred, y, values):
-    """Percent of predictions that round to the true value; None for a continuous target (threesym)."""
+    """Percent of predictions whose nearest possible value (values) is the true one; None for a
+    continuous target (threesym) or no predictions."""
     if values is None or len(pred) == 0:
         return None
-    return 100.0 * (round_to_values(pred, values) == y).float().mean().item()
+    values = torch.tensor(values, dtype=pred.dtype, device=pred.device)
+    nearest = values[(pred[:, None] - values[None]).abs().argmin(1)]
+    return 100.0 * (nearest == y).float().mean().item()
 
 def boolean_metrics(name, pred, x):
     """Table 1's MSE and accuracy on the cube and its unseen part, and the unseen MSE to the MDI."""
-    task = BOOLEAN_TASKS[name]
-    y, unseen, mdi = task.target(x), ~task.seen(x), task.mdi(x)
-    mse = lambda a, b: ((a - b) ** 2).mean().item()
-    return {"test_loss": mse(pred, y), "test_acc": boolean_accuracy(pred, y, task.values),
-            "unseen_loss": mse(pred[unseen], y[unseen]),
-            "unseen_acc": boolean_accuracy(pred[unseen], y[unseen], task.values),
-            "unseen_mse_to_mdi": mse(pred[unseen], mdi[unseen])}
+    task, values = boolean_task(name, x), BOOLEAN_TASKS[name]
+    y, unseen, mdi = task.target, ~task.seen, task.mdi
+    return {"test_loss": ((pred - y) ** 2).mean().item(), "test_acc": boolean_accuracy(pred, y, values),
+            "unseen_loss": ((pred[unseen] - y[unseen]) ** 2).mean().item(),
+            "unseen_acc": boolean_accuracy(pred[unseen], y[unseen], values),
+            "unseen_mse_to_mdi": ((pred[unseen] - mdi[unseen]) ** 2).mean().item()}
 
 def fourier_coefficients(pred, x, variables=(0, 1, 2)):
     """hat f(S) = mean of f(x) prod_{i in S} x_i over x, for each monomial S of variables: "1", "x0x2"."""
-    chi = lambda subset: x[:, list(subset)].prod(1) if subset else torch.ones(len(x))
     subsets = [s for k in range(len(variables) + 1) for s in itertools.combinations(variables, k)]
-    return {"".join(f"x{i}" for i in s) or "1": (pred * chi(s)).mean().item() for s in subsets}
+    # chi_S(x) = x[:, S].prod(1), (P,); the empty product is 1
+    return {"".join(f"x{i}" for i in s) or "1": (pred * x[:, list(s)].prod(1)).mean().item() for s in subsets}
 
 @torch.no_grad()
 def boolean_predictions(model, x, batch=8192):
@@ -191,6 +188,7 @@ def arithmetic_examples(task, ids):
     tokens = torch.cat([digits(a, OPERAND_DIGITS), digits(b, OPERAND_DIGITS), slots], 1)
     return tokens, digits(value, k)
 
+@cached
 def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
     """Train and evaluation tensors; evaluation: a seeded sample of eval_size held-out pairs (None: all)."""
     train_ids, held_out = arithmetic_split(train_frac, seed)
@@ -273,13 +271,15 @@ def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
     """The tables' "Mixup / CutMix 0.8 / 1.0" as timm's Mixup (switch probability 0.5): images,
     soft_targets = mix(images (B, C, H, W), labels (B,)); an alpha of 0 turns one off (both: one-hot)."""
     from torchvision.transforms import v2
-    mixers = ([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []) + \
-             ([v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else [])
-    if not mixers:
-        return lambda images, labels: (images, torch.nn.functional.one_hot(labels, num_classes).float())
-    return v2.RandomChoice(mixers)
+    mixers = [v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []
+    mixers += [v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else []
+    if mixers:
+        return v2.RandomChoice(mixers)
+    def one_hot(images, labels):   # neither: the images as they are, the labels as one-hot targets
+        return images, torch.nn.functional.one_hot(labels, num_classes).float()
+    return one_hot
 
-def _cifar(name, data_dir, transform, train, download):
+def cifar_split(name, data_dir, transform, train, download):
     """torchvision's CIFAR10 / CIFAR100 split, or DataError naming the folder and layout."""
     from torchvision import datasets
     folder, files = CIFAR_LAYOUT[name]
@@ -295,7 +295,7 @@ def _cifar(name, data_dir, transform, train, download):
     except OSError as err:       # --download without a network
         raise DataError(f"{pretty}: download into {path} failed ({err})")
 
-def _imagenet100(data_dir, split, transform):
+def imagenet100_split(data_dir, split, transform):
     """One split of ImageNet100 as torchvision's ImageFolder, or DataError naming the folders."""
     from torchvision import datasets
     root = os.path.join(data_dir, IMAGENET100_FOLDER)
@@ -309,6 +309,7 @@ def _imagenet100(data_dir, split, transform):
     except (OSError, RuntimeError, ValueError) as err:   # e.g. class folders without images
         raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
 
+@cached
 def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9, crop_scale=0.08):
     """{"train", "test", "classes", "sources", "root"} (images: also "channels", "info")."""
     if name == "imagenet100" and download:
@@ -321,17 +322,17 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
     train_tf = vision_transform(name, image_size, True, randaugment_magnitude, crop_scale)
     test_tf = vision_transform(name, image_size, False)
     if name == "imagenet100":
-        train, test = _imagenet100(data_dir, "train", train_tf), _imagenet100(data_dir, "val", test_tf)
-        files = lambda dataset: [path for path, _ in dataset.samples]
-        sources = {f"{IMAGENET100_FOLDER}/train": files(train),
-                       f"{IMAGENET100_FOLDER}/val": files(test)}
+        train, test = imagenet100_split(data_dir, "train", train_tf), imagenet100_split(data_dir, "val", test_tf)
+        sources = {f"{IMAGENET100_FOLDER}/train": [path for path, _ in train.samples],
+                   f"{IMAGENET100_FOLDER}/val": [path for path, _ in test.samples]}
     else:
-        train = _cifar(name, data_dir, train_tf, True, download)
-        test = _cifar(name, data_dir, test_tf, False, False)
+        train = cifar_split(name, data_dir, train_tf, True, download)
+        test = cifar_split(name, data_dir, test_tf, False, False)
         folder, files = CIFAR_LAYOUT[name]
         sources = {folder: [os.path.join(data_dir, folder, f) for f in files]}
     return {"train": train, "test": test, "classes": VISION_CLASSES[name], "sources": sources,
             "root": data_dir}
+
 
 def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
     """Training loader over this process's share of each shuffled epoch (a DistributedSampler, its own
@@ -386,7 +387,7 @@ def embedded_corpus():
     return "\n\n".join(topics[key] for key in sorted(topics))
 
 def byte_tokens(text):
-    """UTF-8 bytes as token ids 0..255 (the embedded corpus's byte-level tokenizer)."""
+    """UTF-8 bytes as token ids 0..255 (the byte-level tokenizer of lm, and of text without --bpe-file)."""
     return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
 
 def decode_bytes(ids):
@@ -434,7 +435,20 @@ def gpt2_encoding(bpe_file=None):
         raise DataError(f"--bpe-file {bpe_file} is not a tiktoken ranks file ({str(err)[:80]}): "
                         f"lines of '<base64 token> <rank>' are expected ({BPE_HELP})")
 
-def _read(data_dir, relative, what):
+def gpt2_decoder(encoding):
+    """ids -> text that never fails: an id a small ranks file lacks (a larger model's) is U+FFFD."""
+    def decode(ids):
+        pieces = []
+        for i in ids:
+            try:
+                pieces.append(encoding.decode_single_token_bytes(i))
+            except KeyError:
+                pieces.append("\ufffd".encode())
+        return b"".join(pieces).decode("utf-8", "replace")
+    return decode
+
+def read_text(data_dir, relative, what):
+    """The UTF-8 text of data_dir/relative, or DataError naming the file (what: whose file it is)."""
     path = os.path.join(data_dir, relative)
     if not os.path.isfile(path):
         raise DataError(f"{what}: expected {path} (--data-dir {data_dir})")
@@ -444,24 +458,12 @@ def _read(data_dir, relative, what):
     except (OSError, UnicodeDecodeError) as err:
         raise DataError(f"{what}: {path} cannot be read as UTF-8 text ({type(err).__name__})")
 
-def _stories(text, count):
-    """The first count stories of a TinyStories file (stories separated by <|endoftext|>)."""
-    return [s for s in map(str.strip, text.split(END_OF_TEXT)) if s][:count]
-
 def encode_documents(encoding, documents):
     """GPT-2 ids of the documents, each followed by <|endoftext|>, as one stream."""
     ids = [i for doc in documents for i in (*encoding.encode_ordinary(doc), encoding.eot_token)]
     return torch.tensor(ids, dtype=torch.long)
 
-def _decoder(encoding):
-    """ids -> text that never fails: an id a small ranks file lacks (a larger model's) is U+FFFD."""
-    def piece(i):
-        try:
-            return encoding.decode_single_token_bytes(i)
-        except KeyError:
-            return "\ufffd".encode()
-    return lambda ids: b"".join(map(piece, ids)).decode("utf-8", "replace")
-
+@cached
 def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
     """{"train", "val", "test"} token streams, "vocab_size", "decode", "sources" (what was read)."""
     if name == "lm":   # the corpus is Python's own: its source is the token stream
@@ -470,21 +472,23 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
                 "test_is_val": False, "sources": {"pydoc_data.topics": tokens}, "root": None}
     if name == "text":
         return text_dataset(data_dir, bpe_file)
-    if name == "tinystories":
-        train_text = _read(data_dir, TINYSTORIES_FILES[0], "TinyStories training stories")
-        val_text = _read(data_dir, TINYSTORIES_FILES[1], "TinyStories validation stories")
+    if name == "tinystories":   # the first stories of each file, stories separated by <|endoftext|>
+        train_text = read_text(data_dir, TINYSTORIES_FILES[0], "TinyStories training stories")
+        val_text = read_text(data_dir, TINYSTORIES_FILES[1], "TinyStories validation stories")
+        train_docs = [s for s in map(str.strip, train_text.split(END_OF_TEXT)) if s][:train_stories]
+        val_docs = [s for s in map(str.strip, val_text.split(END_OF_TEXT)) if s][:val_stories]
         enc, files = gpt2_encoding(bpe_file), TINYSTORIES_FILES
-        val = encode_documents(enc, _stories(val_text, val_stories))   # also the test split
-        streams = [encode_documents(enc, _stories(train_text, train_stories)), val, val]
+        val = encode_documents(enc, val_docs)                    # also the test split
+        streams = [encode_documents(enc, train_docs), val, val]
     elif name == "wikitext2":
-        texts = [_read(data_dir, rel, f"WikiText-2 raw {split}") for rel, split in
+        texts = [read_text(data_dir, rel, f"WikiText-2 raw {split}") for rel, split in
                  zip(WIKITEXT2_FILES, ("train", "validation", "test"))]
         enc, files = gpt2_encoding(bpe_file), WIKITEXT2_FILES
         streams = [torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for t in texts]
     else:
         raise ValueError(f"unknown language task {name!r}")
     return {**dict(zip(("train", "val", "test"), streams)), "vocab_size": enc.n_vocab,
-            "decode": _decoder(enc), "test_is_val": name == "tinystories", "root": data_dir,
+            "decode": gpt2_decoder(enc), "test_is_val": name == "tinystories", "root": data_dir,
             "sources": corpus_sources(data_dir, [os.path.join(data_dir, f) for f in files], bpe_file)}
 
 def corpus_sources(data_dir, paths, bpe_file):
@@ -494,11 +498,13 @@ def corpus_sources(data_dir, paths, bpe_file):
 def check_lm_splits(data, block_size):
     """DataError for a context longer than a split (named by its file for --task text)."""
     for split in ("train", "val", "test"):
-        name, more = (data["files"][split], ", or give it more text") if "files" in data else \
-            (f"the {split} split", "")
-        if len(data[split]) <= block_size + 1:
-            raise DataError(f"--block-size {block_size} needs more tokens than {name} holds "
-                            f"({len(data[split])}): choose a block size below {len(data[split]) - 1}{more}")
+        if len(data[split]) > block_size + 1:
+            continue
+        name, more = f"the {split} split", ""
+        if "files" in data:
+            name, more = data["files"][split], ", or give it more text"
+        raise DataError(f"--block-size {block_size} needs more tokens than {name} holds "
+                        f"({len(data[split])}): choose a block size below {len(data[split]) - 1}{more}")
 
 def lm_batch(tokens, block_size, batch_size, generator):
     """nanoGPT's get_batch: batch_size random windows; inputs (B, T) and next-token targets (B, T)."""
@@ -536,6 +542,7 @@ PAPER_LM = paper_table(("default", "mask", "mimetic"), {
     "wikitext2": [(172.78, 181.91), (166.76, 179.70), (178.34, 188.87)],
     "tinystories": [(10.42, 10.49), (10.40, 10.48), (10.64, 10.60)]})
 
+
 # === 5. Your own data: a folder of images (--task images), text files (--task text) ==============
 # Both are checked up front: bad data (empty, binary, one class, an unreadable image, ...) is one
 # DataError naming the file, before anything trains.
@@ -545,38 +552,41 @@ TEXT_LAYOUT = ("DIR/train.txt and DIR/valid.txt (DIR/test.txt optional), UTF-8 t
 
 def text_dataset(data_dir, bpe_file=None):
     """--task text (TEXT_FILES in data_dir); DataError for a missing, empty, binary or non-UTF-8 file."""
-    files = {s: os.path.join(data_dir, n) for s, n in zip(("train", "val", "test"), TEXT_FILES)}
+    files = {split: os.path.join(data_dir, name) for split, name in zip(("train", "val", "test"), TEXT_FILES)}
     if not os.path.exists(files["test"]):
         files["test"] = files["val"]
     texts = {}
     for split, path in files.items():
-        texts[split] = _read(data_dir, os.path.basename(path), "text")
+        texts[split] = read_text(data_dir, os.path.basename(path), "text")
         if not texts[split].strip():
             raise DataError(f"text: {path} is empty (or white space only)")
         if "\0" in texts[split]:
             raise DataError(f"text: {path} holds NUL bytes: a binary file (or UTF-16), not UTF-8 text")
-    if bpe_file is None:                   # UTF-8 bytes, or GPT-2's tokens (--bpe-file)
-        enc, streams = None, {k: byte_tokens(t) for k, t in texts.items()}
-    else:
-        enc = gpt2_encoding(bpe_file)
-        streams = {k: torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for k, t in texts.items()}
-    vocab, decode, tokenizer = (256, decode_bytes, "UTF-8 bytes") if enc is None else \
-        (enc.n_vocab, _decoder(enc), f"GPT-2 BPE ({bpe_file})")
+    if bpe_file is None:                   # UTF-8 bytes
+        streams = {split: byte_tokens(text) for split, text in texts.items()}
+        vocab, decode, tokenizer = 256, decode_bytes, "UTF-8 bytes"
+    else:                                  # GPT-2's tokens
+        encoding = gpt2_encoding(bpe_file)
+        streams = {split: torch.tensor(encoding.encode_ordinary(text), dtype=torch.long)
+                   for split, text in texts.items()}
+        vocab, decode, tokenizer = encoding.n_vocab, gpt2_decoder(encoding), f"GPT-2 BPE ({bpe_file})"
     test_is_val = files["test"] == files["val"]
     info = {"files": files, "tokenizer": tokenizer, "test_is_val": test_is_val,
-            "tokens": {k: len(v) for k, v in streams.items()}}
+            "tokens": {split: len(tokens) for split, tokens in streams.items()}}
     return {**streams, "vocab_size": vocab, "decode": decode, "test_is_val": test_is_val, "files": files,
             "info": {"data": info}, "sources": corpus_sources(data_dir, files.values(), bpe_file),
             "root": data_dir}
 
 # --task images (IMAGES_LAYOUT): classes sorted by name (label = position, as ImageFolder), hidden and
-# non-image files skipped, each file read once (a folder reached twice through a link, e.g. a loop
-# `ln -s . loop`, is walked once); no file may be both trained on and held out. Every header is read up
-# front (PIL's Image.verify): a damaged file is named before training, and the channels are 1 if all
-# images are grey, else 3. The one-folder layout holds out IMAGE_HOLD_OUT of each class by the fixed
-# IMAGE_SPLIT_SEED (every init and seed sees the same images). Images are resized to --image-size: the
-# ViT's patch grid, hence the prior, must be fixed. Wide images (16-bit, 32-bit integer, float) are
-# scaled to 8 bits by one range for the whole tree (wide_range), never clipped.
+# non-image files skipped. Each file is read once: a folder is entered once (a loop `ln -s . loop`, or a
+# second link to one folder, is walked once), a link back into the tree's own folders (another class, or
+# a folder above the class folder: `up -> ..`) is not followed, and no file may be in two classes, nor
+# both trained on and held out. Every header is read up front (PIL's Image.verify): a damaged file is
+# named before training, and the channels are 1 if all images are grey, else 3. The one-folder layout
+# holds out IMAGE_HOLD_OUT of each class by the fixed IMAGE_SPLIT_SEED (every init and seed sees the same
+# images). Images are resized to --image-size: the ViT's patch grid, hence the prior, must be fixed. Wide
+# images (16-bit, 32-bit integer, float) are scaled to 8 bits by one range for the whole tree (the
+# "wide_range" of result.json's "data"), never clipped.
 IMAGES_LAYOUT = ("DIR/train/<class>/<image> and DIR/val/<class>/<image> (or validation/, test/), "
                  "or DIR/<class>/<image> with 10 % of each class held out")
 OWN_DATA_HELP = (f"your own data:\n  --task images --data-dir DIR  {IMAGES_LAYOUT}\n"
@@ -602,64 +612,55 @@ class ImageFiles(torch.utils.data.Dataset):
             with Image.open(path) as image:
                 if image.mode in WIDE_MODES:   # "I" or "F" first: PIL scales those two linearly
                     wide = image.convert("F" if image.mode == "F" else "I")
-                    image = wide.point(lambda v: v * (255 / self.wide_range)).convert("L")
+                    image = wide.point(self.to_8_bits).convert("L")
                 image = image.convert(self.mode)
         except OSError as err:
             raise DataError(f"images: {path} cannot be decoded ({err}): delete or replace it")
         return self.transform(image), label
+    def to_8_bits(self, value):
+        return value * (255 / self.wide_range)
 
-def wide_range(paths):
-    """The range of a tree's wide images: their largest value, rounded up to 1 (floats in [0, 1]), 255
-    or 65535 (8- or 16-bit data in a wide mode), else the value itself; None when there are none."""
-    from PIL import Image
-    top = None
-    for path in paths:
-        with Image.open(path) as image:
-            if image.mode in WIDE_MODES:
-                high = (image.convert("F") if image.mode != "F" else image).getextrema()[1]
-                top = high if top is None else max(top, high)
-    if top is None:
-        return None
-    return next((nominal for nominal in (1.0, 255.0, 65535.0) if top <= nominal), top)
+def identity(path):
+    """(device, inode) of the file or folder at path: two paths (links) to one file are one file."""
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino
 
-def _image_paths(class_dir):
-    """The image files below class_dir, sorted, each once: a folder already walked (reached again
-    through a link) is not entered again, and two paths to one file (a link) count once."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-    walked, found = set(), {}
-    for parent, folders, names in os.walk(class_dir, followlinks=True):
-        stat = os.stat(parent)
-        if (stat.st_dev, stat.st_ino) in walked:
-            folders.clear()                  # a loop, or a second link to a folder: walked once
-            continue
-        walked.add((stat.st_dev, stat.st_ino))
-        folders.sort()                       # the first path to a file, in name order, is kept
-        for name in sorted(names):
-            path = os.path.join(parent, name)
-            if name.lower().endswith(IMG_EXTENSIONS) and not name.startswith(".") and os.path.isfile(path):
-                stat = os.stat(path)
-                found.setdefault((stat.st_dev, stat.st_ino), path)
-    return sorted(found.values())
-
-def _class_files(folder, layout_hint):
-    """{class: sorted image paths below folder/<class>}; DataError for no folder, < 2 classes or one empty."""
+def image_files(folder, hint):
+    """{class: its image files, sorted} below folder/<class>/ (the train/ or val/ folder, or the one folder),
+    each file once; DataError for no folder, fewer than two classes, or a class without images."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
     if not os.path.isdir(folder):
-        raise DataError(f"images: no folder {folder} ({layout_hint})")
+        raise DataError(f"images: no folder {folder} ({hint})")
     classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
     if len(classes) < 2:
         found = f"one class folder, {classes[0]}/" if classes else "no class folders"
-        raise DataError(f"images: {folder} holds {found}; a classifier needs two or more "
-                        f"({layout_hint})")
+        raise DataError(f"images: {folder} holds {found}; a classifier needs two or more ({hint})")
+    walked = set()                # folders not to enter (again): each class folder and every folder above one
+    for name in classes:
+        path = os.path.realpath(os.path.join(folder, name))
+        while identity(path) not in walked:           # up to the file system's root
+            walked.add(identity(path))
+            path = os.path.dirname(path)
     files = {}
     for name in classes:
-        files[name] = _image_paths(os.path.join(folder, name))
+        found = {}                                    # identity -> the first path to it, in name order
+        for parent, subfolders, names in os.walk(os.path.join(folder, name), followlinks=True):
+            entered = []
+            for sub in sorted(subfolders):
+                if identity(os.path.join(parent, sub)) not in walked:   # not a loop, a second link, `up -> ..`
+                    walked.add(identity(os.path.join(parent, sub)))
+                    entered.append(sub)
+            subfolders[:] = entered
+            for file in sorted(names):
+                path = os.path.join(parent, file)
+                if file.lower().endswith(IMG_EXTENSIONS) and not file.startswith(".") and os.path.isfile(path):
+                    found.setdefault(identity(path), path)
+        files[name] = sorted(found.values())
         if not files[name]:
-            raise DataError(f"images: {os.path.join(folder, name)} holds no image files "
-                            f"({' '.join(IMG_EXTENSIONS)})")
+            raise DataError(f"images: {os.path.join(folder, name)} holds no image files ({' '.join(IMG_EXTENSIONS)})")
     return files
 
-def _hold_out(files, folder):
+def hold_out(files, folder):
     """(train, held-out) {class: paths}: IMAGE_HOLD_OUT of each class (at least one image) held out."""
     generator = torch.Generator().manual_seed(IMAGE_SPLIT_SEED)
     train, held = {}, {}
@@ -673,17 +674,35 @@ def _hold_out(files, folder):
         train[name] = sorted(paths[i] for i in order[count:])
     return train, held
 
-def _image_header(path):
-    """(PIL mode, (width, height)) of an image file checked by Image.verify (no decoding), or DataError."""
+def check_each_file_once(train, held):
+    """DataError naming a file in two classes, or both trained on and held out (the same file, by any path)."""
+    first = {}                                        # identity -> (role, class, path) where first found
+    for role, files in (("trained on", train), ("held out", held)):
+        for name, paths in files.items():
+            for path in paths:
+                other_role, other_name, other = first.setdefault(identity(path), (role, name, path))
+                if other_role != role:
+                    raise DataError(f"images: {path} is held out and also trained on (as {other}): a file "
+                                    f"may be in one of the two only")
+                if other_name != name:
+                    raise DataError(f"images: {path} is in class {name} and also in class {other_name} "
+                                    f"(as {other}): a file may be in one class only")
+
+def image_header(path):
+    """(PIL mode, (width, height), the largest value of a wide image, else None) of an image file checked
+    by Image.verify, or DataError."""
     from PIL import Image
     try:
         with Image.open(path) as image:
             mode, size = image.mode, image.size
             image.verify()
+        if mode not in WIDE_MODES:
+            return mode, size, None
+        with Image.open(path) as image:   # verify leaves the image unusable: opened again
+            return mode, size, (image.convert("F") if mode != "F" else image).getextrema()[1]
     except Exception as err:   # PIL raises UnidentifiedImageError, SyntaxError, struct.error, ...
         raise DataError(f"images: {path} is not a readable image ({type(err).__name__}): delete "
                         f"or replace it")
-    return mode, size
 
 def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_scale=0.08):
     """--task images from the user's ImageFolder tree (IMAGES_LAYOUT); "info": result.json's "data"."""
@@ -692,7 +711,7 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
     eval_name = next((n for n in IMAGE_EVAL_FOLDERS if os.path.isdir(os.path.join(data_dir, n))), None)
     if os.path.isdir(train_dir) and eval_name:
         eval_dir = os.path.join(data_dir, eval_name)
-        train, held = _class_files(train_dir, hint), _class_files(eval_dir, hint)
+        train, held = image_files(train_dir, hint), image_files(eval_dir, hint)
         for have, lack, have_dir, lack_dir in ((train, held, train_dir, eval_dir),
                                                (held, train, eval_dir, train_dir)):
             missing = sorted(set(have) - set(lack))
@@ -705,49 +724,45 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
         raise DataError(f"images: {train_dir} has no evaluation folder beside it (val/, "
                         f"validation/ or test/, with the same class folders)")
     else:
-        train, held = _hold_out(_class_files(data_dir, hint), data_dir)
+        train, held = hold_out(image_files(data_dir, hint), data_dir)
         layout = {"layout": "one folder, 10 % of each class held out", "train_folder": data_dir,
                   "eval_folder": data_dir, "split_seed": IMAGE_SPLIT_SEED}
-    check_held_out_apart(train, held)
-    every_path = [p for paths in (*train.values(), *held.values()) for p in paths]
-    headers = [_image_header(p) for p in every_path]
-    channels = 1 if all(mode in GREY_MODES for mode, _ in headers) else 3
-    wide = wide_range(p for p, (mode, _) in zip(every_path, headers) if mode in WIDE_MODES)
+    check_each_file_once(train, held)
     classes = sorted(train)
-    samples = lambda files: [(p, label) for label, name in enumerate(classes) for p in files[name]]
-    datasets = [ImageFiles(samples(files), classes, "L" if channels == 1 else "RGB",
-                           vision_transform("images", image_size, is_train, randaugment_magnitude,
-                                            crop_scale, channels), wide)
-                for files, is_train in ((train, True), (held, False))]
-    widths, heights = zip(*(size for _, size in headers))
-    info = {**layout, "classes": classes, "train_images": len(datasets[0]),
-            "eval_images": len(datasets[1]), "channels": channels, "resized_to": image_size,
+    samples = {}                  # "train" and "test": [(path, label)]
+    for split, files in (("train", train), ("test", held)):
+        samples[split] = [(path, label) for label, name in enumerate(classes) for path in files[name]]
+    headers = [image_header(path) for split in ("train", "test") for path, _ in samples[split]]
+    channels = 1 if all(mode in GREY_MODES for mode, _, _ in headers) else 3
+    wide = max((top for _, _, top in headers if top is not None), default=None)
+    if wide is not None:          # the largest value, rounded up to 1 (floats in [0, 1]), 255 or 65535 if below
+        wide = next((nominal for nominal in (1.0, 255.0, 65535.0) if wide <= nominal), wide)
+    datasets = {}
+    for split in ("train", "test"):
+        transform = vision_transform("images", image_size, split == "train", randaugment_magnitude, crop_scale,
+                                     channels)
+        datasets[split] = ImageFiles(samples[split], classes, "L" if channels == 1 else "RGB", transform, wide)
+    widths, heights = zip(*(size for _, size, _ in headers))
+    info = {**layout, "classes": classes, "train_images": len(samples["train"]),
+            "eval_images": len(samples["test"]), "channels": channels, "resized_to": image_size,
             "source_size_min": [min(widths), min(heights)], "source_size_max": [max(widths), max(heights)],
             **({"wide_range": wide} if wide else {})}
-    # Sources per class folder (and role): a refusal of --resume names the folder that changed
-    sources = {}
-    for files, top, role in ((train, layout["train_folder"], "trained on"),
-                             (held, layout["eval_folder"], "held out")):
-        for name, paths in files.items():
-            key = f"{name} ({role})" if top == data_dir else os.path.relpath(os.path.join(top, name), data_dir)
-            sources[key] = paths
-    return {"train": datasets[0], "test": datasets[1], "classes": len(classes),
-            "channels": channels, "info": {"data": info}, "sources": sources, "root": data_dir}
-
-def check_held_out_apart(train, held):
-    """DataError naming a file that is both trained on and held out (the same file, by any path)."""
-    identity = lambda path: (os.stat(path).st_dev, os.stat(path).st_ino)
-    trained = {identity(p): p for paths in train.values() for p in paths}
-    for path in (p for paths in held.values() for p in paths):
-        if identity(path) in trained:
-            raise DataError(f"images: {path} is held out and also trained on (as {trained[identity(path)]}):"
-                            f" a file may be in one of the two only")
+    sources = {}                  # per class folder and role: a refusal of --resume names the folder that changed
+    for role, files, top in (("trained on", train, layout["train_folder"]), ("held out", held, layout["eval_folder"])):
+        for name, paths in files.items():   # "train/disc", "val/disc"; one folder: "disc (trained on)"
+            sources[f"{name} ({role})" if top == data_dir else f"{os.path.basename(top)}/{name}"] = paths
+    return {**datasets, "classes": len(classes), "channels": channels, "info": {"data": info},
+            "sources": sources, "root": data_dir}
 
 # === 6. Reports: result tables, ours beside the paper's numbers above (table.md) ==================
-# A table's row (a chart's line) is a Settings, mean ± std over its seeds; runs differing in another
-# config key (epochs, lr, ...) are never averaged: rows of their own, a "config" column naming the keys.
+# A table's row is one key: the runs of one task and init with one config (every key of result.json's
+# "config"; the seed is not one of them) on one data set, mean ± std over their seeds. Two configs or two
+# data sets are never averaged: they are rows of their own. A table's columns are the settings
+# (settings_of) that tell two rows of one task apart, and train frac, mask error, mask lr and prior
+# wherever a row sets them: such a row is not the paper's experiment, whatever the other rows are.
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
+ALWAYS_SHOWN = ("train frac", "mask error", "mask lr", "prior")   # a column wherever a row sets it
 
 def fmt(value, digits=4):
     """A number as tables print it: 4 significant digits, whole from 1000 on; None: "n/a"."""
@@ -774,43 +789,16 @@ def mean_std(values):
         text = "overflow"
     return text + note
 
+def setting_text(value):
+    """A setting as tables and legends write it: "—" for none, 0.001 as "0.001", anything else as str."""
+    if value is None:
+        return "—"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
 def edit_order(error):
     """(kind, fraction) of a mask error, its sort key: the exact prior (None) first."""
     kind, _, fraction = (error or "").partition(":")
     return kind, float(fraction or 0)
-
-def learned_prior(config):
-    """The label "<source run folder>, τ <TAU>" of a run whose M came from --mask-from, else None."""
-    source = config.get("mask_from")
-    return source and f"{os.path.basename(os.path.abspath(source))}, τ {config['mask_threshold']:g}"
-
-# The swept settings: Settings field -> its name in table.md's columns and in the chart legends.
-SWEEPS = {"train_frac": "train frac", "magnitude": "A", "decay": "mask decay", "error": "mask error",
-          "mask_lr": "mask lr", "prior": "prior", "data": "data"}
-
-class Settings(namedtuple("Settings", "task variant init train_frac magnitude decay error mask_lr prior "
-                                      "data mask_prior rest")):
-    """A run's settings but its seed (settings_of): variant, Boolean mask variant; decay 0 without
-    --mask-decay; prior, learned_prior's label; data, data_label's (files read: runs on other data are
-    never averaged); mask_prior: its M starts at a prior; rest: other config keys, sorted (key, JSON)."""
-    @property
-    def label(self):                   # the task, and a mask variant: "cyclic3 (direct)"
-        return f"{self.task} ({self.variant})" if self.variant else self.task
-    def text(self, field):
-        """A field as tables and legends write it ("none": the exact prior, "—": not set)."""
-        value = getattr(self, field)
-        if field == "prior" and not value:
-            return "hand-made" if self.mask_prior else "—"
-        if isinstance(value, str):
-            return value
-        if value is not None:
-            return f"{value:g}"
-        return "none" if field == "error" else "—"
-    def order(self, init_order):
-        """The tables' order: task, train fraction, A, W, mask error, init, prior, mask lr, rest."""
-        return (list(FAMILY_OF).index(self.task), self.train_frac or 0, self.magnitude or 0,
-                self.decay, edit_order(self.error), init_order.index(self.init), self.prior or "",
-                self.mask_lr or 0, self.data or "", self.rest)
 
 def data_label(result):
     """"<data folder> <8 hex of the fingerprint>" of a run on files (corpora, images), else None: generated
@@ -822,55 +810,65 @@ def data_label(result):
     return f"{folder} {digest[:8]}".strip()
 
 def settings_of(result):
-    """A result.json's Settings: its task, init and the config keys train.py sweeps, by name."""
-    c = result["config"]
-    own = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_variant")
-    rest = tuple(sorted((k, json.dumps(v)) for k, v in c.items() if k not in own))
-    # result.json says whether M starts at a prior; one written before it did: the three mask inits
-    mask_prior = result.get("mask_prior", result["init"] in ("mask", "mask-fixed", "mask-hadamard"))
-    return Settings(result["task"], c.get("mask_variant"), result["init"], c.get("train_frac"),
-                    c.get("mask_magnitude"), c.get("mask_decay") or 0.0, c.get("mask_error"),
-                    c.get("mask_lr"), learned_prior(c), data_label(result), mask_prior, rest)
+    """{column: value} of a run's settings but its seed, in table.md's order: the task (its mask variant
+    in brackets), train frac, init, the mask's settings (A: --mask-magnitude; prior: "<source run>, τ
+    <TAU>" of --mask-from, else None), data (data_label), then every other config key by its name."""
+    config = result["config"]
+    task, variant, source = result["task"], config.get("mask_variant"), config.get("mask_from")
+    settings = {"task": f"{task} ({variant})" if variant else task, "train frac": config.get("train_frac"),
+                "init": result["init"], "A": config.get("mask_magnitude"),
+                "mask decay": config.get("mask_decay") or 0.0, "mask error": config.get("mask_error"),
+                "mask lr": config.get("mask_lr"), "prior": None, "data": data_label(result)}
+    if source:                 # the learned prior's keys (mask_from_*, mask_density) follow from these two
+        settings["prior"] = f"{os.path.basename(os.path.abspath(source))}, τ {config['mask_threshold']:g}"
+    said = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_variant",
+            "mask_threshold", "mask_density")
+    for key, value in sorted(config.items()):
+        if key not in said and not key.startswith("mask_from"):
+            settings[key.replace("_", " ")] = value
+    return settings
+
+def setting_texts(result):
+    """settings_of(result) as table.md and the chart legends write it; the prior: its source, "hand-made"
+    (the task's own, in M) or "—" (none); the mask error: "none" for the exact prior."""
+    texts = {column: setting_text(value) for column, value in settings_of(result).items()}
+    if result["config"].get("mask_error") is None:
+        texts["mask error"] = "none"
+    if not result["config"].get("mask_from"):   # a result.json written before "mask_prior": the mask inits
+        mask_prior = result.get("mask_prior", result["init"] in ("mask", "mask-fixed", "mask-hadamard"))
+        texts["prior"] = "hand-made" if mask_prior else "—"
+    return texts
 
 def group_runs(results, init_order):
-    """{Settings: its runs, seeds rising}, in the tables' order (Settings.order)."""
+    """[(settings_of, its runs, seeds rising)] per key, in the tables' order: task, train frac, A,
+    mask decay, mask error, init, prior, mask lr, data, then the rest of the config."""
+    def order(result):
+        s = settings_of(result)
+        return (list(FAMILY_OF).index(result["task"]), s["train frac"] or 0, s["A"] or 0, s["mask decay"],
+                edit_order(s["mask error"]), init_order.index(result["init"]), s["prior"] or "",
+                s["mask lr"] or 0, s["data"] or "", json.dumps(result["config"], sort_keys=True), result["seed"])
     groups = {}
-    for r in sorted(results, key=lambda r: (*settings_of(r).order(init_order), r["seed"])):
-        groups.setdefault(settings_of(r), []).append(r)
-    return groups
+    for r in sorted(results, key=order):
+        key = (r["task"], r["init"], json.dumps(r["config"], sort_keys=True), data_label(r))   # the one key
+        groups.setdefault(key, []).append(r)
+    return [(settings_of(runs[0]), runs) for runs in groups.values()]
 
-def config_differences(settings):
-    """{Settings: "epochs 2 lr 0.001"}: the keys of rest that differ between Settings otherwise alike."""
-    rests = {}
+def varied(settings):
+    """The columns, in settings' order, whose value differs between two of these settings of one task."""
+    by_task = {}
     for s in settings:
-        rests.setdefault(s._replace(rest=()), []).append(dict(s.rest))
-    keys = set()                       # the config keys whose value differs within a group
-    for configs in rests.values():
-        for key in set().union(*configs):
-            if len({config.get(key) for config in configs}) > 1:
-                keys.add(key)
-    if not keys:
-        return {}
-    differences = {}
-    for s in settings:
-        values = {key: json.loads(dict(s.rest).get(key, "null")) for key in sorted(keys)}
-        differences[s] = " ".join(f"{key} {setting_text(value)}" for key, value in values.items())
-    return differences
-
-def setting_text(value):
-    """A config value as tables write it: "—" for none, 0.001 as "0.001", anything else as str."""
-    if value is None:
-        return "—"
-    return f"{value:g}" if isinstance(value, float) else str(value)
+        by_task.setdefault(s["task"], []).append(s)
+    columns = dict.fromkeys(column for s in settings for column in s)
+    return [c for c in columns if any(len({json.dumps(s.get(c)) for s in same}) > 1 for same in by_task.values())]
 
 # Each family's columns: (header, key of "final": mean ± std over seeds, or a function (the finished
-# runs' result.json dicts, Settings) -> text). The paper's numbers stand beside its own setting only,
+# runs' result.json dicts, settings_of) -> text). The paper's numbers stand beside its own setting only,
 # with what a run changed of its preset (result.json's preset_changes) said beside them.
 def paper(table, i=None):
     """A column of the paper's numbers from table (its i-th number per cell, if i is given)."""
     def column(done, s):
-        own_setting = not (s.error or s.prior) and s.train_frac == ARITHMETIC_TRAIN_FRAC.get(s.task)
-        number = table.get((s.label, s.init)) if own_setting else None
+        own_setting = not (s["mask error"] or s["prior"]) and s["train frac"] == ARITHMETIC_TRAIN_FRAC.get(s["task"])
+        number = table.get((s["task"], s["init"])) if own_setting else None
         cell = fmt(number[i] if number and i is not None else number)
         changes = (done[0].get("preset_changes") or {}) if done and number else {}
         said = [f"{key.replace('_', ' ')} {setting_text(ours)}, not the preset's {setting_text(theirs)}"
@@ -887,13 +885,10 @@ def closer(final):
 # counted as having learned the target, however its unseen predictions fall.
 FIT_FRACTION = 0.01
 
-@functools.lru_cache(maxsize=None)
-def seen_variance(task):
-    return boolean_dataset(task)["y_train"].var(unbiased=False).item()
-
 def fitted(result):
+    seen_variance = boolean_dataset(result["task"])["y_train"].var(unbiased=False).item()
     loss = result["final"].get("train_loss")
-    return loss is not None and loss < FIT_FRACTION * seen_variance(result["task"])
+    return loss is not None and loss < FIT_FRACTION * seen_variance
 
 def learned_target(done, s):
     """Table 1's "target": the seeds that fit their training set and extrapolate nearer the target."""
@@ -931,21 +926,23 @@ SUMMARY = {"boolean": ("test_loss", "test_acc", "unseen_loss", "unseen_mse_to_md
            "vision": ("top1", "best_top1", "test_loss", "images_per_second")}
 
 def markdown_table(results, columns, init_order):
-    """A row per Settings, mean ± std over seeds; a column per Settings field the grid varies or sets."""
-    groups = group_runs(results, init_order)
-    differences = config_differences(groups)
-    shown = [f for f in ("train_frac", "init", "magnitude", "decay", "error", "mask_lr", "prior", "data")
-             if f == "init" or len({getattr(s, f) for s in groups}) > 1
-             or f in ("train_frac", "error", "mask_lr", "prior") and any(getattr(s, f) for s in groups)]
-    config = ["config"] if differences else []
-    header = ["task", *[SWEEPS.get(f, f) for f in shown], *config, "seeds", *[h for h, _ in columns]]
+    """A row per key, mean ± std over its seeds; the setting columns (see the top of this section),
+    "seeds" (finished / all), then the family's columns."""
+    rows = group_runs(results, init_order)
+    settings = [s for s, _ in rows]
+    apart = varied(settings)
+    every = dict.fromkeys(c for s in settings for c in s)     # every setting, in settings_of's order
+    shown = [c for c in every if c in ("task", "init") or c in apart
+             or c in ALWAYS_SHOWN and any(s[c] for s in settings)]
+    header = [*shown, "seeds", *[h for h, _ in columns]]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    for s, runs in groups.items():
+    for s, runs in rows:
         done = [r for r in runs if r["status"] == "done"]
-        cells = [how(done, s) if callable(how) else mean_std([r["final"].get(how) for r in done])
-                 for _, how in columns]
-        keys = [s.label, *map(s.text, shown), *[differences[s] for _ in config], f"{len(done)}/{len(runs)}"]
-        lines.append("| " + " | ".join(keys + cells) + " |")
+        texts = setting_texts(runs[0])
+        cells = [texts.get(c, "—") for c in shown] + [f"{len(done)}/{len(runs)}"]
+        for _, how in columns:
+            cells.append(how(done, s) if callable(how) else mean_std([r["final"].get(how) for r in done]))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 def summary_line(result):
@@ -955,27 +952,29 @@ def summary_line(result):
     if c.get("mask_error"):
         head.append(f"prior {c['mask_error']}")
     if c.get("mask_from"):
-        head.append(f"prior from {learned_prior(c)}")
+        head.append(f"prior from {settings_of(result)['prior']}")
     if family == "arithmetic":
         head.append(f"train frac {c['train_frac']:g}")
-    def value(key):                                  # KeyError: not a result of train.py
+    notes = {}                                       # said after a number
+    if family == "boolean":
+        fit = "" if fitted(result) else "; the training set is not fitted"
+        notes["unseen_mse_to_mdi"] = f" (closer to the {'target' if closer(f) else 'MDI'}{fit})"
+    if family == "arithmetic":
+        notes["test_loss"] = f" on {result['eval_pairs']} held-out pairs"
+    if family == "language" and f["test_is_val"]:
+        notes["test_ppl"] = " (= val)"
+    said = []
+    for key in SUMMARY[family]:
+        value = fmt(f[key])                          # KeyError: not a result of train.py
         if f[key] is not None and "(%)" in HEADER[key]:
-            return f"{f[key]:.2f}%"
-        return fmt(f[key])
-    notes = {"unseen_mse_to_mdi": family == "boolean" and
-             f" (closer to the {'target' if closer(f) else 'MDI'}"
-             f"{'' if fitted(result) else '; the training set is not fitted'})",
-             "test_loss": family == "arithmetic" and f" on {result['eval_pairs']} held-out pairs",
-             "test_ppl": family == "language" and f["test_is_val"] and " (= val)"}
-    said = [f"{HEADER[k].replace(' (%)', '').removeprefix('final ')} {value(k)}{notes.get(k) or ''}"
-            for k in SUMMARY[family]]
+            value = f"{f[key]:.2f}%"
+        said.append(f"{HEADER[key].replace(' (%)', '').removeprefix('final ')} {value}{notes.get(key, '')}")
     if "warmup_shortened_from" in c:
         said.append(f"warmup shortened from {c['warmup_shortened_from']} to {c['warmup_epochs']} epochs")
-    mass = lambda key: f"{key.replace('_', ' ')} {f[key + '_init']:.2f} -> {f[key + '_final']:.2f}"
-    if f.get("prior_mass_init") is not None:
-        said.append(mass("prior_mass"))
+    masses = ["prior_mass"] if f.get("prior_mass_init") is not None else []
     if f.get("true_prior_mass_init") is not None and (c.get("mask_error") or c.get("mask_from")):
-        said.append(mass("true_prior_mass"))
+        masses.append("true_prior_mass")
+    said += [f"{key.replace('_', ' ')} {f[key + '_init']:.2f} -> {f[key + '_final']:.2f}" for key in masses]
     sample = f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else ""
     return f"{' / '.join(head)}: {', '.join(said)}, {result['seconds']:.0f} s{sample}"
 
@@ -987,15 +986,24 @@ DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, das
 def colour(init, init_order):
     return COLOURS[init_order.index(init) % len(COLOURS)]
 
-def seed_band(by_x):
-    """{x: the seeds' values} -> [(x, mean, lowest, highest)], x rising: a line and its band."""
-    return [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(by_x.items())]
-
 # lines [(label, colour, dash, [(x, mean, lowest, highest)])]; x: "linear" (from 0), "log" (ticks at
 # the data's x, written by tick) or category names (x indexes them, "\n" breaks one); y: (lo, hi) or
 # None (0 to 100 for a "(%)" label, else the data's range, log across a factor of ten).
 Panel = namedtuple("Panel", "lines x_label y_label title x y tick",
                    defaults=("", "linear", None, "{:g}".format))
+
+def seed_band(by_x):
+    """{x: the seeds' values} -> [(x, mean, lowest, highest)], x rising: a line and its band."""
+    return [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(by_x.items())]
+
+def bands(points):
+    """{panel: {line: seed_band}} of (panel, line, x, value) points, in their order; a value that is None
+    or not finite is left out."""
+    values = {}
+    for panel, line, x, value in points:
+        if value is not None and math.isfinite(value):
+            values.setdefault(panel, {}).setdefault(line, {}).setdefault(x, []).append(value)
+    return {panel: {line: seed_band(by_x) for line, by_x in lines.items()} for panel, lines in values.items()}
 
 def nice_ticks(lo, hi, log=False, whole=False):
     """Round ticks in [lo, hi]: steps of 1, 2 or 5 x 10^k, about five (whole: steps >= 1, for epochs
@@ -1010,10 +1018,10 @@ def nice_ticks(lo, hi, log=False, whole=False):
     first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
     return [t for t in (round(k * step, 10) for k in range(first, last + 1)) if lo <= t <= hi]
 
-def scale(lo, hi, start, end, log=False):
+def pixel(value, lo, hi, start, end, log=False):
     """The pixel of a value: [lo, hi] onto [start, end], on a linear or a log scale."""
     f = math.log10 if log else float
-    return lambda v: start + (f(v) - f(lo)) / ((f(hi) - f(lo)) or 1) * (end - start)
+    return start + (f(value) - f(lo)) / ((f(hi) - f(lo)) or 1) * (end - start)
 
 def svg_text(x, y, content, **attributes):
     """<text> of the escaped content at (x, y), attributes by Python names (text_anchor: text-anchor)."""
@@ -1026,59 +1034,70 @@ def svg_file(width, height, parts, background=""):
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'font-family="sans-serif" font-size="11">{fill}' + "".join(parts) + "</svg>\n")
 
+def stroke(colour, dash):
+    return f'stroke="{colour}" stroke-width="2" stroke-dasharray="{dash or "none"}"'
+
+def chart_panel(p, x0, y0, width, height):
+    """A Panel at (x0, y0) as an SVG group: its title, axes, grey lines at the ticks, labels, lines."""
+    left, right, top, bottom = 64, width - 14, 24 if p.title else 8, height - 46
+    points = [point for *_, pts in p.lines for point in pts]
+    ys = [v for point in points for v in point[1:]]
+    percent = "(%)" in p.y_label
+    log = p.y is None and not percent and min(ys) > 0 and max(ys) >= 10 * min(ys)
+    if p.y:                                  # the y range: given, 0-100 %, a decade and more (log),
+        lo, hi = p.y                         # or the data's with a margin, from 0 if all are >= 0
+    elif percent:
+        lo, hi = 0.0, 100.0
+    elif log:
+        lo, hi = min(ys) / 1.15, max(ys) * 1.15
+    else:
+        pad = (max(ys) - min(ys)) * 0.06 or abs(max(ys)) * 0.1 or 1.0
+        lo, hi = min(ys) - pad, max(ys) + pad
+        if min(ys) >= 0:
+            lo = max(lo, 0.0)
+    y_ticks = nice_ticks(lo, hi, log)
+    if isinstance(p.x, list):                # categories, evenly spaced
+        x_ticks, tick_texts = range(len(p.x)), p.x
+    else:                                    # log: the data's own x; linear: from 0
+        xs = sorted({x for x, *_ in points}) if p.x == "log" else [0, max(x for x, *_ in points) or 1]
+        x_ticks = xs if p.x == "log" else nice_ticks(0, xs[-1], whole=True)
+        tick_texts = [p.tick(x) for x in x_ticks]
+    def px(x):                               # a category's centre, or x on the panel's own range
+        if isinstance(p.x, list):
+            return left + (x + 0.5) / len(p.x) * (right - left)
+        return pixel(x, xs[0], xs[-1], left, right, p.x == "log")
+    def py(y):
+        return pixel(y, lo, hi, bottom, top, log)
+    def path(pts):                           # "x,y x,y ..." in pixels
+        return " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+    middle, centre = (top + bottom) / 2, (left + right) / 2
+    parts = [f'<g transform="translate({x0},{y0})">',
+             svg_text(centre, 16, p.title, text_anchor="middle", font_size=13)]
+    parts += [f'<path d="M{px(x):.1f},{top}V{bottom}" stroke="#e4e4e4"/>' for x in x_ticks]
+    parts += [f'<path d="M{left},{py(y):.1f}H{right}" stroke="#e4e4e4"/>' for y in y_ticks]
+    parts.append(f'<path d="M{left},{top}V{bottom}H{right}" fill="none" stroke="black"/>')
+    for x, text in zip(x_ticks, tick_texts):
+        spans = [f'<tspan x="{px(x):.1f}" dy="{12 * (i > 0)}">{escape(line)}</tspan>'
+                 for i, line in enumerate(text.split("\n"))]
+        parts.append(f'<text x="{px(x):.1f}" y="{bottom + 14}" text-anchor="middle">{"".join(spans)}</text>')
+    parts += [svg_text(left - 5, f"{py(y) + 4:.1f}", f"{y:g}".replace("e-0", "e-"), text_anchor="end")
+              for y in y_ticks]
+    parts += [svg_text(centre, bottom + 40, p.x_label, text_anchor="middle"),
+              svg_text(14, middle, p.y_label + (", log scale" if log else ""),
+                       transform=f"rotate(-90 14 {middle})", text_anchor="middle")]
+    for label, colour, dash, pts in p.lines:
+        if any(low != high for *_, low, high in pts):
+            outline = [(x, high) for x, *_, high in pts] + [(x, low) for x, _, low, _ in reversed(pts)]
+            parts.append(f'<polygon points="{path(outline)}" fill="{colour}" fill-opacity="0.18" stroke="none"/>')
+        parts.append(f'<polyline points="{path([(x, m) for x, m, *_ in pts])}" fill="none" '
+                     f'{stroke(colour, dash)}><title>{escape(label)}</title></polyline>')
+        parts += [f'<circle cx="{px(x):.1f}" cy="{py(m):.1f}" r="2.5" fill="{colour}"/>'
+                  for x, m, *_ in pts if len(pts) <= 30]   # every evaluation, and a line of one point
+    return "".join(parts) + "</g>"
+
 def line_chart(rows, caption="", width=360, height=250):
     """The one line-chart writer: an SVG of rows under a caption, each a heading ("" or (name, note)),
     Panels side by side (None: a gap) and a legend (None or (title, [(colour, dash, text)])) right of it."""
-    stroke = lambda colour, dash: f'stroke="{colour}" stroke-width="2" stroke-dasharray="{dash or "none"}"'
-    def panel(p, x0, y0, left=64, right=width - 14, bottom=height - 46):
-        """A Panel at (x0, y0), an SVG group: its title, axes, grey lines at the ticks, labels, lines."""
-        top, points = 24 if p.title else 8, [point for *_, pts in p.lines for point in pts]
-        ys, percent = [v for point in points for v in point[1:]], "(%)" in p.y_label
-        log = p.y is None and not percent and min(ys) > 0 and max(ys) >= 10 * min(ys)
-        pad = (max(ys) - min(ys)) * 0.06 or abs(max(ys)) * 0.1 or 1.0
-        if p.y:                              # the y range: given, 0-100 %, a decade and more (log),
-            lo, hi = p.y                     # or the data's with a margin, from 0 if all are >= 0
-        elif percent:
-            lo, hi = 0.0, 100.0
-        elif log:
-            lo, hi = min(ys) / 1.15, max(ys) * 1.15
-        else:
-            lo, hi = min(ys) - pad, max(ys) + pad
-            if min(ys) >= 0:
-                lo = max(lo, 0.0)
-        py, y_ticks = scale(lo, hi, bottom, top, log), nice_ticks(lo, hi, log)
-        if isinstance(p.x, list):            # categories, evenly spaced
-            x_ticks, tick = range(len(p.x)), p.x.__getitem__
-            px = lambda i: left + (i + 0.5) / len(p.x) * (right - left)
-        else:                                # each panel spans its own x values
-            xs = sorted({x for x, *_ in points}) if p.x == "log" else [0, max(x for x, *_ in points) or 1]
-            x_ticks, tick = xs if p.x == "log" else nice_ticks(0, xs[-1], whole=True), p.tick
-            px = scale(xs[0], xs[-1], left, right, p.x == "log")
-        path = lambda pts: " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-        middle, centre = (top + bottom) / 2, (left + right) / 2
-        parts = [f'<g transform="translate({x0},{y0})">',
-                 svg_text(centre, 16, p.title, text_anchor="middle", font_size=13)]
-        parts += [f'<path d="M{px(x):.1f},{top}V{bottom}" stroke="#e4e4e4"/>' for x in x_ticks]
-        parts += [f'<path d="M{left},{py(y):.1f}H{right}" stroke="#e4e4e4"/>' for y in y_ticks]
-        parts.append(f'<path d="M{left},{top}V{bottom}H{right}" fill="none" stroke="black"/>')
-        parts += [f'<text x="{px(x):.1f}" y="{bottom + 14}" text-anchor="middle">' + "".join(
-            f'<tspan x="{px(x):.1f}" dy="{12 * (i > 0)}">{escape(line)}</tspan>'
-            for i, line in enumerate(tick(x).split("\n"))) + "</text>" for x in x_ticks]
-        parts += [svg_text(left - 5, f"{py(y) + 4:.1f}", f"{y:g}".replace("e-0", "e-"), text_anchor="end")
-                  for y in y_ticks]
-        parts += [svg_text(centre, bottom + 40, p.x_label, text_anchor="middle"),
-                  svg_text(14, middle, p.y_label + (", log scale" if log else ""),
-                           transform=f"rotate(-90 14 {middle})", text_anchor="middle")]
-        for label, colour, dash, pts in p.lines:
-            if any(low != high for *_, low, high in pts):
-                outline = [(x, high) for x, *_, high in pts] + [(x, low) for x, _, low, _ in reversed(pts)]
-                parts.append(f'<polygon points="{path(outline)}" fill="{colour}" fill-opacity="0.18" '
-                             f'stroke="none"/>')
-            parts.append(f'<polyline points="{path([(x, m) for x, m, *_ in pts])}" fill="none" '
-                         f'{stroke(colour, dash)}><title>{escape(label)}</title></polyline>')
-            parts += [f'<circle cx="{px(x):.1f}" cy="{py(m):.1f}" r="2.5" fill="{colour}"/>'
-                      for x, m, *_ in pts if len(pts) <= 30]   # every evaluation, and a line of one point
-        return "".join(parts) + "</g>"
     parts, y, figure_width = [svg_text(10, 20, caption, font_size=13)], 34 if caption else 0, 0
     for heading, panels, legend in rows:
         if heading:
@@ -1086,7 +1105,7 @@ def line_chart(rows, caption="", width=360, height=250):
             parts += [svg_text(10, y + 14, name, font_size=14, font_weight="bold"),
                       svg_text(18 + 9 * len(name), y + 14, note)]
             y += 22
-        parts += [panel(p, i * width, y) for i, p in enumerate(panels) if p]
+        parts += [chart_panel(p, i * width, y, width, height) for i, p in enumerate(panels) if p]
         x, (title, entries) = len(panels) * width + 6, legend or ("", [])
         parts.append(svg_text(x, y + 18, title, font_size=12))
         parts += [f'<path d="M{x},{y + 36 + 18 * i}h26" {stroke(colour, dash)}/>'
@@ -1101,148 +1120,164 @@ LOSS_LABELS = {"boolean": "training loss (MSE)", "arithmetic": "training loss (c
 
 def main_metric(task):
     """(history key, axis label) of the task's main metric, as its table reports it."""
-    if FAMILY_OF[task] == "boolean":
-        return ("test_acc", "test accuracy (%), whole cube") if BOOLEAN_TASKS[task].values else \
-            ("test_loss", "test loss (MSE), whole cube")
-    return {"arithmetic": ("sample_seq_acc", "held-out seq acc (%), 10,000 pairs"),
+    if FAMILY_OF[task] == "boolean" and BOOLEAN_TASKS[task] is None:     # threesym: no accuracy
+        return "test_loss", "test loss (MSE), whole cube"
+    return {"boolean": ("test_acc", "test accuracy (%), whole cube"),
+            "arithmetic": ("sample_seq_acc", "held-out seq acc (%), 10,000 pairs"),
             "language": ("val_ppl", "validation perplexity"),
             "vision": ("test_top1", "test top-1 accuracy (%)")}[FAMILY_OF[task]]
 
 def mean_band(histories, key):
     """seed_band of key over the seeds' finite values, at each epoch or iteration where some have one."""
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    def is_number(value):            # a hand-edited history may hold anything
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     values = {}
-    for x, value in ((e.get("iter", e.get("epoch")), e.get(key)) for h in histories for e in h):
-        if number(x) and number(value):
+    for entry in (e for history in histories for e in history):
+        x, value = entry.get("iter", entry.get("epoch")), entry.get(key)
+        if is_number(x) and is_number(value):
             values.setdefault(x, []).append(value)
     return seed_band(values)
 
 def curves_svg(results, init_order):
-    """curves.svg: a row per task label, a line per Settings (a colour per init, a dash per variation)."""
-    drawable = lambda h: isinstance(h, list) and h and all(isinstance(e, dict) for e in h)
-    groups = group_runs([r for r in results if r["status"] == "done" and drawable(r.get("history"))],
-                        init_order)
-    by_task, rows = {}, []
-    for s in sorted(groups, key=lambda s: (s.order(init_order)[0], init_order.index(s.init))):
-        by_task.setdefault(s.label, []).append(s)
-    for task, row in by_task.items():
-        varied = [f for f in SWEEPS if len({getattr(s, f) for s in row}) > 1]
-        differences, lines = config_differences(row), []
-        for i, s in enumerate(row):
-            label = " ".join([s.init, *[f"{SWEEPS[f]} {s.text(f)}" for f in varied], differences.get(s, "")])
-            dash = DASHES[(i - [r.init for r in row].index(s.init)) % len(DASHES)]   # its init's i-th
-            lines.append((label.strip(), colour(s.init, init_order), dash, [r["history"] for r in groups[s]]))
+    """curves.svg: a row per task, a line per table row (a colour per init, a dash per setting of it)."""
+    drawable = [r for r in results if r["status"] == "done" and isinstance(r.get("history"), list)
+                and r["history"] and all(isinstance(e, dict) for e in r["history"])]
+    by_task, task_of = {}, {}                         # task label -> init -> its rows; label -> task
+    for s, runs in group_runs(drawable, init_order):
+        by_task.setdefault(s["task"], {}).setdefault(s["init"], []).append((s, runs))
+        task_of[s["task"]] = runs[0]["task"]
+    rows = []
+    for label, by_init in by_task.items():
+        inits = sorted(by_init, key=init_order.index)
+        apart = [c for c in varied([s for init in inits for s, _ in by_init[init]]) if c != "init"]
+        lines = []
+        for init in inits:
+            for i, (s, runs) in enumerate(by_init[init]):
+                texts = setting_texts(runs[0])
+                name = " ".join([init, *[f"{c} {texts.get(c, '—')}" for c in apart]])
+                lines.append((name, colour(init, init_order), DASHES[i % len(DASHES)], [r["history"] for r in runs]))
         iterations = any("iter" in h[0] for *_, histories in lines for h in histories)
-        family, charts = FAMILY_OF[row[0].task], []
-        for key, y_label in (("train_loss", LOSS_LABELS[family]), main_metric(row[0].task)):
-            drawn = [(label, c, dash, mean_band(hs, key)) for label, c, dash, hs in lines]
-            charts.append(Panel([line for line in drawn if line[3]],
-                                "iteration (optimizer steps)" if iterations else "epoch", y_label))
-        legend = [(c, dash, f"{label} ({len(hs)} seed{'s' * (len(hs) > 1)})") for label, c, dash, hs in lines]
-        rows.append(((task, f"{'Boolean' if family == 'boolean' else family} task"),
-                     [chart for chart in charts if chart.lines], ("", legend)))
+        family, charts = FAMILY_OF[task_of[label]], []
+        for key, y_label in (("train_loss", LOSS_LABELS[family]), main_metric(task_of[label])):
+            drawn = [(name, hue, dash, mean_band(histories, key)) for name, hue, dash, histories in lines]
+            drawn = [line for line in drawn if line[3]]
+            if drawn:
+                charts.append(Panel(drawn, "iteration (optimizer steps)" if iterations else "epoch", y_label))
+        legend = [(hue, dash, f"{name} ({len(hs)} seed{'s' * (len(hs) > 1)})") for name, hue, dash, hs in lines]
+        rows.append(((label, f"{'Boolean' if family == 'boolean' else family} task"), charts, ("", legend)))
     caption = ("Training curves (the histories in result.json): line = mean over seeds, shaded band = "
                "lowest to highest seed")
     return line_chart(rows, caption, width=380) if rows else None
 
 # The sweep figures: a number of the finished runs' "final" dicts against a swept setting.
-def sweep_points(groups, x, y, panel, line):
-    """{panel(s): {line(s): seed_band of y(s, final) against x(s)}} over the finished runs with both."""
-    values = {}
-    for s, runs in groups.items():
-        for v in [y(s, r["final"]) for r in runs if r["status"] == "done" and x(s) is not None]:
-            if v is not None and math.isfinite(v):
-                values.setdefault(panel(s), {}).setdefault(line(s), {}).setdefault(x(s), []).append(v)
-    return {p: {key: seed_band(by_x) for key, by_x in lines.items()} for p, lines in values.items()}
-
 def accuracy(task):
     """(key of "final", axis label) of a task's accuracy in the sweep figures (threesym: test loss)."""
     if FAMILY_OF[task] == "arithmetic":
         return "seq_acc", "held-out seq acc (%)"
-    return ("test_acc", "test acc (%)") if BOOLEAN_TASKS[task].values else ("test_loss", "test loss")
+    return ("test_acc", "test acc (%)") if BOOLEAN_TASKS[task] else ("test_loss", "test loss")
 
-def sweep_figure(groups, init_order, field, x_label, keys, tick="{:g}".format):
+def percent(fraction):
+    return f"{100 * fraction:g}%"
+
+def sweep_figure(rows, init_order, column, x_label, keys, tick="{:g}".format):
     """A row per key of "final" (None: the task's accuracy), a panel per task, a line per init,
-    against the Settings field on a log axis; None unless a line has two values of it."""
-    rows, inits = [], [i for i in init_order if i in {s.init for s in groups}]
+    against the setting column on a log axis; None unless a line has two values of it."""
+    figure, inits = [], [i for i in init_order if i in {s["init"] for s, _ in rows}]
     for key in keys:
-        y = lambda s, final: final.get(key or accuracy(s.task)[0])
-        sweep = sweep_points(groups, lambda s: getattr(s, field), y, lambda s: (s.task, s.label),
-                             lambda s: s.init)
-        rows.append(("", [Panel([(i, colour(i, init_order), "", pts) for i, pts in lines.items()],
-                                x_label, HEADER.get(key, key) if key else accuracy(task)[1], title,
-                                "log", tick=tick) for (task, title), lines in sweep.items()],
-                     None if rows else ("", [(colour(i, init_order), "", i) for i in inits])))
-    swept = any(len(pts) > 1 for _, panels, _ in rows for p in panels for *_, pts in p.lines)
-    return line_chart(rows) if swept else None
+        points = []                                   # (panel, line, x, y) of every finished run
+        for s, runs in rows:
+            task = runs[0]["task"]
+            for r in runs:
+                if r["status"] == "done" and s[column] is not None:
+                    points.append(((task, s["task"]), s["init"], s[column], r["final"].get(key or accuracy(task)[0])))
+        panels = []
+        for (task, title), lines in bands(points).items():
+            drawn = [(init, colour(init, init_order), "", pts) for init, pts in lines.items()]
+            panels.append(Panel(drawn, x_label, HEADER.get(key, key) if key else accuracy(task)[1], title, "log",
+                                tick=tick))
+        legend = ("", [(colour(init, init_order), "", init) for init in inits])
+        figure.append(("", panels, None if figure else legend))
+    swept = any(len(pts) > 1 for _, panels, _ in figure for p in panels for *_, pts in p.lines)
+    return line_chart(figure) if swept else None
 
-def imperfect_figure(groups, init_order):
+def imperfect_figure(rows, init_order):
     """imperfect_prior.svg (Appendix "Why Not Just Fix the Mask?": can a learnable mask "refine or
     correct imperfect initial patterns"?): per task and A the accuracy and true prior mass after
     training against --mask-error, mask (a dash per mask lr) vs mask-fixed; grey: the mass at init."""
-    groups = {s: runs for s, runs in groups.items()
-              if s.init in ("mask", "mask-fixed") and not (s.decay or s.prior)}
-    if not any(s.error for s in groups):
+    rows = [(s, runs) for s, runs in rows if s["init"] in ("mask", "mask-fixed")
+            and not (s["mask decay"] or s["prior"])
+            and FAMILY_OF[runs[0]["task"]] in ("boolean", "arithmetic")]      # the families --mask-error edits
+    if not any(s["mask error"] for s, _ in rows):
         return None
-    edits = sorted({s.error for s in groups}, key=edit_order)
-    lrs = sorted({s.mask_lr for s in groups if s.init == "mask"}, key=lambda lr: lr or 0)
-    looks = {("mask", lr): (colour("mask", init_order), DASHES[i % len(DASHES)]) for i, lr in enumerate(lrs)}
-    looks[("mask-fixed", None)], looks["at init"] = (colour("mask-fixed", init_order), ""), ("#999999", "2,2")
-    def name(key):                     # a legend entry: the line at init, mask-fixed, or mask at its lr
-        if key == "at init":
-            return "at init (mask, mask-fixed)"
-        if key[0] != "mask":
-            return key[0]
-        return f"mask, mask lr {'= lr' if key[1] is None else f'{key[1]:g}'}"
-    x, panel, line = lambda s: edits.index(s.error), lambda s: (s.task, s.label, s.magnitude), \
-        lambda s: (s.init, s.mask_lr)
-    true_mass = lambda when: lambda s, f: f.get(f"true_prior_mass_{when}", f.get(f"prior_mass_{when}"))
-    mass = sweep_points(groups, x, true_mass("init"), panel, lambda s: "at init")  # mask's = mask-fixed's
-    for p, lines in sweep_points(groups, x, true_mass("final"), panel, line).items():
-        mass.setdefault(p, {}).update(lines)                    # drawn over the grey line at init
-    acc = sweep_points(groups, x, lambda s, f: f.get(accuracy(s.task)[0]), panel, line)
-    names = [f"{kind}\n{100 * p:g}%" if kind else "exact" for kind, p in map(edit_order, edits)]
-    lowest = lambda lines: min(low for pts in lines.values() for _, _, low, _ in pts)
-    legend, rows = ("lines: mean over seeds", [(*look, name(k)) for k, look in looks.items()]), []
+    edits = sorted({s["mask error"] for s, _ in rows}, key=edit_order)
+    mask_lrs = {s["mask lr"] for s, _ in rows if s["init"] == "mask"}
+    lrs = sorted(lr for lr in mask_lrs if lr is not None)
+    if None in mask_lrs:                              # the model's lr first
+        lrs.insert(0, None)
+    looks = {("mask", lr): (colour("mask", init_order), DASHES[i % len(DASHES)],
+                            f"mask, mask lr {'= lr' if lr is None else f'{lr:g}'}") for i, lr in enumerate(lrs)}
+    looks[("mask-fixed", None)] = (colour("mask-fixed", init_order), "", "mask-fixed")
+    looks["at init"] = ("#999999", "2,2", "at init (mask, mask-fixed)")
+    at_init, after, acc = [], [], []                  # (panel, line, x: the edit's place, y) per finished run
+    for s, runs in rows:
+        task, x = runs[0]["task"], edits.index(s["mask error"])
+        panel, line = (task, s["task"], s["A"]), (s["init"], s["mask lr"])
+        for f in [r["final"] for r in runs if r["status"] == "done"]:
+            at_init.append((panel, "at init", x, f.get("true_prior_mass_init", f.get("prior_mass_init"))))
+            after.append((panel, line, x, f.get("true_prior_mass_final", f.get("prior_mass_final"))))
+            acc.append((panel, line, x, f.get(accuracy(task)[0])))
+    mass = bands(at_init)                             # one grey line: mask's mass at init is mask-fixed's
+    for p, lines in bands(after).items():
+        mass.setdefault(p, {}).update(lines)          # drawn over the grey line
+    acc = bands(acc)
+    ticks = [f"{kind}\n{100 * p:g}%" if kind else "exact" for kind, p in map(edit_order, edits)]
+    figure = []
     for a in sorted({a for *_, a in acc}, reverse=True):
         for sweep in (acc, mass):
             panels = []
             for task, label in dict.fromkeys(p[:2] for p in acc):
                 lines = sweep.get((task, label, a))
-                y_label = accuracy(task)[1] if sweep is acc else "true prior mass"
-                y = None if not lines or sweep is acc else \
-                    (min(0.9, math.floor(10 * lowest(lines)) / 10), 1.0)
-                panels.append(lines and Panel([(name(k), *looks[k], pts) for k, pts in lines.items()],
-                                              "edit of the prior (--mask-error)", y_label,
-                                              f"{label}, A = {a:g}", names, y))
-            rows.append(("", panels, None if rows else legend))
-    return line_chart(rows, width=400, height=270)
+                if not lines:
+                    panels.append(None)               # a gap
+                    continue
+                y_label, y = accuracy(task)[1], None
+                if sweep is mass:                     # from the lowest mass's tenth (at most 0.9) to 1
+                    lowest = min(low for pts in lines.values() for _, _, low, _ in pts)
+                    y_label, y = "true prior mass", (min(0.9, math.floor(10 * lowest) / 10), 1.0)
+                drawn = [(looks[k][2], *looks[k][:2], pts) for k, pts in lines.items()]
+                panels.append(Panel(drawn, "edit of the prior (--mask-error)", y_label, f"{label}, A = {a:g}",
+                                    ticks, y))
+            figure.append(("", panels, None if figure else ("lines: mean over seeds", list(looks.values()))))
+    return line_chart(figure, width=400, height=270)
 
 def result_tables(results, init_order):
     """table.md's markdown, per family its tables, and {file name: SVG} of the figures it can draw."""
     families = {FAMILY_OF[r["task"]] for r in results}
-    table = lambda family, columns: markdown_table(
-        [r for r in results if FAMILY_OF[r["task"]] == family], columns, init_order)
     edited = any(r["config"].get("mask_error") for r in results)
     truth = TRUE_MASS_COLUMNS if edited or any(r["config"].get("mask_from") for r in results) else []
-    sections = [f"## {title}\n\n{table(family, columns)}\n" for family, title, columns in (
-        ("boolean", "Results", BOOLEAN_COLUMNS),
-        ("boolean", "Persistence of the prior", PERSISTENCE_COLUMNS + truth),
-        ("language", "Perplexity", LM_COLUMNS), ("vision", "Best top-1 accuracy", VISION_COLUMNS + truth),
-        ("arithmetic", "Arithmetic", ARITHMETIC_COLUMNS + truth)) if family in families]
-    groups = group_runs(results, init_order)
-    arithmetic = {s: runs for s, runs in groups.items() if FAMILY_OF[s.task] == "arithmetic" and not s.prior}
+    sections = []
+    for family, title, columns in (
+            ("boolean", "Results", BOOLEAN_COLUMNS),
+            ("boolean", "Persistence of the prior", PERSISTENCE_COLUMNS + truth),
+            ("language", "Perplexity", LM_COLUMNS), ("vision", "Best top-1 accuracy", VISION_COLUMNS + truth),
+            ("arithmetic", "Arithmetic", ARITHMETIC_COLUMNS + truth)):
+        if family in families:
+            table = markdown_table([r for r in results if FAMILY_OF[r["task"]] == family], columns, init_order)
+            sections.append(f"## {title}\n\n{table}\n")
+    rows = group_runs(results, init_order)
+    arithmetic = [(s, runs) for s, runs in rows if FAMILY_OF[runs[0]["task"]] == "arithmetic" and not s["prior"]]
     # "Does the mask learn?" with the exact hand-made prior, at the model's lr, no decay on M
-    masks = {s: runs for s, runs in groups.items() if s.init in ("mask", "mask-fixed")
-             and FAMILY_OF[s.task] == "boolean" and not (s.decay or s.error or s.mask_lr or s.prior)}
+    boolean = [(s, runs) for s, runs in rows if FAMILY_OF[runs[0]["task"]] == "boolean"]
+    masks = [(s, runs) for s, runs in boolean if s["init"] in ("mask", "mask-fixed")
+             and not (s["mask decay"] or s["mask error"] or s["mask lr"] or s["prior"])]
     figures = {"curves.svg": curves_svg(results, init_order),
                # Figure "Test sequence accuracy under varying training fractions"
-               "data_efficiency.svg": sweep_figure(arithmetic, init_order, "train_frac", "train fraction",
-                                                   [None], lambda v: f"{100 * v:g}%"),
+               "data_efficiency.svg": sweep_figure(arithmetic, init_order, "train frac", "train fraction",
+                                                   [None], percent),
                # accuracy and mask drift against A, learnable vs fixed M (edited priors: the next one)
                "mask_magnitude.svg": None if edited else sweep_figure(
-                   masks, init_order, "magnitude", "mask magnitude A", [None, "mask_drift"]),
-               "imperfect_prior.svg": imperfect_figure(groups, init_order)}
+                   masks, init_order, "A", "mask magnitude A", [None, "mask_drift"]),
+               "imperfect_prior.svg": imperfect_figure(rows, init_order)}
     return "\n".join(sections), {name: svg for name, svg in figures.items() if svg}
 
 # === 7. Pictures: heat maps of attention maps and mask biases (attention.svg, persistence figure) =
@@ -1280,13 +1315,13 @@ def heatmap_svg(bands, notes, gap=4, left=64):
             rows, cols, n, _ = grid.shape
             side = max(1, 128 // n) * n                           # one panel's pixels
             w, h = cols * (side + gap) + gap, rows * (side + gap) + gap
+            centres = [gap + i * (side + gap) + side / 2 for i in range(max(rows, cols))]   # of the i-th panel
             png = base64.b64encode(heatmap_png(grid, lo, hi, gap)).decode()
             parts += [svg_text(x, y - 24, title, font_size=13),
                       f'<image x="{x}" y="{y}" width="{w}" height="{h}" href="data:image/png;base64,{png}"/>']
-            at = lambda i: gap + i * (side + gap) + side / 2        # the centre of the i-th panel
-            parts += [svg_text(x + at(c), y - 6, f"head {c + 1}", text_anchor="middle") for c in range(cols)]
-            parts += [svg_text(left - 6, y + at(r), f"layer {r + 1}", text_anchor="end")
-                      for r in range(rows) if x == left]
+            parts += [svg_text(x + centres[c], y - 6, f"head {c + 1}", text_anchor="middle") for c in range(cols)]
+            if x == left:
+                parts += [svg_text(left - 6, y + centres[r], f"layer {r + 1}", text_anchor="end") for r in range(rows)]
             bar = min(w, 200)                                        # under the block: the colour bar
             parts += [f'<rect x="{x}" y="{y + h + 8}" width="{bar}" height="10" fill="url(#viridis)"/>',
                       svg_text(x, y + h + 30, fmt(lo, 3)),
@@ -1319,30 +1354,43 @@ def learned_prior_figure(runs):
                        "bias added to the logits"))
     return heatmap_svg([blocks], [f"{BLOCKS_NOTE}.", f"{COLOURS_NOTE}0 (an open entry)."])
 
+def snapshot_blocks(snapshots, key, what, meaning, centre=False):
+    """{when: heat-map block} of each snapshot's key ("attn" or "bias"; centre: of its "centre" entry)
+    that has one, on one colour range: attention from 0, a bias up to 0 (an open entry)."""
+    maps = {}
+    for when, snapshot in snapshots.items():
+        source = snapshot.get("centre", {}) if centre else snapshot
+        if source.get(key) is not None:
+            maps[when] = source[key].float()
+    if not maps:
+        return {}
+    values = torch.stack(list(maps.values()))
+    values = values[values.isfinite()] if values.isfinite().any() else torch.zeros(1)
+    if "attention" in meaning:
+        lo, hi = 0.0, max(values.max().item(), 1e-6)
+    else:
+        lo, hi = min(values.min().item(), -1e-6), 0.0
+    return {when: (f"{what}, {when} training", m, lo, hi, meaning) for when, m in maps.items()}
+
 def attention_figure(snapshots, cls_token, causal=False):
     """A run's attention.svg: per snapshot (train.snapshot) the mean attention maps and a mask's bias;
     for a ViT a second band (Appendix "Attention Map For Image Classification"): the first test image's
     centre patch's attention and bias on the patch grid. None when there is nothing to draw."""
-    def blocks(get, what, meaning):
-        maps = {when: get(snap).float() for when, snap in snapshots.items() if get(snap) is not None}
-        if not maps:
-            return {}
-        values = torch.stack(list(maps.values()))
-        values = values[values.isfinite()] if values.isfinite().any() else torch.zeros(1)
-        lo, hi = (0.0, max(values.max().item(), 1e-6)) if "attention" in meaning else \
-            (min(values.min().item(), -1e-6), 0.0)
-        return {when: (f"{what}, {when} training", m, lo, hi, meaning) for when, m in maps.items()}
-    centre = lambda key: lambda snap: snap["centre"][key] if "centre" in snap else None
-    parts = [blocks(lambda snap: snap["attn"], "mean attention", "mean attention weight"),
-             blocks(lambda snap: snap["bias"], "mask bias log σ(s M)", "bias added to the logits"),
-             blocks(centre("attn"), "test image 1, centre patch: attention",
-                    "attention weight on each patch"),
-             blocks(centre("bias"), "centre patch: mask bias", "bias on each patch")]
-    bands = [band for band in ([p[when] for when in snapshots for p in pair if when in p]
-                               for pair in (parts[:2], parts[2:])) if band]
-    notes = [f"{BLOCKS_NOTE}{'; position 0 is CLS' if cls_token else ''}.",
-             causal and "Causal: above the diagonal (key after query) the hard mask hides every key, "
-                        "whatever the bias there.",
-             parts[2] and "Centre patch: its row of the map, CLS left out, laid out on the patch grid.",
-             f"{COLOURS_NOTE}the right end."]
-    return heatmap_svg(bands, [note for note in notes if note]) if bands else None
+    whole = [snapshot_blocks(snapshots, "attn", "mean attention", "mean attention weight"),
+             snapshot_blocks(snapshots, "bias", "mask bias log σ(s M)", "bias added to the logits")]
+    centre = [snapshot_blocks(snapshots, "attn", "test image 1, centre patch: attention",
+                              "attention weight on each patch", centre=True),
+              snapshot_blocks(snapshots, "bias", "centre patch: mask bias", "bias on each patch", centre=True)]
+    bands = []
+    for pair in (whole, centre):              # per snapshot, its attention and then its bias
+        band = [blocks[when] for when in snapshots for blocks in pair if when in blocks]
+        if band:
+            bands.append(band)
+    notes = [f"{BLOCKS_NOTE}{'; position 0 is CLS' if cls_token else ''}."]
+    if causal:
+        notes.append("Causal: above the diagonal (key after query) the hard mask hides every key, "
+                     "whatever the bias there.")
+    if centre[0]:
+        notes.append("Centre patch: its row of the map, CLS left out, laid out on the patch grid.")
+    notes.append(f"{COLOURS_NOTE}the right end.")
+    return heatmap_svg(bands, notes) if bands else None

@@ -1137,6 +1137,7 @@ def main(argv=None):
     """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder that
     cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
     stop = Stop()
+    tasks.forget_data()                                # each command reads its files afresh
     if hasattr(sys.stdout, "reconfigure"):             # a path that is not UTF-8 prints, escaped
         sys.stdout.reconfigure(errors="backslashreplace")
     threads = torch.get_num_threads()                  # put back at the end (in-process callers)

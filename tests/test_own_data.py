@@ -127,6 +127,30 @@ def test_images_accepts_validation_or_test_for_val(eval_folder, tmp_path):
     assert data["info"]["data"]["eval_folder"] == str(tmp_path / eval_folder)
 
 
+def test_links_back_into_the_tree_read_each_image_once_under_its_own_class(tmp_path):
+    """A link in a class folder to the folder above it (`up -> ..`, which holds every class) and one
+    to another class: each of the 16 training files is read once, labelled by the folder it is in."""
+    root = write_image_tree(str(tmp_path), SHAPES[:2], 8, 8, "L", eval_per_class=2)
+    os.symlink("..", os.path.join(root, "train", SHAPES[0], "up"))
+    os.symlink(os.path.join("..", SHAPES[0]), os.path.join(root, "train", SHAPES[1], "sibling"))
+    data = tasks.vision_dataset("images", root, 8)
+    assert (data["info"]["data"]["train_images"], data["info"]["data"]["eval_images"]) == (16, 4)
+    real = [(os.path.realpath(path), data["train"].classes[label]) for path, label in data["train"].samples]
+    assert len({path for path, _ in real}) == 16
+    assert all(os.path.basename(os.path.dirname(path)) == name for path, name in real)
+
+
+def test_a_file_in_two_classes_is_refused_in_one_line(tmp_path, capsys):
+    root = write_image_tree(str(tmp_path / "data"), SHAPES[:2], 3, 8, "L", eval_per_class=1)
+    train_dir = os.path.join(root, "train")
+    os.symlink(os.path.join(train_dir, SHAPES[0], "0.png"), os.path.join(train_dir, SHAPES[1], "9.png"))
+    assert train.main(["--task", "images", "--data-dir", root, *TINY_VIT, "--out", str(tmp_path / "run")]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"train.py: error: images: {train_dir}/{SHAPES[1]}/9.png is in class {SHAPES[1]} and also in class "
+        f"{SHAPES[0]} (as {train_dir}/{SHAPES[0]}/0.png): a file may be in one class only")
+    assert not (tmp_path / "run").exists()
+
+
 def break_images(kind, root):
     """A small tree with one fault; returns a piece of text the error line must hold."""
     if kind == "empty folder":

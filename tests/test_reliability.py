@@ -190,7 +190,7 @@ def test_generated_data_other_than_the_checkpoints_is_refused(family_args, tmp_p
     real = getattr(train.tasks, name)
 
     def one_label_changed(*args, **kwargs):
-        data = real(*args, **kwargs)
+        data = dict(real(*args, **kwargs))              # a copy: the loader keeps its own (cached)
         data["y_train"] = data["y_train"].clone()
         data["y_train"][0] = -data["y_train"][0] if name == "boolean_dataset" else 9 - data["y_train"][0]
         return data
@@ -252,7 +252,7 @@ def test_every_grid_flag_merges_its_repeats_with_one_note_each(capsys):
 
 def test_summarize_shows_each_config_as_its_own_row_and_counts_a_copy_once(tmp_path, capsys):
     """A 1-epoch and a 2-epoch seed-0 run, a 2-epoch seed-1 run, and a copy of the 2-epoch seed-0
-    folder: two rows, "epochs 1" (1/1) and "epochs 2" (2/2), and a warning for the copy."""
+    folder: two rows, epochs 1 (1/1) and 2 (2/2) in an "epochs" column, and a warning for the copy."""
     for folder, flags in (("e1", ["--epochs", "1"]), ("e2", ["--epochs", "2"]),
                           ("e2s1", ["--epochs", "2", "--seed", "1"])):
         assert train.main([*MAJORITY, *flags, "--out", str(tmp_path / folder)]) == 0
@@ -264,9 +264,9 @@ def test_summarize_shows_each_config_as_its_own_row_and_counts_a_copy_once(tmp_p
                    f"{tmp_path / 'e2' / 'result.json'} again (same task, init, seed, config and "
                    f"data): counted once\n")
     table = (tmp_path / "table.md").read_text()
-    assert table.startswith("## Results\n\n| task | init | config | seeds | train loss |")
+    assert table.startswith("## Results\n\n| task | init | epochs | seeds | train loss |")
     rows = [row.split(" | ")[:4] for row in table.splitlines() if row.startswith("| majority")]
-    assert rows == [["| majority", "mask", "epochs 1", "1/1"], ["| majority", "mask", "epochs 2", "2/2"]] * 2
+    assert rows == [["| majority", "mask", "1", "1/1"], ["| majority", "mask", "2", "2/2"]] * 2
     curves = (tmp_path / "curves.svg").read_text()
     assert "mask epochs 1 (1 seed)" in curves and "mask epochs 2 (2 seeds)" in curves
 

@@ -1,4 +1,4 @@
-"""The Boolean GOTU tasks against their definitions (Section 5.1, anchors.md)."""
+"""The Boolean GOTU tasks against their definitions (the paper's Section 5.1; the tasks of aryol/GOTU)."""
 import pytest
 import torch
 
@@ -20,14 +20,14 @@ def test_seen_domain_and_dataset(name, seen_fraction):
     data = tasks.boolean_dataset(name)
     assert len(data["x_train"]) == seen_fraction * 2 ** 15
     assert len(data["x_test"]) == 2 ** 15 and data["unseen"].float().mean() == 1 - seen_fraction
-    task = tasks.BOOLEAN_TASKS[name]
-    assert task.seen(data["x_train"]).all()
-    torch.testing.assert_close(data["y_train"], task.target(data["x_train"]))
+    task = tasks.boolean_task(name, data["x_train"])
+    assert task.seen.all()
+    torch.testing.assert_close(data["y_train"], task.target)
 
 
 def test_targets_match_their_definitions_pointwise():
     x = CUBE[torch.randperm(len(CUBE), generator=torch.Generator().manual_seed(0))[:200]]
-    for row, f2, fm, fc, ft in zip(x.tolist(), *(tasks.BOOLEAN_TASKS[n].target(x).tolist()
+    for row, f2, fm, fc, ft in zip(x.tolist(), *(tasks.boolean_task(n, x).target.tolist()
                                                for n in ("2parity", "majority", "cyclic3", "threesym"))):
         assert f2 == row[0] * row[1]
         assert fm == (1 if row[0] + row[1] + row[2] > 0 else -1)
@@ -37,29 +37,27 @@ def test_targets_match_their_definitions_pointwise():
 
 @pytest.mark.parametrize("name", list(tasks.BOOLEAN_TASKS))
 def test_mdi_agrees_on_seen_and_not_on_unseen(name):
-    task = tasks.BOOLEAN_TASKS[name]
-    seen = task.seen(CUBE)
-    f, mdi = task.target(CUBE), task.mdi(CUBE)
+    task = tasks.boolean_task(name, CUBE)
+    seen, f, mdi = task.seen, task.target, task.mdi
     torch.testing.assert_close(mdi[seen], f[seen])
     assert (mdi[~seen] != f[~seen]).any()
 
 
 @pytest.mark.parametrize("name", list(tasks.BOOLEAN_TASKS))
 def test_target_takes_only_its_listed_values(name):
-    task = tasks.BOOLEAN_TASKS[name]
-    if task.values is not None:
-        assert set(task.target(CUBE).unique().tolist()) <= set(task.values)
+    values = tasks.BOOLEAN_TASKS[name]
+    if values is not None:
+        assert set(tasks.boolean_task(name, CUBE).target.unique().tolist()) <= set(values)
 
 
 @pytest.mark.parametrize("name, test_loss, unseen_loss, test_acc", [
-    ("2parity", 4.0, 16.0, 75.0),      # anchors.md: MDI full-cube MSE 4 (16 on the unseen part)
-    ("threesym", 9.625, 19.25, None),  # anchors.md: 9.625; the paper reports no accuracy
+    ("2parity", 4.0, 16.0, 75.0),      # unseen: the MDI x0 + x1 - 1 is -3 where f = 1: error 16
+    ("threesym", 9.625, 19.25, None),  # unseen: f = -MDI, error 4 (1 + 1.25^2 + 1.5^2); no accuracy
     ("majority", 1.0, 4.0, 87.5),      # unseen: MDI = 2 x2 - 1 is 1 or -3 where f = -1: error 4
     ("cyclic3", 8.0, 64.0, 87.5),      # unseen: the MDI gives 7 where x0 x1 x2 = -1
 ])
 def test_mdi_scores_through_our_metrics(name, test_loss, unseen_loss, test_acc):
-    task = tasks.BOOLEAN_TASKS[name]
-    metrics = tasks.boolean_metrics(name, task.mdi(CUBE), CUBE)
+    metrics = tasks.boolean_metrics(name, tasks.boolean_task(name, CUBE).mdi, CUBE)
     assert metrics["test_loss"] == pytest.approx(test_loss)
     assert metrics["unseen_loss"] == pytest.approx(unseen_loss)
     assert metrics["unseen_mse_to_mdi"] == 0
@@ -68,28 +66,30 @@ def test_mdi_scores_through_our_metrics(name, test_loss, unseen_loss, test_acc):
 
 @pytest.mark.parametrize("name", list(tasks.BOOLEAN_TASKS))
 def test_target_scores_perfectly(name):
-    task = tasks.BOOLEAN_TASKS[name]
-    metrics = tasks.boolean_metrics(name, task.target(CUBE), CUBE)
+    metrics = tasks.boolean_metrics(name, tasks.boolean_task(name, CUBE).target, CUBE)
     assert metrics["test_loss"] == 0 and metrics["unseen_loss"] == 0
     assert metrics["unseen_mse_to_mdi"] > 0
-    if task.values is not None:
+    if tasks.BOOLEAN_TASKS[name] is not None:
         assert metrics["test_acc"] == 100 and metrics["unseen_acc"] == 100
 
 
 def test_accuracy_rounds_to_the_nearest_possible_value():
-    values = tasks.BOOLEAN_TASKS["cyclic3"].values
+    values = tasks.BOOLEAN_TASKS["cyclic3"]
     pred = torch.tensor([0.9, -0.2, 2.1, 14.0, -20.0])
-    assert tasks.round_to_values(pred, values).tolist() == [1.0, -1.0, 3.0, 13.0, -15.0]
+    nearest = [1.0, -1.0, 3.0, 13.0, -15.0]
+    for i, value in enumerate(nearest):     # right exactly when the truth is the nearest possible value
+        assert tasks.boolean_accuracy(pred[i:i + 1], torch.tensor([value]), values) == 100
+        assert tasks.boolean_accuracy(pred[i:i + 1], torch.tensor([value + 2]), values) == 0
     assert tasks.boolean_accuracy(pred, torch.tensor([1.0, -1.0, 1.0, 15.0, -15.0]), values) == pytest.approx(60.0)
     assert tasks.boolean_accuracy(pred, pred, None) is None
 
 
 def test_fourier_coefficients_of_majority():
     """Maj(x0, x1, x2) = (x0 + x1 + x2 - x0 x1 x2) / 2 (Section 5.1)."""
-    coeffs = tasks.fourier_coefficients(tasks.BOOLEAN_TASKS["majority"].target(CUBE), CUBE)
+    coeffs = tasks.fourier_coefficients(tasks.boolean_task("majority", CUBE).target, CUBE)
     expected = {"1": 0, "x0": 0.5, "x1": 0.5, "x2": 0.5, "x0x1": 0, "x0x2": 0, "x1x2": 0,
                 "x0x1x2": -0.5}
     assert coeffs == pytest.approx(expected, abs=1e-12)
-    mdi = tasks.fourier_coefficients(tasks.BOOLEAN_TASKS["majority"].mdi(CUBE), CUBE)
+    mdi = tasks.fourier_coefficients(tasks.boolean_task("majority", CUBE).mdi, CUBE)
     assert mdi == pytest.approx({"1": 0, "x0": 0.5, "x1": 0.5, "x2": 1, "x0x1": 0, "x0x2": -0.5,
                                  "x1x2": -0.5, "x0x1x2": 0}, abs=1e-12)
