@@ -232,6 +232,11 @@ class Transformer(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, out_dim)
 
+    def no_weight_decay(self):
+        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
+        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
+        return {"pos", "cls"}
+
     def forward(self, tokens, return_attn=False):
         x = self.embed(tokens)                                     # (B, n, dim)
         if self.cls is not None:
@@ -276,6 +281,11 @@ class GPT(nn.Module):
             if name.endswith("attn.proj.weight") or name.endswith("mlp.out.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
         nn.init.normal_(self.pos, std=0.02)
+
+    def no_weight_decay(self):
+        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
+        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
+        return {"pos"}
 
     def forward(self, idx, targets=None, return_attn=False):
         """idx (B, T) token ids -> logits (B, T, vocab); with targets (logits, mean cross-entropy);
@@ -331,6 +341,11 @@ class ViT(nn.Module):
         self.head = nn.Linear(dim, num_classes)
         _init_weights(self, truncated=True)                       # timm's ViT init
         nn.init.trunc_normal_(self.pos, std=0.02)
+
+    def no_weight_decay(self):
+        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
+        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
+        return {"pos", "cls"}
 
     def forward(self, images, return_attn=False):
         """images (B, C, H, W) -> class logits (B, num_classes) [, each layer's (B, H, N, N)]."""
@@ -1209,15 +1224,17 @@ def from_pretrained(model_class, path, **kwargs):
     _patch(named, list(masks.values()), records[0]["mode"], records[0]["scale"])
     return model
 
-def param_groups(model, weight_decay, mask_decay=0.0):
+def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=False):
     """Optimizer parameter groups, each trainable parameter once: weight matrices and embeddings
     (dim >= 2) decayed by weight_decay, but for the names that no_weight_decay() lists, of the model
     or of any module inside it (timm's pos_embed, cls_token; fnmatch patterns, as timm reads them);
     biases and norm gains not; every M (MaskedSelfAttention's and add_mask_prior's) by mask_decay
     alone. Weight decay pulls M toward 0, the neutral mask of Appendix A.1, and erases the prior;
     timm's create_optimizer_v2 and the HF Trainer decay M (its name lacks "bias"), as nanoGPT's
-    configure_optimizers does (dim >= 2). For torch.optim (AdamW(groups, lr=...)), timm's
-    create_optimizer_v2(groups, ...) and the HF Trainer's optimizers=(optimizer, None)."""
+    configure_optimizers does (dim >= 2). mask_lr: M's own learning rate (the other groups take the
+    optimizer's); decay_all: weight_decay on every parameter but M (aryol/GOTU's coupled Adam decay).
+    For torch.optim (AdamW(groups, lr=...)), timm's create_optimizer_v2(groups, ...) and the HF
+    Trainer's optimizers=(optimizer, None)."""
     import fnmatch
     masks = {id(m.mask) for m in model.modules()
              if isinstance(m, MaskedSelfAttention) or hasattr(m, "mask_prior_name")}
@@ -1230,9 +1247,12 @@ def param_groups(model, weight_decay, mask_decay=0.0):
             continue
         if id(p) in masks:
             mask.append(p)
-        elif p.dim() >= 2 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in no_decay):
+        elif decay_all or p.dim() >= 2 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in no_decay):
             decayed.append(p)
         else:
             kept.append(p)
-    return [{"params": ps, "weight_decay": decay}
-            for ps, decay in ((decayed, weight_decay), (kept, 0.0), (mask, mask_decay)) if ps]
+    groups = [{"params": decayed, "weight_decay": weight_decay}, {"params": kept, "weight_decay": 0.0},
+              {"params": mask, "weight_decay": mask_decay}]
+    if mask_lr:
+        groups[2]["lr"] = mask_lr
+    return [group for group in groups if group["params"]]

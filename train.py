@@ -7,12 +7,17 @@
     python train.py --task images --data-dir DIR                   # your own images (text: --help)
     python train.py --summarize runs/grid                          # tables of finished runs
 
-Part A, the experiment, read beside the paper: the presets (its setup tables) and inits (Table 1's
-rows), the optimizer, each family's setup, ONE training loop (`train`), one run (prior before ->
-train -> prior after -> result.json), the command line and `main`. Part B, the run machinery behind
-it: errors, atomic files, the folder lock, signals, checkpoints and --resume, data fingerprints, RNG
-state, torchrun, threads and devices. Uses maskprior.py (models, masks, QK baselines) and tasks.py
-(data, metrics, tables).
+Read top to bottom beside the paper:
+  1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu").
+  2. Inits: the rows of Table 1 and of the vision and language tables.
+  3. A run's settings: ONE record (`Run`) from the command line to the run; the optimizer.
+  4. The experiment of each family: its model with the prior, its batches, loss and evaluation.
+  5. THE training loop (`train`), the same for every family, every step in view.
+  6. One run: the prior before, training, the prior after (Section 6.1), result.json.
+  7. The command line: the flags, the runs they ask for (`plan`), a grid, `main`.
+  8. The machinery behind it: errors, atomic files, the folder lock, checkpoints, data fingerprints,
+     signals, torchrun, the machine.
+Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, metrics, tables).
 """
 
 import os
@@ -54,11 +59,7 @@ from tqdm import tqdm
 import maskprior
 import tasks
 
-# ==================================================================================================
-# Part A. The experiment
-# ==================================================================================================
-
-# === A.1 Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu") =====
+# === 1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu") =======
 # Boolean GOTU, Table "Training setup for Boolean tasks" (layers, heads, Adam, lr, batch, epochs; an unnamed
 # schedule, cosine here). The rest is the aryol/GOTU code's model, which the paper builds on: width 256,
 # coupled weight decay on every parameter but M (its decay: --mask-decay), positions and CLS drawn from
@@ -117,9 +118,9 @@ TASK_PRESETS = {
 # Table "NLP task setup" fixes seed 1337 and Table "Experimental setup for ImageNet100" seed 42.
 PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 
-# === A.2 Inits: the rows of Table 1 and of the vision and language tables =========================
-# --init -> (MaskedSelfAttention's mode, where the prior goes: mask_inits, add_prior). The prior is always the
-# task's own pattern ("the same prior, in M or in W_Q / W_K"), or in mask inits --mask-from's learned one.
+# === 2. Inits: the rows of Table 1 and of the vision and language tables ===========================
+# --init -> (MaskedSelfAttention's mode, where the prior goes). The prior is always the task's own pattern
+# ("the same prior, in M or in W_Q / W_K"), or in the mask inits --mask-from's learned one.
 INITS = {
     "default": ("none", None),                  # vanilla Transformer, no prior
     "mask": ("learnable", "mask"),              # the paper: learnable log sigmoid(M), M = pattern
@@ -133,55 +134,71 @@ INITS = {
 }
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
 MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask")   # M holds the prior
+TRAINED_MASK_INITS = tuple(i for i, (mode, _) in INITS.items() if mode in ("learnable", "hadamard"))
+TIMM_INITS = ("default", "mask", "mask-fixed")  # --model timm: its ViT as is, or M by add_mask_prior
 
-def trains_mask(init):
-    """M is a parameter the optimizer moves (learnable and Hadamard; not mask-fixed, not vanilla)."""
-    return INITS[init][0] in ("learnable", "hadamard")
+# === 3. A run's settings, and the optimizer ======================================================
+@dataclass
+class Run:
+    """One run of a command (a cell of its grid), everything it needs in one record. plan() builds it
+    from the command line; config is what result.json records: the preset, the task's changes to it and
+    the flags given, merged once (make_config)."""
+    family: str                        # boolean, arithmetic, language or vision (FAMILIES)
+    task: str
+    init: str
+    seed: int
+    config: dict
+    folder: str                        # result.json, checkpoint.pt and the pictures go here
+    grid: bool = False                 # one cell of a grid: --resume continues it only if it has a checkpoint
+    resume: bool = False               # --resume
+    data_dir: str = "data"             # where corpora and images are read (--data-dir)
+    bpe_file: Optional[str] = None     # GPT-2's ranks file (--bpe-file)
+    download: bool = False             # vision: fetch CIFAR (--download)
+    workers: int = 0                   # vision: loader processes (8 beside a GPU, else 0)
+    compile: bool = False              # vision: torch.compile (--compile)
+    progress: bool = True              # tqdm's bar, on a terminal
+    threads: int = 1                   # torch CPU threads (--threads, else the free cores)
+    threads_given: bool = False        # --threads was given (--resume otherwise keeps the checkpoint's)
+    device: torch.device = torch.device("cpu")   # --device (torchrun: each rank its own GPU)
+    fingerprint: Optional[dict] = None  # the digest of its data (data_fingerprint), once it is read
 
-# The four families (their tasks: tasks.FAMILY_OF): inits, the paper's mask magnitude A (open +A, closed -A).
-FAMILIES = {
-    "boolean": {"inits": ENCODER_INITS, "magnitude": maskprior.OPEN},
-    "arithmetic": {"inits": ENCODER_INITS, "magnitude": maskprior.ARITHMETIC_OPEN},
-    "language": {"inits": ("default", "mask", "mimetic"), "magnitude": maskprior.GPT_MASK_SCALE},
-    "vision": {"inits": ("default", "mimetic", "impulse", "mask-fixed", "mask"), "magnitude": maskprior.OPEN},
-}
-PRESETS = {"boolean": BOOLEAN_PRESETS, "arithmetic": ARITHMETIC_PRESETS, "language": LM_PRESETS,
-           "vision": VISION_PRESETS}
+    @property
+    def name(self):                    # "majority/mask/seed0", the bar's and the log's
+        return f"{self.task}/{self.init}/seed{self.seed}"
 
-# === A.3 The optimizer ============================================================================
+    @property
+    def checkpoint(self):
+        return os.path.join(self.folder, "checkpoint.pt")
+
+    def meta(self, world):
+        """What checkpoint.pt records of the run, for --resume to compare with the command that resumes."""
+        return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
+                "world_size": world, "data_fingerprint": self.fingerprint}
+
 def make_optimizer(model, config):
     """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer: weight decay enters the
     gradient, so Adam rescales it) or AdamW decaying weight matrices only (nanoGPT, timm). M is a group of
-    its own, decayed by --mask-decay alone (default 0: decay pulls M toward the neutral mask, Appendix
-    A.1, and so erodes the prior whose persistence is Section 6.1's point) at --mask-lr (default --lr)."""
-    groups = {"weights": [], "others": [], "mask": []}
-    no_decay = {"pos", "cls", *getattr(model, "no_weight_decay", set)()}   # timm: pos_embed, cls_token
-    for name, p in model.named_parameters():
-        decays = config["optimizer"] == "adam" or (p.dim() >= 2 and name not in no_decay)
-        if not p.requires_grad:
-            continue
-        if name.endswith("mask"):
-            groups["mask"].append(p)
-        else:
-            groups["weights" if decays else "others"].append(p)
-    decay = {"weights": config["weight_decay"], "others": 0.0, "mask": config["mask_decay"]}
-    lrs = {"weights": config["lr"], "others": config["lr"], "mask": config.get("mask_lr") or config["lr"]}
+    its own (maskprior.param_groups), decayed by --mask-decay alone (default 0: decay pulls M toward the
+    neutral mask, Appendix A.1, and so erodes the prior whose persistence is Section 6.1's point) at
+    --mask-lr (default --lr)."""
+    groups = maskprior.param_groups(model, config["weight_decay"], config["mask_decay"],
+                                    mask_lr=config.get("mask_lr"), decay_all=config["optimizer"] == "adam")
     Optimizer = torch.optim.Adam if config["optimizer"] == "adam" else torch.optim.AdamW
-    return Optimizer([{"params": ps, "weight_decay": decay[g], "lr": lrs[g]} for g, ps in groups.items() if ps])
+    return Optimizer(groups, lr=config["lr"])
 
-# === A.4 The experiment of each family: its data (built once), model, loss, evaluation ============
+# === 4. The experiment of each family: its model with the prior, batches, loss and evaluation =======
 @dataclass
 class Experiment:
-    """What a setup returns; a round: an epoch, or eval_every language iterations."""
+    """What a family's setup builds for the loop. A round is an epoch, or eval_every language iterations."""
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    schedule: object
+    schedule: object                   # an lr scheduler, stepped after every optimizer step
     rounds: int                        # epochs, or evaluation intervals of a language run
-    steps: int                         # optimizer steps in all (for the progress bar)
-    batches: Callable                  # round -> iterable of that round's batches
-    loss_of: Callable                  # (network, batch) -> scalar training loss
-    evaluate: Callable                 # () -> metrics added to the history entry
-    final: Callable                    # (state, world) -> result.json "final"
+    steps: int                         # optimizer steps in all (the progress bar's total)
+    batches: Callable                  # round -> that round's batches
+    loss_of: Callable                  # (network, batch) -> scalar training loss: the forward pass
+    evaluate: Callable                 # () -> metrics added to the round's history entry
+    final: Callable                    # (state, world) -> result.json's "final" numbers
     eval_every: int = 1                # rounds between evaluations (and always after the last)
     unit: str = "epoch"                # the history's counter: "epoch" or "iter"
     probe: Optional[torch.Tensor] = None    # inputs the persistence numbers average attention over
@@ -190,58 +207,38 @@ class Experiment:
     true_pattern: Optional[torch.Tensor] = None  # the task's exact pattern (persistence "true_")
     generators: tuple = ()             # random streams besides torch's own, kept by checkpoints
     info: dict = field(default_factory=dict)  # further result.json fields (init_seconds: QK init)
-    net: Optional[torch.nn.Module] = None     # what the loop calls: the model, or its DDP / compiled form
 
-def load_data(family, task, config, seed, args, device):
-    """A run's data, built or read once per command (tasks.py's loaders cache it): the Boolean cube and
-    seen set (Section 5.1), the arithmetic split of this seed (Section 5.2), a corpus (Appendix), an
-    image set (Section 5.3)."""
-    if family == "boolean":
-        return tasks.boolean_dataset(task)
-    if family == "arithmetic":
-        return tasks.arithmetic_dataset(task, config["train_frac"], seed, config["eval_size"])
-    if family == "language":
-        data = tasks.lm_dataset(task, args.data_dir, args.bpe_file)
-        tasks.check_lm_splits(data, config["block_size"])
-        return data
-    return vision_data(task, (config["image_size"], config["randaugment"], config["crop_scale"]), args, device)
-
-# --- Boolean GOTU (Section 5.1, Table 1): train on the seen points, test on the whole cube -----
-def boolean_setup(task, init, seed, config, device, data):
-    exact = maskprior.boolean_mask(task, config["layers"], config["heads"],
+# --- Boolean GOTU (Section 5.1, Table 1): train on the seen points, test on the whole cube -----------
+def boolean_setup(run, data, place):
+    device, config = place.device, run.config
+    exact = maskprior.boolean_mask(run.task, config["layers"], config["heads"],
                                    config.get("mask_variant"))                    # (L, H, N, N)
-    pattern = exact
-    if config.get("mask_error"):                                                  # KIND:P
-        kind, fraction = config["mask_error"].split(":")
-        pattern = maskprior.edit_pattern(exact, kind, float(fraction), seed, cls_row=True)
-    model, seconds = build_encoder(init, scaled_pattern(pattern, config, "boolean"), config, seed,
-                                   device, vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1, out_dim=1)
+    pattern = prior_pattern(run, exact, cls_row=True)
+    model, seconds = build_encoder(run, pattern, device, vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1,
+                                   out_dim=1)
     def loss_of(net, batch):                     # the aryol/GOTU loss: MSE of the CLS readout
         return F.mse_loss(net(batch[0].to(device)).squeeze(-1), batch[1].to(device))
     def evaluate():                              # the whole cube, seen and unseen
-        return tasks.boolean_metrics(task, tasks.boolean_predictions(model, data["x_test"]), data["x_test"])
+        return tasks.boolean_metrics(run.task, tasks.boolean_predictions(model, data["x_test"]), data["x_test"])
     def final(state, world):                     # and the learned function's Fourier weights
         pred = tasks.boolean_predictions(model, data["x_test"])
-        return {**tasks.boolean_metrics(task, pred, data["x_test"]),
+        return {**tasks.boolean_metrics(run.task, pred, data["x_test"]),
                 "train_loss": state["history"][-1]["train_loss"],
                 "fourier": tasks.fourier_coefficients(pred, data["x_test"])}
     return encoder_experiment(
-        model, tasks.boolean_tokens(data["x_train"]), data["y_train"], seed, config, loss_of,
-        evaluate, final, probe=tasks.boolean_tokens(data["x_test"]), pattern=pattern,
-        true_pattern=exact, info={"init_seconds": seconds})
+        run, model, tasks.boolean_tokens(data["x_train"]), data["y_train"], loss_of, evaluate, final,
+        probe=tasks.boolean_tokens(data["x_test"]), pattern=pattern, true_pattern=exact,
+        info={"init_seconds": seconds})
 
-# --- Three-digit arithmetic (Section 5.2): train on a seeded fraction, score held-out pairs ---
-def arithmetic_setup(task, init, seed, config, device, data):
-    exact = maskprior.ARITHMETIC_MASKS[task](config["layers"], config["heads"])
-    pattern = exact                                                               # (L, H, N, N)
-    if config.get("mask_error"):                                                  # KIND:P
-        kind, fraction = config["mask_error"].split(":")
-        pattern = maskprior.edit_pattern(exact, kind, float(fraction), seed)
+# --- Three-digit arithmetic (Section 5.2): train on a seeded fraction, score held-out pairs -----------
+def arithmetic_setup(run, data, place):
+    device, config = place.device, run.config
+    exact = maskprior.ARITHMETIC_MASKS[run.task](config["layers"], config["heads"])
+    pattern = prior_pattern(run, exact)                                              # (L, H, N, N)
     # Structured SVD on arithmetic opens with 10000 and closes with 0 (Table "Arithmetic task
     # setup"); the encoder reads a 10-way digit at every position, no CLS.
     model, seconds = build_encoder(
-        init, scaled_pattern(pattern, config, "arithmetic"), config, seed, device,
-        {"open_logit": 1e4, "noise_scale": 0.0}, vocab_size=tasks.ARITHMETIC_VOCAB,
+        run, pattern, device, {"open_logit": 1e4, "noise_scale": 0.0}, vocab_size=tasks.ARITHMETIC_VOCAB,
         seq_len=pattern.shape[-1], out_dim=10, cls_token=False, readout="tokens")
     def loss_of(net, batch):                     # cross-entropy on the answer digits
         with tasks.autocast(device):
@@ -256,24 +253,26 @@ def arithmetic_setup(task, init, seed, config, device, data):
         return {**tasks.arithmetic_metrics(logits, data["y_eval"]),
                 "train_loss": state["history"][-1]["train_loss"]}
     return encoder_experiment(
-        model, data["x_train"], data["y_train"], seed, config, loss_of, sample_metrics, final,
+        run, model, data["x_train"], data["y_train"], loss_of, sample_metrics, final,
         probe=data["x_eval"][:4096], pattern=pattern, true_pattern=exact,
         info={"init_seconds": seconds, "train_pairs": len(data["x_train"]),
               "eval_pairs": data["eval_pairs"], "held_out_pairs": data["held_out_pairs"]})
 
-# --- Language (Appendix "Wiki-text and Tiny-stories", Table "Perplexity (PPL) comparison") ---
-def lm_setup(task, init, seed, config, device, data, rank):
+# --- Language (Appendix "Wiki-text and Tiny-stories", Table "Perplexity (PPL) comparison") -----------
+def lm_setup(run, data, place):
     """A GPT with no prior, the causal relative-distance mask (M_ij = -max(i - j, 0), scale s = A)
     or mimetic W_Q / W_K; nanoGPT's random windows, one stream per rank; whole-split perplexity."""
+    device, config, seed = place.device, run.config, run.seed
     L, H, T = config["layers"], config["heads"], config["block_size"]
-    masks = mask_inits(init, maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1))
+    relative = maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1)         # (L, H, T, T)
+    masks = initial_mask(run, prior_pattern(run, relative))
     model = maskprior.GPT(data["vocab_size"], T, config["dim"], L, H, config["dropout"],
-                          mode=INITS[init][0], masks=masks, mask_scale=config["mask_magnitude"])
-    add_prior(model, init, None, seed)
+                          mode=INITS[run.init][0], masks=masks, mask_scale=config["mask_magnitude"])
+    qk_prior(model, run.init, None, seed)
     model.to(device)
     optimizer = make_optimizer(model, config)
-    windows = torch.Generator().manual_seed(seed + 1000 * rank)
-    torch.manual_seed(seed + 1000 * rank)        # dropout differs across ranks, as it should
+    windows = torch.Generator().manual_seed(seed + 1000 * place.rank)
+    torch.manual_seed(seed + 1000 * place.rank)  # dropout differs across ranks, as it should
     E, iters = config["eval_every"], config["iters"]
     def batches(r):                              # iterations (r - 1) E + 1 ... min(r E, iters)
         count = min(E, iters - (r - 1) * E)
@@ -296,61 +295,44 @@ def lm_setup(task, init, seed, config, device, data, rank):
                 "sample": data["decode"](sample[0].tolist())}
     # Where attention goes (attention_*.pt, what --mask-from reads): the first 64 validation windows.
     probe = torch.stack([data["val"][s:s + T] for s in range(0, len(data["val"]) - T, T)][:64])
-    return Experiment(model, optimizer, cosine(optimizer, iters), math.ceil(iters / E), iters,
-                      batches, loss_of, validation, final, unit="iter", probe=probe,
-                      generators=(windows,), info=data.get("info", {}))
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, iters)
+    return Experiment(model, optimizer, schedule, math.ceil(iters / E), iters, batches, loss_of, validation,
+                      final, unit="iter", probe=probe, generators=(windows,), info=data.get("info", {}))
 
-# --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup: Tables "Experimental setup for ..."
-def vision_schedule(optimizer, config, steps_per_epoch):
-    """Per-step lr (Tables "Experimental setup for ..."): linear warmup, cosine to min_lr, cooldown."""
-    lr, warmup = optimizer.param_groups[0]["lr"], config["warmup_epochs"] * steps_per_epoch
-    decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
-    floor, parts, milestones = min(config["min_lr"], lr), [], []
-    if warmup:
-        parts.append(torch.optim.lr_scheduler.LinearLR(
-            optimizer, start_factor=min(1.0, config["warmup_lr"] / lr), total_iters=warmup))
-        milestones.append(warmup)
-    parts.append(cosine(optimizer, decay, floor))
-    if config["cooldown_epochs"]:
-        parts.append(torch.optim.lr_scheduler.ConstantLR(
-            optimizer, factor=floor / lr, total_iters=config["cooldown_epochs"] * steps_per_epoch))
-        milestones.append(warmup + decay)
-    return torch.optim.lr_scheduler.SequentialLR(optimizer, parts, milestones)
-
-def timm_vit(config, data, masks, mode):
-    """--model timm: timm's VisionTransformer (qkv bias, drop path rising to drop_path, CLS or average
-    pool) of the preset's shape; M, if any, put in by maskprior.add_mask_prior."""
-    import timm
-    model = timm.models.VisionTransformer(
-        img_size=config["image_size"], patch_size=config["patch_size"], in_chans=data.get("channels", 3),
-        num_classes=data["classes"], embed_dim=config["dim"], depth=config["layers"],
-        num_heads=config["heads"], mlp_ratio=config["mlp_dim"] / config["dim"],
-        drop_path_rate=config["drop_path"], global_pool="token" if config["pool"] == "cls" else "avg")
-    if masks is not None:
-        maskprior.add_mask_prior(model, masks, mode=mode)
-    return model
-
-def vision_setup(task, init, seed, config, device, data, rank, world, workers):
+# --- Vision (Section 5.3, Table "Best Top-1 accuracy"; setup: Tables "Experimental setup for ...") ---
+def vision_setup(run, data, place):
     """A ViT with the 3 x 3 impulse pattern as prior, in M or in W_Q / W_K (impulse); RandAugment,
     MixUp / CutMix, label smoothing, AdamW with vision_schedule; each epoch seeded by (seed, epoch, rank)."""
     from torchvision.ops import StochasticDepth
+    device, rank, world = place
+    config, seed = run.config, run.seed
     L, H = config["layers"], config["heads"]
-    pattern = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])
+    exact = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])   # (L, H, N, N)
+    pattern = prior_pattern(run, exact)
+    masks = initial_mask(run, pattern)
+    true_pattern = exact if config.get("mask_from") else None
     rates = torch.linspace(0, config["drop_path"], L).tolist()   # drop path rising to 0.1
-    masks = mask_inits(init, scaled_pattern(pattern, config, "vision"))
-    if config.get("model") == "timm":
-        model, pattern = timm_vit(config, data, masks, INITS[init][0]), None    # no return_attn
+    if config.get("model") == "timm":            # timm's VisionTransformer of the preset's shape, M put
+        import timm                              # in by add_mask_prior; no return_attn: no attention maps
+        model = timm.models.VisionTransformer(
+            img_size=config["image_size"], patch_size=config["patch_size"], in_chans=data.get("channels", 3),
+            num_classes=data["classes"], embed_dim=config["dim"], depth=L, num_heads=H,
+            mlp_ratio=config["mlp_dim"] / config["dim"], drop_path_rate=config["drop_path"],
+            global_pool="token" if config["pool"] == "cls" else "avg")
+        if masks is not None:
+            maskprior.add_mask_prior(model, masks, mode=INITS[run.init][0])
+        pattern = None
     else:
         model = maskprior.ViT(config["image_size"], config["patch_size"], data["classes"], config["dim"],
                               L, H, config["mlp_dim"], channels=data.get("channels", 3),
-                              mode=INITS[init][0], masks=masks, pool=config["pool"],
+                              mode=INITS[run.init][0], masks=masks, pool=config["pool"],
                               drop_paths=[StochasticDepth(r, "row") for r in rates])
-    seconds = add_prior(model, init, pattern, seed)
+    seconds = qk_prior(model, run.init, pattern, seed)
     model.to(device)
     if config["batch_size"] % world:
         raise UsageError(f"--batch-size {config['batch_size']} does not split over {world} processes")
     train_loader, test_loader, sampler = tasks.vision_loaders(
-        data, config["batch_size"], rank, world, workers, seed, pin_memory=device.type == "cuda")
+        data, config["batch_size"], rank, world, run.workers, seed, pin_memory=device.type == "cuda")
     if len(train_loader) == 0:
         raise UsageError(f"--batch-size {config['batch_size']} is larger than the training set "
                          f"({len(data['train'])} images)")
@@ -381,40 +363,71 @@ def vision_setup(task, init, seed, config, device, data, rank, world, workers):
                 "train_loss": last["train_loss"],
                 "images_per_second": state["samples"] * world / state["train_seconds"]}
     probe = None
-    if pattern is not None:                     # fixed images; timm's ViT: no attention maps
+    if pattern is not None:                     # fixed test images: the attention maps' inputs
         probe = torch.stack([data["test"][i][0] for i in range(min(64, len(data["test"])))])
     return Experiment(model, optimizer, vision_schedule(optimizer, config, len(train_loader)), rounds,
                       rounds * len(train_loader), batches, loss_of, top1, final,
                       eval_every=config["eval_every"], probe=probe, probe_batch=16, pattern=pattern,
-                      info={"init_seconds": seconds, **data.get("info", {})})
+                      true_pattern=true_pattern, info={"init_seconds": seconds, **data.get("info", {})})
 
-# --- What the setups share: the encoder with its prior, its experiment, the data of vision runs ---
-def encoder_experiment(model, x, y, seed, config, *functions, **fields):
-    """Boolean / arithmetic: a cosine over all steps, each epoch all (x, y) in seeded shuffled batches."""
-    steps = math.ceil(len(x) / config["batch_size"]) * config["epochs"]
-    optimizer = make_optimizer(model, config)
-    shuffle = torch.Generator().manual_seed(seed)
-    batches = lambda epoch: ((x[idx], y[idx]) for idx in torch.randperm(
-        len(x), generator=shuffle).split(config["batch_size"]))
-    return Experiment(model, optimizer, cosine(optimizer, steps), config["epochs"], steps, batches,
-                      *functions, eval_every=config["eval_every"], generators=(shuffle,), **fields)
+def vision_schedule(optimizer, config, steps_per_epoch):
+    """Per-step lr (Tables "Experimental setup for ..."): linear warmup, cosine to min_lr, cooldown."""
+    lr, warmup = optimizer.param_groups[0]["lr"], config["warmup_epochs"] * steps_per_epoch
+    decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
+    floor, parts, milestones = min(config["min_lr"], lr), [], []
+    if warmup:
+        parts.append(torch.optim.lr_scheduler.LinearLR(
+            optimizer, start_factor=min(1.0, config["warmup_lr"] / lr), total_iters=warmup))
+        milestones.append(warmup)
+    parts.append(torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, decay, eta_min=floor))
+    if config["cooldown_epochs"]:
+        parts.append(torch.optim.lr_scheduler.ConstantLR(
+            optimizer, factor=floor / lr, total_iters=config["cooldown_epochs"] * steps_per_epoch))
+        milestones.append(warmup + decay)
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, parts, milestones)
 
-def build_encoder(init, pattern, config, seed, device, svd_scales=None, **shape):
+# --- What the setups share: the prior (hand-made, edited or learned), the encoder, its batches ---------
+def prior_pattern(run, exact, cls_row=False):
+    """The (L, H, N, N) pattern the prior starts from: the task's exact one (open +A, closed -A in the
+    family's A), edited by --mask-error (Appendix A.2; maskprior.edit_pattern, seeded by the run's seed;
+    cls_row: the Boolean CLS row is edited apart), or learned from --mask-from's run."""
+    config = run.config
+    if config.get("mask_from"):
+        return learned_prior(run, exact.shape)
+    if config.get("mask_error"):
+        kind, fraction = config["mask_error"].split(":")
+        return maskprior.edit_pattern(exact, kind, float(fraction), run.seed, cls_row)
+    return exact
+
+def initial_mask(run, pattern):
+    """M's start for the run's init (INITS): the pattern with open +A and closed -A, A = --mask-magnitude
+    (the GPT: M as it is, its scale s = A; a learned prior: +-A already), zeros (mask-zero), or None."""
+    kind, config = INITS[run.init][1], run.config
+    if kind == "zero":
+        return torch.zeros_like(pattern)
+    if kind != "mask":
+        return None
+    if config.get("mask_from") or run.family == "language":
+        return pattern
+    return pattern * (config["mask_magnitude"] / FAMILIES[run.family]["magnitude"])
+
+def build_encoder(run, pattern, device, svd_scales=None, **shape):
     """maskprior.Transformer on device with the init's prior, in M or in W_Q / W_K; (model, seconds)."""
+    config, init = run.config, run.init
     pos_std = config["pos_std"]                      # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
     model = maskprior.Transformer(
-        masks=mask_inits(init, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
+        masks=initial_mask(run, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
         heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
         cls_std=config.get("cls_std", 0.0), **shape)
     # Structured inits scale positions drawn at 0.02 by NORM_P = 18 (to std 0.36) before their solve;
     # larger starts are scaled up to that std at most, never down (N(0, 1) positions: factor 1).
     pos_scale = maskprior.NORM_P if pos_std == 0 else min(maskprior.NORM_P, max(1.0, 0.36 / pos_std))
-    seconds = add_prior(model, init, pattern, seed, svd_scales, pos_scale)
+    seconds = qk_prior(model, init, pattern, run.seed, svd_scales, pos_scale)
     return model.to(device), seconds
 
-def add_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NORM_P):
-    """Put a QK init's prior into W_Q / W_K, drawing from a generator seeded by seed; returns its
-    seconds. pos_scale first scales the positions (maskprior.NORM_P; 1 for N(0, 1) positions)."""
+def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NORM_P):
+    """Put a QK init's prior into W_Q / W_K (Sections 2.1, 5.1), drawing from a generator seeded by seed;
+    returns its seconds. pos_scale first scales the positions (NORM_P; 1 for N(0, 1) positions)."""
     prior, generator, start = INITS[init][1], torch.Generator().manual_seed(seed), time.time()
     if prior == "svd":
         maskprior.structured_svd_init_(model, pattern, generator=generator, pos_scale=pos_scale,
@@ -425,56 +438,41 @@ def add_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.N
         maskprior.mimetic_init_(model, generator=generator)
     return time.time() - start
 
-def mask_inits(init, pattern):
-    """Each layer's initial M for init (INITS): the (L, H, N, N) pattern, zeros, or None (no M)."""
-    return {"mask": pattern, "zero": torch.zeros_like(pattern)}.get(INITS[init][1])
+def encoder_experiment(run, model, x, y, *functions, **fields):
+    """Boolean / arithmetic: a cosine over all steps, each epoch all (x, y) in seeded shuffled batches."""
+    config = run.config
+    steps = math.ceil(len(x) / config["batch_size"]) * config["epochs"]
+    optimizer = make_optimizer(model, config)
+    shuffle = torch.Generator().manual_seed(run.seed)
+    def batches(epoch):
+        order = torch.randperm(len(x), generator=shuffle)     # drawn when the round starts
+        return ((x[idx], y[idx]) for idx in order.split(config["batch_size"]))
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    return Experiment(model, optimizer, schedule, config["epochs"], steps, batches, *functions,
+                      eval_every=config["eval_every"], generators=(shuffle,), **fields)
 
-def scaled_pattern(pattern, config, family):
-    """The pattern with open +A and closed -A, A = --mask-magnitude (the paper's A by default)."""
-    return pattern * (config["mask_magnitude"] / FAMILIES[family]["magnitude"])
-
-def cosine(optimizer, steps, floor=0.0):
-    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps, eta_min=floor)
-
-def vision_data(task, key, args, device):
-    """A vision data set (tasks.vision_dataset); under torchrun rank 0 downloads it first (--download)."""
-    image_size, randaugment, crop_scale = key
-    _, rank, world = distributed_setup(device)
-    if args.download and rank == 0:
-        tasks.vision_dataset(task, args.data_dir, image_size, True, randaugment, crop_scale)
-    if world > 1 and args.download:
-        dist.barrier()
-    return tasks.vision_dataset(task, args.data_dir, image_size, False, randaugment, crop_scale)
-
-# --- The prior learned from a trained model (--mask-from) ---------------------------------------
-def use_learned_prior(exp, config):
-    """After the usual setup, M := maskprior.learned_mask of the source's attention, +-A over the model's
-    scale s; exp.pattern becomes the learned pattern, exp.true_pattern the hand-made one (GPT: neither)."""
-    folder = config["mask_from"]
-    _, attn, digest = read_source(folder)
+# --- A prior learned from a trained model (--mask-from; the paper's Limitations) -----------------------
+def learned_prior(run, shape):
+    """M's start from the finished run --mask-from names: maskprior.learned_mask of its mean attention
+    after training, +-A over the model's bias scale s (the GPT's: s = A, so +-1, causal); shape
+    (L, H, N, N) is the model's, which the source's maps must have."""
+    config = run.config
+    causal = run.family == "language"
+    scale = config["mask_magnitude"] if causal else 1.0
+    _, attn, digest = read_source(config["mask_from"])
     if digest != config["mask_from_sha256"]:
-        raise UsageError(f"--mask-from {folder}: attention_after.pt changed while this run "
+        raise UsageError(f"--mask-from {config['mask_from']}: attention_after.pt changed while this run "
                          f"started: start it again")
-    layers = maskprior.attention_modules(exp.model)                 # each M: (H, N, N)
-    ours = (len(layers), *layers[0].mask.shape)
-    if tuple(attn.shape) != ours:
-        shape = lambda s: f"{s[0]} layers x {s[1]} heads x {s[2]} x {s[3]}"
-        raise UsageError(f"--mask-from {folder}: its attention maps are {shape(attn.shape)}, this "
-                         f"model's {shape(ours)}: the source needs the same --layers, --heads and "
-                         f"sequence length")
-    learned = maskprior.learned_mask(attn, config["mask_magnitude"] / layers[0].mask_scale,
-                                     config["mask_threshold"], layers[0].causal)    # (L, H, N, N)
-    with torch.no_grad():
-        for attention, mask in zip(layers, learned):
-            attention.mask.copy_(mask)
-    if exp.pattern is not None:
-        exp.true_pattern = exp.pattern if exp.true_pattern is None else exp.true_pattern
-        exp.pattern = learned
+    if tuple(attn.shape) != tuple(shape):
+        theirs, ours = (f"{s[0]} layers x {s[1]} heads x {s[2]} x {s[3]}" for s in (attn.shape, shape))
+        raise UsageError(f"--mask-from {config['mask_from']}: its attention maps are {theirs}, this model's "
+                         f"{ours}: the source needs the same --layers, --heads and sequence length")
+    return maskprior.learned_mask(attn, config["mask_magnitude"] / scale, config["mask_threshold"], causal)
 
-# --mask-from names a finished run whose attention maps become M (use_learned_prior below).
 def read_source(folder):
     """The finished run --mask-from names: (result.json, mean attention after (L, H, N, N), its sha256)."""
-    bad = lambda why: UsageError(f"--mask-from {folder}: {why}")
+    def bad(why):
+        return UsageError(f"--mask-from {folder}: {why}")
     if not os.path.isdir(folder):
         raise bad("no such folder")
     path = os.path.join(folder, "result.json")
@@ -502,129 +500,209 @@ def read_source(folder):
         raise bad("attention_after.pt's mean attention is not finite (NaN or inf)")
     return result, attn.float(), hashlib.sha256(raw).hexdigest()
 
-def learned_prior_config(folder, tau, causal):
-    """result.json config's record of the source run (the hash: --resume refuses a re-trained one)."""
-    result, attn, digest = read_source(folder)
-    learned = maskprior.learned_mask(attn, 1.0, tau, causal)
-    return {"mask_from": os.path.normpath(folder), "mask_from_sha256": digest,
-            "mask_from_task": result["task"], "mask_from_init": result["init"],
-            "mask_from_train_frac": result["config"].get("train_frac"), "mask_from_seed": result["seed"],
-            "mask_threshold": tau, "mask_density": maskprior.open_fraction(learned, causal)}
+# The four families: their presets, inits, the paper's mask magnitude A (open +A, closed -A; the GPT's
+# scale s), rounds between evaluations (language: five evaluations a run), the flags only they take
+# beside their preset's keys, whether their data is read from files, and their setup.
+FAMILIES = {
+    "boolean": {"presets": BOOLEAN_PRESETS, "inits": ENCODER_INITS, "magnitude": maskprior.OPEN,
+                "eval_every": 5, "takes": ("mask_variant", "mask_error"), "files": False,
+                "setup": boolean_setup},
+    "arithmetic": {"presets": ARITHMETIC_PRESETS, "inits": ENCODER_INITS, "magnitude": maskprior.ARITHMETIC_OPEN,
+                   "eval_every": 5, "takes": ("train_frac", "eval_size", "mask_error"), "files": False,
+                   "setup": arithmetic_setup},
+    "language": {"presets": LM_PRESETS, "inits": ("default", "mask", "mimetic"),
+                 "magnitude": maskprior.GPT_MASK_SCALE, "eval_every": None, "takes": ("bpe_file",),
+                 "files": True, "setup": lm_setup},
+    "vision": {"presets": VISION_PRESETS, "inits": ("default", "mimetic", "impulse", "mask-fixed", "mask"),
+               "magnitude": maskprior.OPEN, "eval_every": 1,
+               "takes": ("download", "workers", "compile", "model"), "files": True, "setup": vision_setup},
+}
 
-@dataclass
-class Job:
-    """One run of a command (main builds one per cell of its grid): what to train and where."""
-    family: str
-    task: str
-    init: str
-    seed: int
-    config: dict                       # make_config: the preset, the flags, derived keys
-    out_dir: str
-    data: object = None                # language, vision: the corpus / images (load_data)
-    fingerprint: Optional[dict] = None # what --resume checks the data against (data_fingerprint)
-    resume: bool = False
-    workers: Optional[int] = None      # vision: loader processes (default 8 on CUDA, 0 on the CPU)
-    compile: bool = False              # vision: torch.compile
-    progress: bool = True              # tqdm bars (on a terminal)
-    threads: Optional[int] = None      # torch CPU threads (choose_threads; --resume: the checkpoint's)
-    threads_given: bool = False        # --threads was given
-    data_dir: Optional[str] = None     # where its files were read (own data, corpora, images)
-    def meta(self, world):  # what checkpoint.pt records of the run, for --resume to compare
-        return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
-                "world_size": world, "data_fingerprint": self.fingerprint}
+def load_data(run):
+    """The run's data from tasks.py, whose loaders keep what they built or read: a grid reads its files
+    once. The Boolean cube and seen set (Section 5.1), the arithmetic split of this seed (Section 5.2),
+    a corpus (Appendix), an image set (Section 5.3; under torchrun rank 0 downloads it first)."""
+    config = run.config
+    if run.family == "boolean":
+        return tasks.boolean_dataset(run.task)
+    if run.family == "arithmetic":
+        return tasks.arithmetic_dataset(run.task, config["train_frac"], run.seed, config["eval_size"])
+    if run.family == "language":
+        data = tasks.lm_dataset(run.task, run.data_dir, run.bpe_file)
+        tasks.check_lm_splits(data, config["block_size"])
+        return data
+    _, rank, world = distributed_setup(run.device)
+    arguments = (run.task, run.data_dir, config["image_size"])
+    if run.download and rank == 0:
+        tasks.vision_dataset(*arguments, True, config["randaugment"], config["crop_scale"])
+    if run.download and world > 1:
+        dist.barrier()
+    return tasks.vision_dataset(*arguments, False, config["randaugment"], config["crop_scale"])
 
-# === A.5 The training loop: the same for every family =============================================
-def train(exp, state, guard):
-    """Rounds of minibatch steps (a round: an epoch, or eval_every language iterations), each step
-    batch -> loss -> backward -> step -> lr schedule, each round ending in a history entry of its mean
-    training loss and, every eval_every rounds and after the last, an evaluation. guard (Part B) owns
-    the rest: it cuts a round a checkpoint interrupted back to its batches left, stops a NaN loss before
-    its step (Diverged), keeps checkpoints, and on a signal saves the step under way and stops."""
+# === 5. The training loop: the same for every family ===============================================
+def train(run, exp, net, state, place, stop):
+    """Rounds of minibatch steps (a round: an epoch, or eval_every language iterations), as nanoGPT's loop:
+    forward, the NaN check, backward, step, schedule, progress; a signal ends the run with a checkpoint of
+    the step it came in; each round ends in a history entry, every eval_every rounds (and after the last)
+    in an evaluation and a checkpoint. state (round, step, history, ...) is what checkpoints keep."""
+    device, rank, world = place
+    bar = tqdm(total=exp.steps, initial=state["step"], desc=run.name, leave=False, dynamic_ncols=True,
+               disable=None if run.progress and rank == 0 else True)   # None: on a terminal only
+    started = time.time()
     for r in range(state["round"] + 1, exp.rounds + 1):
-        for batch in guard.batches(r, state):          # round r's batches (after a cut: those left)
-            loss = exp.loss_of(exp.net, batch)          # forward: the family's training loss
-            guard.check(loss, r, state)                 # NaN or infinite on any rank: Diverged
+        if "partial" in state:                         # resumed inside round r: skip its done steps
+            batches, losses, round_start = replay(exp, r, state.pop("partial"), device)
+        else:                                          # the random states before exp.batches, which may
+            round_start = rng_states(exp, device)      # seed: a round cut later is replayed from them
+            batches, losses = iter(exp.batches(r)), []
+        for batch in batches:
+            step_start = time.time()
+            loss = exp.loss_of(net, batch)             # forward: the family's training loss
+            if agreed([not torch.isfinite(loss.detach())], world, device)[0]:    # on any rank
+                raise Diverged(f"loss became {loss.item()} at step {state['step'] + 1} ({exp.unit} {r})")
             exp.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             exp.optimizer.step()
-            exp.schedule.step()                         # every setup's schedule steps per batch
-            guard.stepped(loss, batch, r, state)        # its time, the bar; a signal: stop here
+            exp.schedule.step()                        # every setup's schedule steps per batch
+            losses.append(loss.item())                 # .item() waits for the step: timing is honest
+            state["step"] += 1
+            state["train_seconds"] += time.time() - step_start
+            state["samples"] += len(batch[0])
+            bar.update()
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            signum = agreed([stop.signal or 0], world, device)[0]      # a signal, on any rank
+            if signum:                                 # a checkpoint of this step, then stop
+                cut = {"round": r, "done": len(losses),
+                       "ranks": gather({"losses": losses, "rngs": round_start}, world)}
+                keep_checkpoint(run, exp, state, place, cut)
+                raise Interrupted(signum, position(exp.unit, r, state["step"]))
         entry = {exp.unit: state["step"] if exp.unit == "iter" else r,
-                 "train_loss": guard.round_loss(), "lr": exp.schedule.get_last_lr()[0]}
+                 "train_loss": statistics.fmean(gather(statistics.fmean(losses), world)),
+                 "lr": exp.schedule.get_last_lr()[0]}
         state["history"].append(entry)
+        evaluated = r % exp.eval_every == 0 or r == exp.rounds
+        if evaluated:
+            entry.update(exp.evaluate())               # e.g. Table 1's accuracy on the whole cube
+            # A line a log keeps, above the bar: "majority/mask/seed0 epoch 5/10: train loss 0.0123, test
+            # accuracy 87.50 %, 12 s" (seconds since this process began the run).
+            key, label = tasks.main_metric(run.task)
+            metric = tasks.fmt(entry.get(key))
+            if entry.get(key) is not None and "(%)" in label:
+                metric = f"{entry[key]:.2f} %"
+            last = exp.steps if exp.unit == "iter" else exp.rounds
+            if rank == 0:
+                bar.write(f"{run.name} {exp.unit} {entry[exp.unit]}/{last}: train loss "
+                          f"{tasks.fmt(entry['train_loss'])}, {label.split(' (')[0].split(',')[0]} {metric}, "
+                          f"{time.time() - started:.0f} s")
+                sys.stdout.flush()
         state["round"] = r
-        evaluate = r % exp.eval_every == 0 or r == exp.rounds
-        if evaluate:
-            entry.update(exp.evaluate())                # e.g. Table 1's accuracy on the whole cube
-            guard.report(entry)                         # a line a log keeps
-        guard.round_done(r, state, evaluate)            # a checkpoint at each evaluation
-    guard.finished()
+        signum = agreed([stop.signal or 0], world, device)[0]          # a signal since the last step
+        if evaluated or signum:
+            keep_checkpoint(run, exp, state, place)
+        if signum:
+            raise Interrupted(signum, position(exp.unit, r, state["step"]))
+    if stop.signal:                                    # after the last checkpoint, which holds the run
+        raise Interrupted(stop.signal, position(exp.unit, exp.rounds, state["step"]))
+    bar.close()
 
-# === A.6 One run: the prior before, training, the prior after (Section 6.1), result.json ==========
-def run(job, device, stop):
-    """Build the job's experiment, snapshot its attention (before), train, snapshot (after), write
-    result.json and the pictures to job.out_dir. Under torchrun rank 0 writes; the others return None."""
-    device, rank, world = place = distributed_setup(device)
-    torch.manual_seed(job.seed)                 # the same initial weights on every rank
-    exp = setup(job, place)
-    if job.config.get("mask_from"):             # M from a trained run's attention, not by hand
-        use_learned_prior(exp, job.config)
-    exp.net = DDP(exp.model) if world > 1 else exp.model   # torchrun: gradients averaged over ranks
-    exp.net = torch.compile(exp.net) if job.compile else exp.net
+def replay(exp, r, cut, device):
+    """A round a signal cut (a checkpoint's "partial"): drawn again from the random states at its start,
+    its done batches skipped, the states of now put back; (batches left, their losses, the round's start).
+    A resumed run repeats the uninterrupted one exactly."""
+    now = rng_states(exp, device)
+    set_rng_states(exp, device, cut["rngs"])
+    batches = iter(exp.batches(r))
+    for _ in range(cut["done"]):
+        next(batches)
+    set_rng_states(exp, device, now)
+    return batches, list(cut["losses"]), cut["rngs"]
+
+def keep_checkpoint(run, exp, state, place, cut=None):
+    """checkpoint.pt of this step (rank 0 writes): weights, optimizer, schedule, every rank's random states,
+    state; cut: a round a signal cut after cut["done"] steps."""
+    device, rank, world = place
+    rngs = gather(rng_states(exp, device), world)
+    if rank == 0:
+        save_checkpoint(run.checkpoint, {
+            "meta": run.meta(world), "model": exp.model.state_dict(),
+            "optimizer": exp.optimizer.state_dict(), "schedule": exp.schedule.state_dict(),
+            "rng": rngs, "state": state, "partial": cut})
+    if world > 1:
+        dist.barrier()
+
+def position(unit, r, step):
+    """Where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for language."""
+    if unit == "iter":
+        return f"iteration {step}"
+    return f"epoch {r} (step {step})"
+
+# === 6. One run: the prior before, training, the prior after (Section 6.1), result.json ============
+def execute(run, data, place, stop):
+    """Build the run's experiment, snapshot its attention (before), train, snapshot (after), write
+    result.json and the pictures to run.folder. Under torchrun rank 0 writes; the others return None."""
+    device, rank, world = place
+    torch.manual_seed(run.seed)                 # the same initial weights on every rank
+    exp = FAMILIES[run.family]["setup"](run, data, place)
+    net = DDP(exp.model) if world > 1 else exp.model   # torchrun: gradients averaged over ranks
+    net = torch.compile(net) if run.compile else net
     state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0,
-             "threads": job.threads}
-    if job.resume:                              # the checkpoint's weights, optimizer, RNG and state
-        state = resume_from(os.path.join(job.out_dir, "checkpoint.pt"), job.meta(world), exp, place)
-        state["threads"] = use_threads_of_checkpoint(state.get("threads"), job)
+             "threads": run.threads}
+    resumed_at = None                           # where a resumed run picks up: its epoch, or iteration
+    if run.resume and (not run.grid or os.path.exists(run.checkpoint)):   # a grid: runs with one
+        state = resume_from(run.checkpoint, run.meta(world), exp, place)    # weights, optimizer, RNG, state
+        resumed_at = state["step"] if exp.unit == "iter" else state["round"]
+        # The checkpoint's thread count (the numbers depend on it in their last digits), unless
+        # --threads says otherwise: then a note when the two differ.
+        saved = state.get("threads") or run.threads
+        state["threads"] = run.threads if run.threads_given else saved
+        if state["threads"] != saved:
+            print(f"train.py: note: {run.folder} was trained with {saved} threads, --threads {run.threads} "
+                  f"now: the numbers may differ from an uninterrupted run's in their last digits",
+                  file=sys.stderr)
     else:                                       # the prior as initialised: Section 6.1's "before"
-        os.makedirs(job.out_dir, exist_ok=True)
+        os.makedirs(run.folder, exist_ok=True)
         state["before"] = snapshot(exp, device)
         if rank == 0:
-            save_pictures(job.out_dir, {"before": state["before"]}, exp.model)
+            save_pictures(run.folder, {"before": state["before"]}, exp.model)
     torch.set_num_threads(state["threads"])
-    resumed_at = None                           # where a resumed run picked up: its epoch, or iteration
-    if job.resume:
-        resumed_at = state["step"] if exp.unit == "iter" else state["round"]
-    result = {"task": job.task, "init": job.init, "seed": job.seed, "config": job.config, "device": str(device),
-              "threads": state["threads"], "data_dir": job.data_dir,
-              "preset_changes": preset_changes(job.family, job.task, job.config),
-              "mask_prior": job.init in MASK_PRIOR_INITS, "world_size": world, "status": "running",
-              "seconds": None, "resumed_at": resumed_at, **exp.info, "data_fingerprint": job.fingerprint,
-              "final": None, "history": state["history"]}
+    # What the flags changed of the preset, {setting: [this run's, the preset's]}: table.md says it
+    # beside the paper's numbers, which describe the preset.
+    preset = {**FAMILIES[run.family]["presets"][run.config["preset"]],
+              **TASK_PRESETS.get((run.family, run.config["preset"]), {}).get(run.task, {})}
+    changes = {key: [run.config[key], value] for key, value in preset.items() if run.config.get(key, value) != value}
+    result = {"task": run.task, "init": run.init, "seed": run.seed, "config": run.config,
+              "device": str(device), "threads": state["threads"], "data_dir": data.get("root"),
+              "preset_changes": changes, "mask_prior": run.init in MASK_PRIOR_INITS,
+              "world_size": world, "status": "running", "seconds": None, "resumed_at": resumed_at,
+              **exp.info, "data_fingerprint": run.fingerprint, "final": None, "history": state["history"]}
     start = time.time()
+    stop.training = stop.trained = True         # a first signal now waits for the step's end
     try:
-        with Guard(exp, state, job, place, stop) as guard:
-            train(exp, state, guard)
+        train(run, exp, net, state, place, stop)
     except Diverged as err:
         result.update(status="diverged", error=str(err), seconds=time.time() - start)
         if rank == 0:
-            write_json(os.path.join(job.out_dir, "result.json"), result)
+            write_json(os.path.join(run.folder, "result.json"), result)
         raise
+    except Interrupted as err:                  # a second signal, inside a step: where the run was
+        err.at = err.at or position(exp.unit, state["round"] + 1, state["step"])
+        raise
+    finally:
+        stop.training = False
     if rank != 0:
         return None
-    after = snapshot(exp, device)                 # the prior after training: does it persist?
-    save_pictures(job.out_dir, {"before": state["before"], "after": after}, exp.model)
+    after = snapshot(exp, device)               # the prior after training: does it persist?
+    save_pictures(run.folder, {"before": state["before"], "after": after}, exp.model)
     result["final"] = {**exp.final(state, world),
                        **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
     result.update(status="done", seconds=time.time() - start)
-    result, not_finite = finite(result)          # result.json is strict JSON: null, and a note
+    result, not_finite = finite(result)         # result.json is strict JSON: null, and a note
     if not_finite:
         result["not_finite"] = not_finite
-        print(f"train.py: warning: {job.task} / {job.init} / seed {job.seed}: not finite, stored as "
+        print(f"train.py: warning: {run.task} / {run.init} / seed {run.seed}: not finite, stored as "
               f"null: {', '.join(f'{k} {v}' for k, v in not_finite.items())}", file=sys.stderr)
-    write_json(os.path.join(job.out_dir, "result.json"), result)
+    write_json(os.path.join(run.folder, "result.json"), result)
     return result
-
-def setup(job, place):
-    """The job's Experiment from its family's setup (A.4)."""
-    task, init, seed, config, data = job.task, job.init, job.seed, job.config, job.data
-    if job.family == "boolean":
-        return boolean_setup(task, init, seed, config, place.device, data)
-    if job.family == "arithmetic":
-        return arithmetic_setup(task, init, seed, config, place.device, data)
-    if job.family == "language":
-        return lm_setup(task, init, seed, config, place.device, data, place.rank)
-    return vision_setup(task, init, seed, config, place.device, data, place.rank, place.world, job.workers)
 
 def snapshot(exp, device):
     """The prior as the model holds it now: mean attention maps on the probe inputs and the mask
@@ -636,54 +714,18 @@ def snapshot(exp, device):
         snap["centre"] = maskprior.centre_patch_maps(model, probe[:1], device)
     return snap
 
-def save_pictures(out_dir, snapshots, model):
+def save_pictures(folder, snapshots, model):
     """attention_<when>.pt of the newest snapshot; attention.svg (tasks.attention_figure) of all so far."""
     when = list(snapshots)[-1]
-    save_checkpoint(os.path.join(out_dir, f"attention_{when}.pt"), snapshots[when])
+    save_checkpoint(os.path.join(folder, f"attention_{when}.pt"), snapshots[when])
     svg = tasks.attention_figure(snapshots, cls_token=getattr(model, "cls", None) is not None,
                                  causal=isinstance(model, maskprior.GPT))
     if svg:
-        write_atomic(os.path.join(out_dir, "attention.svg"), svg)
+        write_atomic(os.path.join(folder, "attention.svg"), svg)
 
-# === A.7 The command line: the flags, a run's settings, its config; main ==========================
-@dataclass(frozen=True)
-class RunSettings:
-    """One run of a command, a cell of its grid, by name: its task, init and seed, and the value of
-    each swept setting (None: the flag was not given; the preset's, or the paper's, value holds)."""
-    task: str
-    init: str
-    seed: int
-    train_frac: Optional[float] = None     # --train-frac: the share of pairs trained on (arithmetic)
-    mask_magnitude: Optional[float] = None  # --mask-magnitude: open +A, closed -A
-    mask_decay: Optional[float] = None     # --mask-decay: weight decay on M alone
-    mask_error: Optional[str] = None       # --mask-error: "kind:fraction" edits the prior
-    mask_lr: Optional[float] = None        # --mask-lr: the lr of M alone
-    mask_threshold: Optional[float] = None  # --mask-threshold: tau of a prior learned by --mask-from
-
-    def folder(self, variant=None, source=None):
-        """The run's folder name: <task>-<init>-seed<seed>, then each setting the command gave (defaults
-        unnamed): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>, -mlr<lr>, -from-<run>-tau<TAU>."""
-        kind, fraction = tasks.edit_order(self.mask_error)
-        given = [self.train_frac and f"frac{self.train_frac:g}", variant,
-                 self.mask_magnitude and f"A{self.mask_magnitude:g}",
-                 self.mask_decay is not None and f"wd{self.mask_decay:g}",
-                 self.mask_error and f"err-{kind}{fraction:g}", self.mask_lr and f"mlr{self.mask_lr:g}",
-                 source and f"from-{source}-tau{self.mask_threshold or 1:g}"]
-        return "-".join([f"{self.task}-{self.init}-seed{self.seed}", *filter(None, given)])
-
-# The flags whose values a grid sweeps, as RunSettings names them; each value given twice runs once.
+# === 7. The command line: the flags, the runs they ask for, a grid; main ============================
+# The flags whose values a grid sweeps, by config key; each value given twice runs once.
 SWEEPS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_threshold")
-
-# Family-only flags (flag: the families that take it), checked by check_args.
-FAMILY_FLAGS = {"epochs": ("boolean", "arithmetic", "vision"), "train_frac": ("arithmetic",),
-                "head_dim": ("boolean", "arithmetic"), "pos_std": ("boolean", "arithmetic"),
-                "cls_std": ("boolean",), "mlp_dim": ("boolean", "arithmetic", "vision"),
-                "mask_variant": ("boolean",), "mask_error": ("boolean", "arithmetic"),
-                "eval_size": ("arithmetic",),
-                **dict.fromkeys(("iters", "block_size", "bpe_file"), ("language",)),
-                **dict.fromkeys(("image_size", "patch_size", "warmup_epochs", "workers", "download",
-                                 "compile", "model"), ("vision",))}
-TIMM_INITS = ("default", "mask", "mask-fixed")  # --model timm: its ViT as is, or M by add_mask_prior
 
 def build_parser():  # the command line in five groups, each list of choices printed once
     every_task = list(tasks.FAMILY_OF)
@@ -693,32 +735,31 @@ def build_parser():  # the command line in five groups, each list of choices pri
     count, natural = number(int, strict=False), number(int)
     rate, share = number(float), number(float, strict=False)
     g = p.add_argument_group("what to run")
-    g.add_argument("--task", nargs="+", default=["majority"], choices=every_task + ["all"],
-                   metavar="TASK", help=f"{', '.join(every_task)}; all: the Boolean four")
+    g.add_argument("--task", nargs="+", default=["majority"], choices=every_task + ["all"], metavar="TASK",
+                   help=f"{', '.join(every_task)}; all: the Boolean four")
     g.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS), metavar="INIT",
                    help=f"{', '.join(INITS)} (default mask)")
     g.add_argument("--seed", type=count, default=0, help="random seed (default 0; paper: its own)")
     g.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid")
-    g.add_argument("--preset", choices=["cpu", "paper"], default="cpu",
-                   help="cpu (quick, default) or paper (the paper's tables)")
+    g.add_argument("--preset", choices=["cpu", "paper"], default="cpu", help="cpu (quick, default) or paper "
+                   "(the paper's tables)")
     g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs")
-    g.add_argument("--model", choices=["maskprior", "timm"],
-                   help="vision: maskprior.ViT (default) or timm's VisionTransformer, same shape")
+    g.add_argument("--model", choices=["maskprior", "timm"], help="vision: maskprior.ViT (default) or timm's "
+                   "VisionTransformer, same shape")
     g = p.add_argument_group("the mask prior (inits mask, mask-fixed, mask-hadamard)")
-    g.add_argument("--mask-magnitude", type=rate, nargs="+", metavar="A",
-                   help="open +A, closed -A (GPT: scale s); several: a sweep")
-    g.add_argument("--mask-decay", type=share, nargs="+", metavar="W",
-                   help="weight decay on M alone (default 0); several: a sweep")
-    g.add_argument("--mask-lr", type=rate, nargs="+", metavar="LR",
-                   help="lr of M alone (default --lr); several: a sweep")
-    g.add_argument("--mask-error", nargs="+", type=mask_edit, metavar="KIND:P",
-                   help="extra|missing|moved:P edits the prior; none: exact")
+    g.add_argument("--mask-magnitude", type=rate, nargs="+", metavar="A", help="open +A, closed -A (GPT: "
+                   "scale s); several: a sweep")
+    g.add_argument("--mask-decay", type=share, nargs="+", metavar="W", help="weight decay on M alone "
+                   "(default 0); several: a sweep")
+    g.add_argument("--mask-lr", type=rate, nargs="+", metavar="LR", help="lr of M alone (default --lr); "
+                   "several: a sweep")
+    g.add_argument("--mask-error", nargs="+", type=mask_edit, metavar="KIND:P", help="extra|missing|moved:P "
+                   "edits the prior; none: exact")
     g.add_argument("--mask-from", metavar="DIR", help="M from the attention maps of the finished run DIR")
-    g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU",
-                   help="open where attention >= TAU / row's keys (default 1)")
-    variants = sorted({v for choices in maskprior.BOOLEAN_MASK_VARIANTS.values() for v in choices})
-    g.add_argument("--mask-variant", choices=variants,
-                   help="2parity, cyclic3: the product over two layers (composed) or one (direct)")
+    g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU", help="open where attention >= "
+                   "TAU / row's keys (default 1)")
+    g.add_argument("--mask-variant", choices=["composed", "direct"], help="2parity, cyclic3: the product "
+                   "over two layers (composed) or one (direct)")
     g = p.add_argument_group("overrides of the preset")
     for name, kind, text in (
             ("epochs", natural, "epochs (Boolean, arithmetic, vision)"),
@@ -737,12 +778,12 @@ def build_parser():  # the command line in five groups, each list of choices pri
             ("eval-every", natural, "rounds between evaluations and checkpoints")):
         g.add_argument(f"--{name}", type=kind, metavar="X" if kind in (rate, share) else "N", help=text)
     g = p.add_argument_group("data")
-    g.add_argument("--train-frac", type=rate, nargs="+", metavar="F",
-                   help="arithmetic: fraction of pairs to train on (a sweep)")
-    g.add_argument("--eval-size", type=lambda t: t if t == "all" else natural(t), metavar="N",
-                   help="arithmetic: held-out pairs scored, or all (100000)")
-    g.add_argument("--data-dir", default="data", metavar="DIR",
-                   help="where corpus and image files live (default data)")
+    g.add_argument("--train-frac", type=rate, nargs="+", metavar="F", help="arithmetic: fraction of pairs to "
+                   "train on (a sweep)")
+    g.add_argument("--eval-size", type=eval_size, metavar="N", help="arithmetic: held-out pairs scored, or "
+                   "all (100000)")
+    g.add_argument("--data-dir", default="data", metavar="DIR", help="where corpus and image files live "
+                   "(default data)")
     g.add_argument("--bpe-file", metavar="FILE", help="GPT-2's ranks file for tiktoken, offline")
     g.add_argument("--download", action="store_true", help="vision: fetch CIFAR if missing")
     g.add_argument("--workers", type=count, metavar="N", help="vision: loader processes")
@@ -756,8 +797,8 @@ def build_parser():  # the command line in five groups, each list of choices pri
     return p
 
 def mask_edit(text):
-    """argparse type of --mask-error: "none" -> None (the exact prior), KIND:P -> "kind:p" with kind
-    in maskprior.EDIT_KINDS and 0 < p <= 1."""
+    """argparse type of --mask-error: "none" -> None (the exact prior); "KIND:P" -> "kind:p" with kind in
+    maskprior.EDIT_KINDS and 0 < p <= 1 (the float's own text: "moved:1" -> "moved:1.0")."""
     if text == "none":
         return None
     kind, _, number = text.partition(":")
@@ -766,19 +807,101 @@ def mask_edit(text):
     except ValueError:
         fraction = math.nan
     if kind not in maskprior.EDIT_KINDS or not 0 < fraction <= 1:
-        raise argparse.ArgumentTypeError(f"expected 'none' or KIND:FRACTION with KIND one of "
-                                         f"{', '.join(maskprior.EDIT_KINDS)} and 0 < FRACTION <= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected 'none' or KIND:FRACTION with KIND one of {', '.join(maskprior.EDIT_KINDS)} and "
+            f"0 < FRACTION <= 1, got {text!r}")
     return f"{kind}:{fraction}"
 
+def eval_size(text):
+    """argparse type of --eval-size: a whole number > 0, or all."""
+    if text == "all":
+        return text
+    return number(int)(text)
+
+def plan(args):
+    """The runs a command asks for, one Run each: tasks x sweeps x inits x seeds, each value once (a value
+    given twice would train one run twice into one folder: a note on stderr). A sweep of --mask-magnitude
+    only acts on M (the other inits run once, at its first value), --mask-lr on a trained M."""
+    device = resolve_device(args.device)
+    task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
+    family = check_args(args, task_names)
+    axes = {"task": task_names, "init": args.init, "seeds": args.seeds,
+            **{key: getattr(args, key) for key in SWEEPS}}
+    if args.mask_from is not None and not axes["mask_threshold"]:
+        axes["mask_threshold"] = [1.0]          # tau = 1: open where a key gets its share
+    for flag, given in axes.items():
+        if given and len(set(given)) < len(given):
+            again = next(v for i, v in enumerate(given) if v in given[:i])
+            shown = "none" if again is None else str(again)
+            if isinstance(again, float):
+                shown = f"{again:g}"
+            print(f"train.py: note: --{flag.replace('_', '-')} {shown} is given more than once; each "
+                  f"run is trained once", file=sys.stderr)
+            axes[flag] = list(dict.fromkeys(given))
+    seeds = axes["seeds"] or [args.seed]
+    if args.seeds is None and args.seed == 0 and args.preset == "paper":
+        seeds = [PAPER_SEEDS.get(family, PAPER_SEEDS.get(" ".join(task_names), 0))]
+    sweeps = {key: axes[key] or [None] for key in SWEEPS}
+    cells = []
+    for task, *swept, init, seed in itertools.product(axes["task"], *sweeps.values(), axes["init"], seeds):
+        settings = dict(zip(SWEEPS, swept))
+        if init not in MASK_PRIOR_INITS and settings["mask_magnitude"] != sweeps["mask_magnitude"][0]:
+            continue
+        if init not in TRAINED_MASK_INITS:
+            if settings["mask_lr"] != sweeps["mask_lr"][0]:
+                continue
+            settings["mask_lr"] = None
+        cells.append((task, init, seed, settings))
+    grid = len(cells) > 1
+    workers = args.workers
+    if workers is None:                         # vision's loader processes: 8 beside a GPU, else none
+        workers = 8 if device.type == "cuda" else 0
+    runs = []
+    for task, init, seed, settings in cells:
+        name = folder_name(task, init, seed, settings, args)
+        if grid:
+            folder = os.path.join(args.out or "runs/grid", name)
+        else:
+            folder = args.out or os.path.join("runs", name)
+        runs.append(Run(family, task, init, seed, make_config(family, task, settings, args), folder, grid,
+                        resume=args.resume, data_dir=args.data_dir, bpe_file=args.bpe_file,
+                        download=args.download, workers=workers, compile=args.compile,
+                        progress=not args.no_progress, threads_given=bool(args.threads), device=device))
+    return runs
+
+def folder_name(task, init, seed, settings, args):
+    """A run's folder: <task>-<init>-seed<seed>, then each setting the command gave (defaults unnamed):
+    -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>, -mlr<lr>, -from-<run>-tau<TAU>."""
+    parts = [f"{task}-{init}-seed{seed}"]
+    if settings["train_frac"]:
+        parts.append(f"frac{settings['train_frac']:g}")
+    if args.mask_variant:
+        parts.append(args.mask_variant)
+    if settings["mask_magnitude"]:
+        parts.append(f"A{settings['mask_magnitude']:g}")
+    if settings["mask_decay"] is not None:
+        parts.append(f"wd{settings['mask_decay']:g}")
+    if settings["mask_error"]:
+        kind, fraction = settings["mask_error"].split(":")
+        parts.append(f"err-{kind}{float(fraction):g}")
+    if settings["mask_lr"]:
+        parts.append(f"mlr{settings['mask_lr']:g}")
+    if args.mask_from:
+        source = os.path.basename(os.path.abspath(args.mask_from))
+        parts.append(f"from-{source}-tau{settings['mask_threshold'] or 1:g}")
+    return "-".join(parts)
+
 def check_args(args, task_names):
-    """One family per command; family-only flags and inits belong to it. Returns the family."""
+    """One family per command; the flags it takes (its preset's keys and FAMILIES' "takes") and its inits.
+    Returns the family."""
     families = {tasks.FAMILY_OF[t] for t in task_names}
     if len(families) > 1:
         raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
     family = families.pop()
-    for flag, takers in FAMILY_FLAGS.items():
-        value = getattr(args, flag)                 # None / False when not given (0 is given)
-        if value is not None and value is not False and family not in takers:
+    for flag, value in vars(args).items():         # a flag not every family takes: this one's?
+        takers = [f for f, about in FAMILIES.items() if flag in about["presets"]["cpu"] or flag in about["takes"]]
+        given = value is not None and value is not False   # None / False when not given (0 is given)
+        if given and takers and family not in takers:
             raise UsageError(f"--{flag.replace('_', '-')} applies to {' and '.join(takers)} tasks only")
     wrong = [i for i in args.init if i not in FAMILIES[family]["inits"]]
     if wrong:
@@ -792,7 +915,7 @@ def check_args(args, task_names):
     no_mask = [i for i in args.init if i not in MASK_PRIOR_INITS]
     if any(args.mask_error or ()) and no_mask:
         raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
-    if args.mask_lr and not any(map(trains_mask, args.init)):
+    if args.mask_lr and not set(args.init) & set(TRAINED_MASK_INITS):
         raise UsageError(f"--mask-lr: --init {' '.join(args.init)} has no trainable mask")
     if args.mask_from is not None:              # replaces a mask init's hand-made pattern
         if no_mask:
@@ -806,12 +929,7 @@ def check_args(args, task_names):
                              f"its source")
     elif args.mask_threshold:
         raise UsageError("--mask-threshold applies with --mask-from only")
-    check_out(args.out)
-    return family
-
-def check_out(out):
-    """UsageError for an --out that is, or lies below, a file, or a link to nothing."""
-    out = out and pathlib.Path(out)
+    out = args.out and pathlib.Path(args.out)   # not a file, not below one, not a link to nothing
     try:
         existing = out and next(p for p in (out, *out.parents) if p.exists() or p.is_symlink())
     except OSError as err:        # a name over 255 bytes (ENAMETOOLONG), a loop of links, ...
@@ -822,87 +940,48 @@ def check_out(out):
     if existing and not existing.is_dir():
         where = "" if existing == out else f": {existing}"
         raise UsageError(f"--out {out}{where} is a file, not a folder: name a folder")
+    return family
 
-def grid_values(args):
-    """{flag: its values} for every grid axis (task, init, seeds and SWEEPS), each value once (a value
-    given twice would train one run twice into one folder), with a note on stderr per repeated flag."""
-    values = {"task": args.task, "init": args.init, "seeds": args.seeds}
-    values.update({flag: getattr(args, flag) for flag in SWEEPS})
-    if args.mask_from is not None and not values["mask_threshold"]:
-        values["mask_threshold"] = [1.0]         # tau = 1: open where a key gets its share
-    for flag, given in values.items():
-        if given and len(set(given)) < len(given):
-            again = next(v for i, v in enumerate(given) if v in given[:i])
-            shown = "none" if again is None else tasks.setting_text(again)
-            print(f"train.py: note: --{flag.replace('_', '-')} {shown} is given more than once; each "
-                  f"run is trained once", file=sys.stderr)
-            values[flag] = list(dict.fromkeys(given))
-    return argparse.Namespace(**values)
-
-def grid(args, family, task_names):
-    """Every RunSettings the command asks for: tasks x sweeps x inits x seeds. A sweep of --mask-magnitude
-    only acts on M (the other inits run once, at its first value), --mask-lr on a trained M."""
-    values = grid_values(args)
-    seeds = values.seeds if values.seeds is not None else [args.seed]
-    if values.seeds is None and args.seed == 0 and args.preset == "paper":
-        seeds = [PAPER_SEEDS.get(family, PAPER_SEEDS.get(" ".join(task_names), 0))]
-    sweeps = {flag: getattr(values, flag) or [None] for flag in SWEEPS}
-    runs = []
-    for task, *swept, init, seed in itertools.product(task_names, *sweeps.values(), values.init, seeds):
-        settings = dict(zip(SWEEPS, swept))
-        if init not in MASK_PRIOR_INITS and settings["mask_magnitude"] != sweeps["mask_magnitude"][0]:
-            continue
-        if not trains_mask(init):
-            if settings["mask_lr"] != sweeps["mask_lr"][0]:
-                continue
-            settings["mask_lr"] = None
-        runs.append(RunSettings(task, init, seed, **settings))
-    return runs
-
-def make_config(family, settings, args):
-    """The run's config (result.json "config"): the preset, its per-task changes, the flags given, the
-    run's swept settings, then derived keys. Checks what only the whole config can tell."""
-    task = settings.task
-    config = {**PRESETS[family][args.preset], **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
-    for key in ("epochs", "iters", "lr", "batch_size", "layers", "heads", "dim", "block_size",
-                "image_size", "patch_size", "warmup_epochs", "weight_decay"):
-        if getattr(args, key) is not None and key in config:
-            config[key] = getattr(args, key)
+def make_config(family, task, settings, args):
+    """A run's config (result.json's "config"), merged once: the preset, its per-task changes, the flags
+    given (--dim also sets the MLP's width and the heads' share), the run's swept settings, then derived
+    keys. Checks what only the whole config can tell."""
+    config = {**FAMILIES[family]["presets"][args.preset],
+              **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
+    given = {key: getattr(args, key) for key in config if getattr(args, key, None) is not None}
     if args.dim is not None and "mlp_dim" in config:   # ViT MLPs are 4 x wide, encoders 1 x
-        config["mlp_dim"] = 4 * args.dim if family == "vision" else args.dim
+        given = {"mlp_dim": 4 * args.dim if family == "vision" else args.dim, **given}
         if "head_dim" in config:
-            config["head_dim"] = None                  # dim / heads
-    for key in ("head_dim", "mlp_dim", "pos_std", "cls_std"):     # after --dim, which resets two
-        if getattr(args, key) is not None and key in config:
-            config[key] = getattr(args, key)
+            given = {"head_dim": None, **given}        # dim / heads
+    config.update(given)
     if not config.get("head_dim") and config["dim"] < config["heads"]:
         raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
-    magnitude = settings.mask_magnitude or FAMILIES[family]["magnitude"]
-    config.update(preset=args.preset, mask_decay=settings.mask_decay or 0.0, mask_error=settings.mask_error,
-                  mask_lr=settings.mask_lr, mask_magnitude=magnitude)
-    if family == "language" and magnitude * config["block_size"] > FLOAT32_MAX:
+    magnitude = settings["mask_magnitude"] or FAMILIES[family]["magnitude"]
+    config.update(preset=args.preset, mask_decay=settings["mask_decay"] or 0.0,
+                  mask_error=settings["mask_error"], mask_lr=settings["mask_lr"], mask_magnitude=magnitude)
+    if "block_size" in config and magnitude * config["block_size"] > FLOAT32_MAX:
         raise UsageError(f"--mask-magnitude {magnitude:g}: the GPT's bias s M reaches s x {config['block_size']}"
                          f", past float32 ({FLOAT32_MAX:.3g}): choose a smaller scale")
-    if args.eval_every:
-        config["eval_every"] = args.eval_every
-    elif family == "language":
-        config["eval_every"] = max(1, config["iters"] // 5)     # five evaluations in a run
-    else:
-        config["eval_every"] = 1 if family == "vision" else 5   # vision every epoch, encoders every 5
+    config["eval_every"] = args.eval_every or FAMILIES[family]["eval_every"] or max(1, config["iters"] // 5)
     if args.mask_variant:
         if task not in maskprior.BOOLEAN_MASK_VARIANTS:
             raise UsageError(f"--mask-variant: {task} has one mask pattern only")
         config["mask_variant"] = args.mask_variant
-    if family == "arithmetic":
-        config["train_frac"] = check_train_frac(settings.train_frac, task)
+    if "train_frac" in FAMILIES[family]["takes"]:
+        config["train_frac"] = check_train_frac(settings["train_frac"], task)
         config["eval_size"] = None if args.eval_size == "all" else args.eval_size or 100_000
-    if family == "vision":
+    if "image_size" in config:
         check_vision_config(config)
-        if args.model == "timm":               # maskprior.ViT's configs stay as they were
-            config["model"] = "timm"
-    if args.mask_from is not None:
-        config.update(learned_prior_config(args.mask_from, settings.mask_threshold or 1.0,
-                                           family == "language"))
+    if args.model == "timm":                       # maskprior.ViT's configs stay as they were
+        config["model"] = "timm"
+    if args.mask_from is not None:                 # the source run (the hash: --resume refuses a re-trained one)
+        result, attn, digest = read_source(args.mask_from)
+        tau, causal = settings["mask_threshold"] or 1.0, "block_size" in config
+        config.update(mask_from=os.path.normpath(args.mask_from), mask_from_sha256=digest,
+                      mask_from_task=result["task"], mask_from_init=result["init"],
+                      mask_from_train_frac=result["config"].get("train_frac"), mask_from_seed=result["seed"],
+                      mask_threshold=tau,
+                      mask_density=maskprior.open_fraction(maskprior.learned_mask(attn, 1.0, tau, causal), causal))
     return config
 
 def check_train_frac(train_frac, task):
@@ -918,13 +997,6 @@ def check_train_frac(train_frac, task):
                          f"(from {1 / tasks.ALL_PAIRS:g} to {1 - 1 / tasks.ALL_PAIRS:g})")
     return fraction
 
-def preset_changes(family, task, config):
-    """{setting: [this run's value, its preset's]} for each preset setting the flags changed: table.md
-    says so beside the paper's numbers, which describe the preset."""
-    preset = {**PRESETS[family][config["preset"]],
-              **TASK_PRESETS.get((family, config["preset"]), {}).get(task, {})}
-    return {key: [config[key], value] for key, value in preset.items() if config.get(key, value) != value}
-
 def check_vision_config(config):
     """Patches tile the image; a too long warmup is shortened; ImageNet100's lr x batch / 512."""
     if config["image_size"] % config["patch_size"]:
@@ -935,90 +1007,95 @@ def check_vision_config(config):
     if config["lr_base_size"]:
         config["lr"] = config["lr"] * config["batch_size"] / config["lr_base_size"]
 
-def train_all(args, family, task_names, device, stop, grid_lock):
-    """Every run of the command, each in its locked folder, then a grid's tables (grid_lock: its lock).
-    Every run's config, data and folder are checked before the first one trains."""
-    runs = grid(args, family, task_names)
-    is_grid, root = len(runs) > 1, args.out or "runs/grid"
-    source = args.mask_from and os.path.basename(os.path.abspath(args.mask_from))
+def train_all(args, stop):
+    """Every run of the command, each in its locked folder, then a grid's tables (the grid's folder locked
+    too). Every run's config, data and folder are checked before the first one trains."""
+    runs = plan(args)
+    device, grid = runs[0].device, runs[0].grid
+    root = args.out or "runs/grid"
     writer = int(os.environ.get("RANK", "0")) == 0   # torchrun: rank 0 writes
-    planned, loaded = [], {}                       # loaded: the data sets read up front, each once
-    for settings in runs:
-        name = settings.folder(args.mask_variant, source)
-        out_dir = os.path.join(root, name) if is_grid else args.out or os.path.join("runs", name)
-        config = make_config(family, settings, args)
-        if family in ("language", "vision"):      # files: read (and checked) before any run starts
-            data = load_data(family, settings.task, config, settings.seed, args, device)
-            loaded[id(data)] = data
-        check_fits(family, config)
+    for run in runs:
+        if FAMILIES[run.family]["files"]:          # files: read (and checked) before any run starts
+            load_data(run)
+        check_fits(run.family, run.config)
         if writer:                                 # torchrun: rank 0 locks and writes, and checks
-            check_folder(out_dir, settings.task, settings.init, settings.seed, config, args.resume, is_grid)
-        planned.append((settings, config, out_dir))
-    if is_grid and writer:
-        check_grid_root(root)
-    threads = choose_threads(args.threads, device)
-    workers = args.workers                         # vision's loader processes: 8 beside a GPU, else 0
-    if workers is None:
-        workers = 8 if device.type == "cuda" else 0
-    print(first_line(planned, task_names, device, threads[1], args, root if is_grid else planned[0][2],
-                     loaded.values()), flush=True)
-    results, failed, root_locked = [], 0, False
-    for settings, config, out_dir in planned:
-        task, init, seed = settings.task, settings.init, settings.seed
-        checkpoint = os.path.join(out_dir, "checkpoint.pt")
-        resume = args.resume and (not is_grid or os.path.exists(checkpoint))   # a grid: runs with one
-        stop.start(out_dir, is_grid, resume)
-        data = load_data(family, task, config, seed, args, device)
-        fingerprint = data_fingerprint(family, data)
-        if args.resume and not is_grid and not os.path.isdir(out_dir):
-            raise no_checkpoint(checkpoint)        # said before a folder is made for it
-        if is_grid and writer and not root_locked:   # held until the grid's tables are written
-            grid_lock.enter_context(folder_lock(root))
-            root_locked = True
-        try:
-            with folder_lock(out_dir) if writer else contextlib.nullcontext():
-                finished = args.resume and finished_run(out_dir, task, init, seed, config, fingerprint)
-                if finished:                   # left as it is, every file
-                    results.append(finished)
-                    if not is_grid:
-                        print(f"{task} / {init} / seed {seed}: already finished, nothing to resume; "
-                              f"{out_dir} is left as it was")
-                    continue
-                job = Job(family, task, init, seed, config, out_dir, data, fingerprint, resume, workers,
-                          args.compile, not args.no_progress, threads[0], bool(args.threads),
-                          None if family in ("boolean", "arithmetic") or task == "lm" else args.data_dir)
-                with subnormals_flushed(device):
-                    result = run(job, device, stop)
-        except Diverged as err:
-            print(f"{task} / {init} / seed {seed}: stopped, {err}; what was saved is in {out_dir}",
-                  file=sys.stderr)
-            failed += 1
-            results += [r for r in [read_result(os.path.join(out_dir, "result.json"))] if r]
-            continue
-        if result is not None:                 # None: a torchrun rank other than 0; rank 0 reports
-            results.append(result)
-            print(tasks.summary_line(result), flush=True)
-            if not is_grid:
-                print(f"wrote {os.path.join(out_dir, 'result.json')}")
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    if is_grid and results:
-        write_json(os.path.join(root, "grid.json"), results)
-        write_tables(root, results)
-    return 1 if failed else 0
-
-def first_line(planned, task_names, device, threads, args, out, loaded):
-    """What a command runs, where, with how many threads, and where its results go (and, for --task
-    images, what the image tree holds)."""
-    count = len(planned)
-    line = (f"train.py: {count} run{'s' * (count > 1)} of {' '.join(task_names)} on {device_name(device)}, "
-            f"{threads}, preset {args.preset}; results in {out}")
-    for data in loaded:
+            check_folder(run.folder, run)
+    if grid and writer:
+        check_folder(root)
+    threads, said = choose_threads(args.threads, device)
+    machine = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
+    line = (f"train.py: {len(runs)} run{'s' * (len(runs) > 1)} of {' '.join(dict.fromkeys(r.task for r in runs))}"
+            f" on {machine}, {said}, preset {args.preset}; results in {root if grid else runs[0].folder}")
+    for data in {id(d): d for d in (load_data(r) for r in runs if FAMILIES[r.family]["files"])}.values():
         info = data.get("info", {}).get("data", {})
         if "train_images" in info:
             line += (f"; {info['train_images']:,} images to train, {info['eval_images']:,} held out, "
                      f"{len(info['classes'])} classes")
-    return line
+    print(line, flush=True)
+    results, failed = [], 0
+    with folder_lock(root) if grid and writer else contextlib.nullcontext():   # until its tables are written
+        for run in runs:
+            run.threads = threads
+            try:
+                result = train_one(run, device, writer, stop)
+            except Diverged as err:
+                print(f"{run.task} / {run.init} / seed {run.seed}: stopped, {err}; what was saved is in "
+                      f"{run.folder}", file=sys.stderr)
+                failed += 1
+                results += [r for r in [read_result(os.path.join(run.folder, "result.json"))] if r]
+                continue
+            except (Interrupted, WriteError) as err:   # what to do next: read from what is on disk
+                err.advice = kept(run)
+                raise
+            if result is not None:                 # None: a torchrun rank other than 0; rank 0 reports
+                results.append(result)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if grid and results:
+            try:
+                write_json(os.path.join(root, "grid.json"), results)
+                write_tables(root, results)
+            except WriteError as err:
+                err.advice = kept(runs[-1])
+                raise
+    return 1 if failed else 0
+
+def train_one(run, device, writer, stop):
+    """One run of the command in its locked folder (torchrun: rank 0 locks and writes): its data and their
+    fingerprint, then execute, or with --resume a finished run's result.json as it is."""
+    data = load_data(run)
+    run.fingerprint = data_fingerprint(data)
+    if run.resume and not run.grid and not os.path.isdir(run.folder):
+        raise UsageError(f"--resume: no checkpoint at {run.checkpoint}: run without --resume first")
+    with folder_lock(run.folder) if writer else contextlib.nullcontext():
+        finished = run.resume and finished_run(run, run.fingerprint)
+        if finished:                               # left as it is, every file
+            if not run.grid:
+                print(f"{run.task} / {run.init} / seed {run.seed}: already finished, nothing to resume; "
+                      f"{run.folder} is left as it was")
+            return finished
+        with subnormals_flushed(device):
+            result = execute(run, data, distributed_setup(device), stop)
+    if result is not None:
+        print(tasks.summary_line(result), flush=True)
+        if not run.grid:
+            print(f"wrote {os.path.join(run.folder, 'result.json')}")
+    return result
+
+def kept(run):
+    """What is on disk for a run that stopped, and what to do: read from its folder."""
+    saved = None
+    if os.path.exists(run.checkpoint):
+        with contextlib.suppress(UsageError):      # damaged: as if there were none
+            saved = load_checkpoint(run.checkpoint)
+    if saved is not None:
+        state, cut = saved["state"], saved.get("partial")
+        unit = "iter" if run.family == "language" else "epoch"
+        at = position(unit, cut["round"] if cut else state["round"], state["step"])
+        return f"the checkpoint of {at} is kept in {run.folder}: rerun with --resume"
+    if run.grid:
+        return f"{run.folder} has no checkpoint yet and starts over: rerun with --resume"
+    return "no checkpoint was written, nothing to resume: rerun without --resume"
 
 def write_tables(root, results):
     """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds."""
@@ -1060,39 +1137,39 @@ def main(argv=None):
     """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder that
     cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
     stop = Stop()
-    tasks.forget_data()                                # each command reads its data afresh
+    tasks.forget_data()                                # each command reads its files afresh
     if hasattr(sys.stdout, "reconfigure"):             # a path that is not UTF-8 prints, escaped
         sys.stdout.reconfigure(errors="backslashreplace")
     threads = torch.get_num_threads()                  # put back at the end (in-process callers)
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():   # only it may set signal handlers
+        handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    args = None
     try:
-        with signals_caught(stop):
-            args = build_parser().parse_args(argv)
-            if args.summarize:
-                stop.summarizing = args.summarize
-                return summarize(args.summarize)
-            device = resolve_device(args.device)
-            task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
-            family = check_args(args, task_names)
-            with contextlib.ExitStack() as grid_lock:
-                return train_all(args, family, task_names, device, stop, grid_lock)
+        args = build_parser().parse_args(argv)
+        if args.summarize:
+            return summarize(args.summarize)
+        return train_all(args, stop)
     except (UsageError, tasks.DataError) as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
     except Interrupted as err:
+        message = str(err)
+        if args is not None and args.summarize:
+            message = f"interrupted while summarizing {args.summarize}; its tables are as they were"
         if int(os.environ.get("RANK", "0")) == 0:      # torchrun: every rank stops, rank 0 says so
-            print(f"train.py: {err}", file=sys.stderr)
-        return err.exit_code
+            print(f"train.py: {message}", file=sys.stderr)
+        return 128 + err.signum
     except WriteError as err:   # before any training (e.g. a full disk at the start): bad output, 2
-        print(f"train.py: error: {err}; {stop.advice()}", file=sys.stderr)
+        print(f"train.py: error: {err}; {err.advice}", file=sys.stderr)
         return 1 if stop.trained else 2
     finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
         torch.set_num_threads(threads)
 
-# ==================================================================================================
-# Part B. The run machinery: what makes a run safe to stop, resume, compare and share
-# ==================================================================================================
-
-# --- Errors: each is one line on stderr (main) ---------------------------------------------------
+# === 8. The machinery: what makes a run safe to stop, resume, compare and share ====================
+# --- Errors: each is one line on stderr (main) ------------------------------------------------------
 class UsageError(Exception):
     """Bad input from the user: one line on stderr, exit code 2."""
 
@@ -1100,17 +1177,42 @@ class Diverged(Exception):  # the training loss became NaN or infinite
     pass
 
 class WriteError(Exception):
-    """A file the run could not write (disk full, read-only, ...): the path and the OS's reason; exit 1."""
+    """A file the run could not write (disk full, read-only, ...): the path and the OS's reason; exit 1.
+    advice: what is kept on disk, and what to do (kept())."""
     def __init__(self, path, err):
         super().__init__(f"cannot write {path}: {err.strerror or err}")
+        self.advice = "no checkpoint was written, nothing to resume: rerun without --resume"
 
 class Interrupted(BaseException):
-    """SIGINT / SIGTERM: main exits 128 + its number; a BaseException, so no `except Exception` eats it."""
-    def __init__(self, signum, message):
-        super().__init__(message)
-        self.exit_code = 128 + signum
+    """SIGINT / SIGTERM: main exits 128 + its number with one line; a BaseException, so no `except
+    Exception` eats it. at: where the run was ("epoch 3 (step 34)"); advice: what is kept (kept())."""
+    def __init__(self, signum, at=None):
+        super().__init__(signum)
+        self.signum, self.at = signum, at
+        self.advice = "no checkpoint was written, nothing to resume: rerun without --resume"
 
-# --- Files: written atomically, strict JSON, read back with their fields checked ----------------
+    def __str__(self):
+        where = f"at {self.at}" if self.at else "before training started"
+        return f"interrupted {where}; {self.advice}"
+
+class Stop:
+    """The SIGINT / SIGTERM handler. While a run trains, a first signal only sets `signal` (the loop
+    checkpoints its step, then stops); else, or at a second one, Interrupted is raised at once."""
+    def __init__(self):
+        self.pid, self.signal, self.training = os.getpid(), None, False
+        self.trained = False          # a run of this command began training (a failed write: exit 1)
+
+    def __call__(self, signum, frame):
+        if os.getpid() != self.pid:   # a DataLoader worker forked from us: as without this handler
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt     # on which torch's worker loop ends quietly
+            os._exit(128 + signum)
+        if self.training and self.signal is None:
+            self.signal = signum
+        else:
+            raise Interrupted(signum)
+
+# --- Files: written atomically, strict JSON, read back with their fields checked --------------------
 def write_atomic(path, data):
     """Bytes or text to path via a temporary file, fsync, rename: never half a file; OSError -> WriteError."""
     tmp = f"{path}.tmp{os.getpid()}"
@@ -1201,6 +1303,21 @@ def check_result(result):
                 value = value[part]
             raise ValueError(f"field {name} is {json.dumps(value)[:40]}, not {expected}")
 
+def finished_run(run, fingerprint):
+    """run.folder's result.json if it is this very run (task, init, seed, config, data), done; else None."""
+    path = os.path.join(run.folder, "result.json")
+    old = os.path.exists(path) and read_result(path, warn=False)
+    if not old or old["status"] != "done":
+        return None
+    if [old["task"], old["init"], old["seed"], old["config"]] != [run.task, run.init, run.seed, run.config]:
+        return None
+    if fingerprint is not None and old.get("data_fingerprint") != fingerprint:
+        return None
+    return old
+
+# --- One writer per folder: the lock, and what a folder may already hold ----------------------------
+RUN_FILES = ("result.json", "checkpoint.pt", "attention_before.pt", "attention_after.pt", "attention.svg")
+
 @contextlib.contextmanager
 def folder_lock(folder):
     """One writer per run folder: a flock on folder/.lock (holding the pid; the OS drops it when the process
@@ -1245,349 +1362,139 @@ def in_use(folder, fd):
     return UsageError(f"{folder} is in use by another train.py run (pid {holder}): wait for it to end, "
                       f"or choose another --out")
 
-def check_not_in_use(folder):
-    """in_use's UsageError if a live run holds folder's lock (probed, not taken)."""
+def check_folder(folder, run=None):
+    """Before anything is written, one run per folder: UsageError when a live run holds folder's lock
+    (probed, not taken), or folder holds another thing: for a grid's root (run None) a run's files; for a
+    run a grid, or another run's files (with --resume: files but its checkpoint or this finished run)."""
     try:
         fd = os.open(os.path.join(folder, ".lock"), os.O_RDONLY)
     except OSError:
+        fd = None                       # no lock file: no run holds the folder
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise in_use(folder, fd) from None
+        finally:
+            os.close(fd)
+    found = [name for name in RUN_FILES if os.path.isfile(os.path.join(folder, name))]
+    if run is None:
+        if found:
+            raise UsageError(f"--out {folder} holds a run ({', '.join(found)}), not a grid: choose another "
+                             f"--out for the grid")
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise in_use(folder, fd) from None
-    finally:
-        os.close(fd)
-
-RUN_FILES = ("result.json", "checkpoint.pt", "attention_before.pt", "attention_after.pt", "attention.svg")
-
-def files_in(folder, names):
-    return [name for name in names if os.path.isfile(os.path.join(folder, name))]
-
-def grid_runs(folder):
-    """The run folders directly below folder (a grid's root): those holding a run's files."""
-    if not os.path.isdir(folder):
-        return []
-    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and files_in(e.path, RUN_FILES))
-
-def check_folder(folder, task, init, seed, config, resume, grid):
-    """One run per folder: UsageError, before anything is written, when folder holds a grid (for a
-    single run) or another run's files (without --resume any, with it those of another run)."""
-    check_not_in_use(folder)
-    if not grid and (files_in(folder, ("grid.json", "table.md")) or grid_runs(folder)):
-        raise UsageError(f"--out {folder} holds a grid{grid_hint(folder)}")
-    found = files_in(folder, RUN_FILES)
-    if not found or resume and ("checkpoint.pt" in found or finished_run(folder, task, init, seed, config)):
+    runs = []                           # run folders directly below: folder is a grid's root
+    if os.path.isdir(folder):
+        runs = sorted(e.name for e in os.scandir(folder)
+                      if e.is_dir() and any(os.path.isfile(os.path.join(e.path, n)) for n in RUN_FILES))
+    grid_files = [n for n in ("grid.json", "table.md") if os.path.isfile(os.path.join(folder, n))]
+    if not run.grid and (grid_files or runs):
+        example = f", e.g. --out {os.path.join(folder, runs[0])}" if runs else ""
+        raise UsageError(f"--out {folder} holds a grid: continue the grid with its own command (its --task, "
+                         f"--init, --seeds), or name one run's folder{example}")
+    if not found or run.resume and ("checkpoint.pt" in found or finished_run(run, None)):
         return                        # --resume checks the checkpoint's config and data at its turn
     raise UsageError(f"--out {folder} already holds a run ({', '.join(found)}): choose another --out"
-                     f"{'' if resume else ', or add --resume to continue or keep it'}")
+                     f"{'' if run.resume else ', or add --resume to continue or keep it'}")
 
-def check_grid_root(root):
-    check_not_in_use(root)
-    found = files_in(root, RUN_FILES)
-    if found:
-        raise UsageError(f"--out {root} holds a run ({', '.join(found)}), not a grid: choose another "
-                         f"--out for the grid")
-
-def grid_hint(folder):
-    """What to do instead of one run in a grid's root: its own command, or one run's folder."""
-    runs = grid_runs(folder)
-    example = f", e.g. --out {os.path.join(folder, runs[0])}" if runs else ""
-    return (f": continue the grid with its own command (its --task, --init, --seeds), or name one "
-            f"run's folder{example}")
-
-def finished_run(out_dir, task, init, seed, config, fingerprint=None):
-    """out_dir's result.json if it is this very run (task, init, seed, config, and data unless
-    fingerprint is None), done; else None."""
-    path = os.path.join(out_dir, "result.json")
-    old = os.path.exists(path) and read_result(path, warn=False)
-    if not old or old["status"] != "done" or [old["task"], old["init"], old["seed"], old["config"]] != [
-            task, init, seed, config]:
-        return None
-    return old if fingerprint is None or old.get("data_fingerprint") == fingerprint else None
-
-# --- Signals: Ctrl-C and SIGTERM end a run with a checkpoint of its step and one line ----------
-class Stop:
-    """The SIGINT / SIGTERM handler, and where the run is. While the loop trains, a first signal only sets
-    `signal` (the loop checkpoints its step, then stops); else, or at a second one, Interrupted is raised."""
-    def __init__(self):
-        self.pid, self.signal, self.training = os.getpid(), None, False
-        self.trained = False          # any run of this command began training (a failed write: exit 1)
-        self.summarizing = None       # --summarize's folder, while it writes the tables
-        self.start(None, False, False)
-    def start(self, folder, grid, resuming):  # a new run in folder: nothing trained yet
-        self.folder, self.grid, self.at = folder, grid, None       # at: "epoch 2 (step 34)"
-        self.kept = "its checkpoint" if resuming else None        # what checkpoint.pt holds
-    def __call__(self, signum, frame):
-        if os.getpid() != self.pid:   # a DataLoader worker forked from us: as without this handler
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt     # on which torch's worker loop ends quietly
-            os._exit(128 + signum)
-        if self.training and self.signal is None:
-            self.signal = signum
-        else:
-            raise self.interrupted(signum)
-    def advice(self):  # what is on disk, and how to go on
-        if self.kept:
-            return f"{self.kept} is kept in {self.folder}: rerun with --resume"
-        if self.grid:
-            return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
-        return "no checkpoint was written, nothing to resume: rerun without --resume"
-    def interrupted(self, signum=None):
-        if self.summarizing:
-            return Interrupted(signum or self.signal, f"interrupted while summarizing {self.summarizing}; "
-                                                      f"its tables are as they were")
-        where = f"at {self.at}" if self.at else "before training started"
-        return Interrupted(signum or self.signal, f"interrupted {where}; {self.advice()}")
-
-@contextlib.contextmanager
-def signals_caught(stop):
-    """stop handles SIGINT and SIGTERM inside the block; the handlers from before are put back."""
-    main = threading.current_thread() is threading.main_thread()   # only it may set handlers
-    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-
-# --- The loop's guard: what the training loop does besides its steps ------------------------------
-class Guard:
-    """train's companion: the progress bar and evaluation lines, step timing, the loss checked before
-    its step (NaN or inf on any rank: Diverged), checkpoints, and signals: a first SIGINT or SIGTERM lets
-    the step under way finish, keeps a checkpoint of it and stops (Interrupted). A round a signal cut
-    is drawn again from its start's random states, its done steps skipped: a resumed run repeats the
-    uninterrupted one exactly."""
-    def __init__(self, exp, state, job, place, stop):
-        self.exp, self.state, self.job, self.place, self.stop = exp, state, job, place, stop
-        self.started, self.losses, self.signum = time.time(), [], 0
-        self.bar = tqdm(total=exp.steps, initial=state["step"], desc=f"{job.task}/{job.init}/seed{job.seed}",
-                        leave=False, dynamic_ncols=True,
-                        disable=None if job.progress and place.rank == 0 else True)  # None: a terminal only
-        if job.resume:                          # where an interruption would leave the run
-            cut = state.get("partial")
-            stop.at = position(exp, cut["round"] if cut else state["round"], state["step"])
-            stop.kept = f"the checkpoint of {stop.at}"
-
-    def __enter__(self):
-        self.stop.training = self.stop.trained = True    # a first signal now stops after its step
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.training = False
-
-    def batches(self, r, state):
-        """Round r's batches (after a cut: those left), timing each step from its batch on."""
-        exp, device, cut = self.exp, self.place.device, state.pop("partial", None)
-        self.round_start, self.losses = rng_states(exp, device), []   # before exp.batches, which may seed
-        if cut:                                 # the round's start again, its done batches skipped
-            at_cut = self.round_start
-            self.round_start, self.losses = cut["rngs"], list(cut["losses"])
-            set_rng_states(exp, device, cut["rngs"])
-        batches = iter(exp.batches(r))
-        if cut:
-            for _ in range(cut["done"]):
-                next(batches)
-            set_rng_states(exp, device, at_cut)
-        for batch in batches:
-            self.step_start = time.time()
-            yield batch
-
-    def check(self, loss, r, state):
-        """Count the step; Diverged on a non-finite loss (before its step: the weights stay finite). Under
-        torchrun every rank agrees here on that and on a signal."""
-        state["step"] += 1
-        diverged, self.signum = agreed([not torch.isfinite(loss.detach()), self.stop.signal or 0],
-                                       self.place.world, self.place.device)
-        if diverged:
-            raise Diverged(f"loss became {loss.item()} at step {state['step']} ({self.exp.unit} {r})")
-
-    def stepped(self, loss, batch, r, state):
-        """After a step: its loss and time, the bar; a signal that came: a checkpoint of this step, stop."""
-        self.losses.append(loss.item())               # .item() waits for the step: timing is honest
-        state["train_seconds"] += time.time() - self.step_start
-        state["samples"] += len(batch[0])
-        self.bar.update()
-        self.bar.set_postfix(loss=f"{self.losses[-1]:.4f}")
-        self.stop.at = position(self.exp, r, state["step"])
-        signum = self.signum if self.place.world > 1 else self.stop.signal   # torchrun: the agreed one
-        if signum:
-            ranks = gather({"losses": self.losses, "rngs": self.round_start}, self.place.world)
-            self.keep(r, {"round": r, "done": len(self.losses), "ranks": ranks})
-            raise self.stop.interrupted(signum)
-
-    def round_loss(self):                       # the round's mean training loss, over the ranks
-        return statistics.fmean(gather(statistics.fmean(self.losses), self.place.world))
-
-    def report(self, entry):                    # the evaluation's line, above the bar, flushed for logs
-        if self.place.rank == 0:
-            self.bar.write(progress_line(self.job, self.exp, entry, self.started))
-            sys.stdout.flush()
-
-    def round_done(self, r, state, evaluated):
-        """A checkpoint after each evaluation, or now if a signal came since the last step; then stop."""
-        signum = agreed([self.stop.signal or 0], self.place.world, self.place.device)[0]
-        if evaluated or signum:
-            self.keep(r)
-        if signum:
-            raise self.stop.interrupted(signum)
-
-    def finished(self):
-        if self.stop.signal:            # came after the last checkpoint: it holds the whole run
-            raise self.stop.interrupted()
-        self.bar.close()
-
-    def keep(self, r, partial=None):
-        """checkpoint.pt of this step (rank 0 writes); partial: a round cut after partial["done"]."""
-        exp, state, (device, rank, world) = self.exp, self.state, self.place
-        rngs = gather(rng_states(exp, device), world)
-        if rank == 0:
-            save_checkpoint(os.path.join(self.job.out_dir, "checkpoint.pt"), {
-                "meta": self.job.meta(world), "model": exp.model.state_dict(),
-                "optimizer": exp.optimizer.state_dict(), "schedule": exp.schedule.state_dict(),
-                "rng": rngs, "state": state, "partial": partial})
-        if world > 1:
-            dist.barrier()
-        self.stop.kept = f"the checkpoint of {position(exp, r, state['step'])}"
-
-def progress_line(job, exp, entry, started):
-    """One evaluation in a line: "majority/mask/seed0 epoch 5/10: train loss 0.0123, test accuracy
-    87.50 %, 12 s" (seconds since this process began the run)."""
-    key, label = tasks.main_metric(job.task)
-    metric = tasks.fmt(entry.get(key))
-    if entry.get(key) is not None and "(%)" in label:
-        metric = f"{entry[key]:.2f} %"
-    last = exp.steps if exp.unit == "iter" else exp.rounds
-    return (f"{job.task}/{job.init}/seed{job.seed} {exp.unit} {entry[exp.unit]}/{last}: train loss "
-            f"{tasks.fmt(entry['train_loss'])}, {label.split(' (')[0].split(',')[0]} {metric}, "
-            f"{time.time() - started:.0f} s")
-
-def position(exp, r, step):  # where a run is: "epoch 3 (step 34)", or "iteration 37" for language
-    if exp.unit == "iter":
-        return f"iteration {step}"
-    return f"epoch {r} (step {step})"
-
-# --- Checkpoints and --resume: the same flags, the same data, or one line -----------------------
+# --- Checkpoints and --resume: the same flags, the same data, or one line ---------------------------
 def resume_from(checkpoint, meta, exp, place):
-    """checkpoint.pt loaded into exp; returns its state (a cut round in state["partial"])."""
+    """checkpoint.pt loaded into exp after checking it is this run's (flags and data); returns its state
+    (a round a signal cut in state["partial"], this rank's part of it)."""
     saved = load_checkpoint(checkpoint, meta)
     exp.model.load_state_dict(saved["model"])
     exp.optimizer.load_state_dict(saved["optimizer"])
     exp.schedule.load_state_dict(saved["schedule"])
     set_rng_states(exp, place.device, saved["rng"][place.rank])
-    state, cut = saved["state"], saved.get("partial")      # cut: the round a signal cut, if any
+    state, cut = saved["state"], saved.get("partial")
     if cut:
         state["partial"] = {"round": cut["round"], "done": cut["done"], **cut["ranks"][place.rank]}
     return state
 
-def load_checkpoint(path, meta):
-    """The checkpoint at path, or UsageError: unreadable, not ours, or another run's (flags or data)."""
+def load_checkpoint(path, meta=None):
+    """The checkpoint at path, or UsageError: missing, unreadable, not train.py's, or (given the meta of
+    this run) another run's: other flags, or other data."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError:
-        raise no_checkpoint(path)
+        raise UsageError(f"--resume: no checkpoint at {path}: run without --resume first")
     except Exception as err:
         raise UsageError(f"--resume: {path} is damaged or not a checkpoint ({type(err).__name__}"
                          f"): delete it, or use another --out")
     if not isinstance(saved, dict) or not {"meta", "model", "state"} <= set(saved):
         raise UsageError(f"--resume: {path} is not a checkpoint written by train.py")
+    if meta is None:
+        return saved
     theirs = {**saved["meta"], **saved["meta"]["config"]}
     for key, value in {**meta, **meta["config"]}.items():
         if key not in ("config", "data_fingerprint") and theirs.get(key) != value:
             raise UsageError(f"--resume: {path} was written by a run with {key} {theirs.get(key)!r}, "
                              f"this run has {value!r}: use the same flags, or another --out")
-    check_fingerprint(path, saved["meta"].get("data_fingerprint"), meta.get("data_fingerprint"))
-    return saved
-
-def no_checkpoint(path):
-    return UsageError(f"--resume: no checkpoint at {path}: run without --resume first")
-
-def check_fingerprint(path, theirs, ours):
-    """UsageError naming the first part of the data that differs; no fingerprint at all: a note."""
+    # The data: UsageError naming the first part that differs ("valid.txt differs", "3 images added under
+    # train/cat", "--bpe-file: none before, one now"); a checkpoint with no fingerprint at all: a note.
+    theirs, ours = saved["meta"].get("data_fingerprint"), meta.get("data_fingerprint")
     if ours is None:
-        return
+        return saved
     if theirs is None:
         print(f"train.py: note: {path} records no fingerprint of its data; the data is not checked",
               file=sys.stderr)
-        return
-    for key in sorted(set(theirs) | set(ours)):
-        if theirs.get(key) != ours.get(key):
-            raise UsageError(f"--resume: {path} was written by a run on other data: "
-                             f"{data_difference(key, theirs.get(key), ours.get(key))}: use the same "
-                             f"data, or another --out")
-
-def data_difference(key, theirs, ours):
-    """What differs in one part of a fingerprint, in words: "valid.txt differs", "3 images added under
-    train/cat", "--bpe-file: none before, one now"."""
-    if theirs is None or ours is None:
-        return f"{key}: {'none before, one now' if theirs is None else 'there before, none now'}"
-    counts = [re.match(r"(\d+) files, ", v) for v in (theirs, ours)]
-    if all(counts) and counts[0].group(1) != counts[1].group(1):
-        before, now = (int(m.group(1)) for m in counts)
-        return f"{abs(now - before)} images {'added' if now > before else 'removed'} under {key}"
-    return f"{key} differs"
-
-def use_threads_of_checkpoint(saved, job):
-    """--resume trains on with the checkpoint's thread count (the numbers depend on it in their last
-    digits) unless --threads says otherwise (then a note when the two differ)."""
-    if saved is None:
-        return job.threads
-    if not job.threads_given:
         return saved
-    if job.threads != saved:
-        print(f"train.py: note: {job.out_dir} was trained with {saved} threads, --threads {job.threads} "
-              f"now: the numbers may differ from an uninterrupted run's in their last digits",
-              file=sys.stderr)
-    return job.threads
+    for key in sorted(set(theirs) | set(ours)):
+        before, now = theirs.get(key), ours.get(key)
+        if before == now:
+            continue
+        if before is None or now is None:
+            difference = f"{key}: {'none before, one now' if before is None else 'there before, none now'}"
+        elif isinstance(before, dict) and isinstance(now, dict) and before["files"] != now["files"]:
+            change = "added" if now["files"] > before["files"] else "removed"
+            difference = f"{abs(now['files'] - before['files'])} images {change} under {key}"
+        else:
+            difference = f"{key} differs"
+        raise UsageError(f"--resume: {path} was written by a run on other data: {difference}: use the "
+                         f"same data, or another --out")
+    return saved
 
 # --- Fingerprints of a run's data (checkpoint.pt and result.json): --resume refuses other data,
 # --summarize never averages over two. Generated data (Boolean, arithmetic) by its tensors; files by
 # their content and their paths relative to the data folder (a copy elsewhere, or a touched file, is the
 # same data). tasks.py's loaders name what they read in data["sources"].
-def data_fingerprint(family, data):
-    """{part of the data: its digest}, e.g. {"train set": "sha256 ..."} or {"train/cat": "12 files, ..."}."""
-    if family in ("boolean", "arithmetic"):
+def data_fingerprint(data):
+    """{part of the data: its digest}: {"train set": "sha256 ..."} of generated tensors; of files "sha256
+    ..." for one, {"files": 12, "bytes": 3456, "sha256": ...} for a list, None for none (no --bpe-file)."""
+    if "sources" not in data:           # Boolean, arithmetic
         parts = {"train set": "train", "eval set": "eval"}
-        return {name: tensors_sha256(data[f"x_{part}"], data[f"y_{part}"])
-                for name, part in parts.items() if f"x_{part}" in data}
-    return {name: source_digest(source, data["root"]) for name, source in data["sources"].items()}
+        return {name: digest_of(data[f"x_{part}"], data[f"y_{part}"]) for name, part in parts.items()
+                if f"x_{part}" in data}
+    fingerprint = {}
+    for name, source in data["sources"].items():
+        if source is None:
+            fingerprint[name] = None
+        elif isinstance(source, (str, torch.Tensor)):
+            fingerprint[name] = digest_of(source)
+        else:                           # a list of files below the data folder
+            listing = hashlib.sha256()
+            for path in source:
+                listing.update(os.fsencode(os.path.relpath(path, data["root"])) + f"\t{digest_of(path)}\n".encode())
+            fingerprint[name] = {"files": len(source), "bytes": sum(map(os.path.getsize, source)),
+                                 "sha256": listing.hexdigest()}
+    return fingerprint
 
-def source_digest(source, root):
-    """A tensor's, a file's, or a list of files' digest; None stays None (e.g. no --bpe-file)."""
-    if source is None:
-        return None
-    if isinstance(source, torch.Tensor):
-        return tensors_sha256(source)
-    if isinstance(source, str):
-        return file_sha256(source)
-    return files_listing(source, root)
-
-def tensors_sha256(*tensors):
-    """sha256 of the tensors' dtypes, shapes and bytes, as "sha256 <hex>"."""
+def digest_of(*sources):
+    """"sha256 <hex>" of tensors (their dtypes, shapes and bytes) or of one file's content (read in 1 MiB
+    pieces: a corpus can be gigabytes)."""
     digest = hashlib.sha256()
-    for t in tensors:
-        t = t.detach().cpu().contiguous()       # kept alive while its memory is read below
+    for source in sources:
+        if isinstance(source, str):
+            with open(source, "rb") as f:
+                for piece in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(piece)
+            continue
+        t = source.detach().cpu().contiguous()   # kept alive while its memory is read below
         digest.update(f"{t.dtype} {tuple(t.shape)};".encode())
         digest.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
     return f"sha256 {digest.hexdigest()}"
 
-def file_sha256(path):
-    """sha256 of a file's content, read in 1 MiB pieces (a corpus can be gigabytes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for piece in iter(lambda: f.read(1 << 20), b""):
-            digest.update(piece)
-    return f"sha256 {digest.hexdigest()}"
-
-def files_listing(paths, root):
-    """"<count> files, <bytes> bytes, sha256 <hex>" over each path below root and its content's sha256
-    (os.fsencode: a file name that is not UTF-8 is hashed by its bytes)."""
-    digest, total = hashlib.sha256(), 0
-    for path in paths:
-        total += os.path.getsize(path)
-        digest.update(os.fsencode(os.path.relpath(path, root)) + f"\t{file_sha256(path)}\n".encode())
-    return f"{len(paths)} files, {total} bytes, sha256 {digest.hexdigest()}"
-
-# --- Random streams: every one a step draws from, kept by checkpoints ----------------------------
+# --- Random streams: every one a step draws from, kept by checkpoints --------------------------------
 def rng_states(exp, device):
     """Every random stream a step draws from: torch's CPU one, exp's generators, CUDA's (dropout)."""
     states = [torch.get_rng_state(), *[g.get_state() for g in exp.generators]]
@@ -1600,7 +1507,7 @@ def set_rng_states(exp, device, states):
     if device.type == "cuda" and len(states) > 1 + len(exp.generators):
         torch.cuda.set_rng_state(states[-1], device)
 
-# --- torchrun: one process per GPU (or CPU process, gloo), gradients averaged by DDP ------------
+# --- torchrun: one process per GPU (or CPU process, gloo), gradients averaged by DDP ----------------
 Place = namedtuple("Place", "device rank world")    # where a process trains (torchrun: its rank)
 
 def distributed_setup(device):
@@ -1629,7 +1536,7 @@ def agreed(values, world, device):
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return [int(v) for v in flags.tolist()]
 
-# --- The machine: device, threads, subnormal floats, memory -------------------------------------
+# --- The machine: device, threads, subnormal floats, memory ------------------------------------------
 def resolve_device(name):
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -1642,9 +1549,6 @@ def resolve_device(name):
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
-
-def device_name(device):
-    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
 
 def choose_threads(given, device):
     """(torch CPU threads for new runs, how the first line says it): --threads, else the cores no other
@@ -1689,7 +1593,8 @@ def check_fits(family, config):
     longest_sum = 2 * tasks.OPERAND_DIGITS + max(tasks.ARITHMETIC_TASKS.values())   # operands, answer slots
     N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": longest_sum, "language": config.get("block_size"),
          "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
-    maps_of = lambda batch: 4 * 3 * L * H * N * N * max(batch, 64)               # bytes
+    def maps_of(batch):                 # bytes of a batch's attention maps, kept for the backward
+        return 4 * 3 * L * H * N * N * max(batch, 64)
     weights, maps = 4 * 4 * 12 * L * D * D, maps_of(B)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if weights + maps > have:   # name the flag to change: width, input length, or else the batch
@@ -1704,7 +1609,7 @@ def check_fits(family, config):
                          f"about {(weights + maps) / 2**30:.0f} GiB, this machine has "
                          f"{have / 2**30:.0f} GiB: choose a smaller model, batch or input")
 
-# --- Flag types: one line for a bad value, never a traceback ------------------------------------
+# --- Flag types: one line for a bad value, never a traceback ----------------------------------------
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse prints the whole usage block; one line is enough
         raise UsageError(message)

@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
 import train  # noqa: E402
+from helpers import experiment, runs_of  # noqa: E402
 
 
 def matmul_rate(repeats, size=1024):
@@ -62,9 +63,8 @@ def main():
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = train.make_config("arithmetic", train.RunSettings(args.task, "default", 0),
-                               train.build_parser().parse_args(["--task", args.task, "--preset", "paper",
-                                                                "--eval-size", "1000"]))
+    flags = ["--task", args.task, "--preset", "paper", "--eval-size", "1000"]
+    config = runs_of(*flags)[0].config
     data = tasks.arithmetic_dataset(args.task, 0.03, seed=0, eval_size=args.pairs)
     x = data["x_eval"]
     flops = flops_per_pair(config, x.shape[1])
@@ -75,7 +75,7 @@ def main():
     device = torch.device("cpu")
     for init in ("default", "mask"):
         torch.manual_seed(0)
-        model = train.arithmetic_setup(args.task, init, 0, config, device, data).model
+        model = experiment(*flags, "--init", init, data=data).model
         tasks.arithmetic_logits(model, x[:args.batch], args.batch)          # warm-up
         times = []
         for _ in range(args.repeats):

@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tasks  # noqa: E402
 import train  # noqa: E402
+from helpers import experiment, runs_of  # noqa: E402
 from bench_util import clean_rounds  # noqa: E402
 
 
@@ -46,11 +47,9 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     cli = ["--task", args.task, "--init", "mask", "--preset", args.preset]
-    magnitude = None if args.checkpoint else args.mask_magnitude
-    config = train.make_config("boolean", train.RunSettings(args.task, "mask", 0, mask_magnitude=magnitude),
-                               train.build_parser().parse_args(cli))
-    exp = train.boolean_setup(args.task, "mask", 0, config, torch.device("cpu"),
-                              tasks.boolean_dataset(args.task))
+    if not args.checkpoint and args.mask_magnitude:
+        cli += ["--mask-magnitude", str(args.mask_magnitude)]
+    exp = experiment(*cli)
     if args.checkpoint:
         saved = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
         exp.model.load_state_dict(saved["model"])

@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train  # noqa: E402
+from helpers import experiment, runs_of  # noqa: E402
 
 
 def time_steps(model, optimizer, batches):
@@ -41,8 +42,7 @@ def main():
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = train.make_config("language", train.RunSettings("lm", "default", 0), train.build_parser().parse_args(
-        ["--task", "lm", "--preset", args.preset]))
+    config = runs_of("--task", "lm", "--preset", args.preset)[0].config
     vocab, block, batch = 256, config["block_size"], config["batch_size"]
     tokens = torch.randint(vocab, (4 * block,), generator=torch.Generator().manual_seed(1))
     data = {"train": tokens, "val": tokens, "test": tokens, "vocab_size": vocab,
@@ -54,7 +54,7 @@ def main():
     runs = {}
     for init in ("default", "mask"):
         torch.manual_seed(0)
-        exp = train.lm_setup("lm", init, 0, config, torch.device("cpu"), data, 0)
+        exp = experiment("--task", "lm", "--init", init, "--preset", args.preset, data=data)
         model = exp.model
         runs[init] = (model, exp.optimizer, [])
         time_steps(model, runs[init][1], batches[:2])                # warm-up

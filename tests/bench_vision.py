@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train  # noqa: E402
+from helpers import experiment, runs_of  # noqa: E402
 from synthetic import write_synthetic_cifar10  # noqa: E402
 
 
@@ -47,13 +48,11 @@ def vision_model(init, config):
     images = [(torch.zeros(3, size, size), 0)] * 2
     data = {"train": images, "test": images, "classes": 10}
     torch.manual_seed(0)
-    return train.vision_setup("cifar10", init, 0, {**config, "batch_size": 2}, torch.device("cpu"),
-                              data, 0, 1, 0).model
+    return experiment("--task", "cifar10", "--init", init, data=data, batch_size=2).model
 
 
 def throughput(args):
-    config = train.make_config("vision", train.RunSettings("cifar10", "default", 0), train.build_parser().parse_args(
-        ["--task", "cifar10"]))
+    config = runs_of("--task", "cifar10")[0].config
     masked, default = (vision_model(init, config) for init in ("mask", "default"))
     default.load_state_dict({k: v for k, v in masked.state_dict().items() if not k.endswith("mask")})
     models = {"mask": masked, "default": default}

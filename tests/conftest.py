@@ -86,7 +86,7 @@ def interrupt_then_resume(args, tmp_path, monkeypatch, capsys, step, signum=sign
 
 def train_raising(real_train, step, *signums):
     """train.train that raises each of signums in-process inside the loss of optimizer step `step`."""
-    def train_with_signals(exp, *rest):
+    def train_with_signals(run, exp, *rest):
         real_loss, calls = exp.loss_of, []
 
         def loss_of(net, batch):
@@ -96,7 +96,7 @@ def train_raising(real_train, step, *signums):
                     signal.raise_signal(signum)
             return real_loss(net, batch)
         exp.loss_of = loss_of
-        return real_train(exp, *rest)
+        return real_train(run, exp, *rest)
     return train_with_signals
 
 

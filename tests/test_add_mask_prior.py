@@ -309,24 +309,31 @@ def test_nn_transformer_patches_self_attention_and_leaves_cross_attention():
 
 @pytest.mark.parametrize("mode", ["none", "learnable"])
 @pytest.mark.parametrize("name", ["vit", "gpt", "transformer"])
-def test_param_groups_group_the_projects_own_models_as_before(name, mode):
-    """maskprior's ViT, GPT and Transformer: matrices decayed, vectors not, every M alone, in
-    named_parameters order, as param_groups always grouped them (the rule of the recorded runs,
-    written out here: none of them defines no_weight_decay)."""
+def test_param_groups_group_the_projects_own_models_as_train_py_trains_them(name, mode):
+    """maskprior's ViT, GPT and Transformer, as train.py's optimizer groups them (the rule of the
+    recorded runs, written out here): matrices decayed but the positions and CLS (no_weight_decay,
+    timm's convention), vectors not, every M alone, in named_parameters order; decay_all (aryol/GOTU's
+    coupled decay) decays everything but M in one group; mask_lr reaches M's group alone."""
     torch.manual_seed(0)
     masks = None if mode == "none" else torch.zeros(2, HEADS, 17, 17)
     model = {"vit": lambda: maskprior.ViT(16, 4, 10, WIDTH, 2, HEADS, 64, masks=masks, mode=mode),
              "gpt": lambda: maskprior.GPT(50, 17, WIDTH, 2, HEADS, mode=mode, masks=masks),
              "transformer": lambda: maskprior.Transformer(2, 17, WIDTH, 2, HEADS, 64, 1, masks=masks,
                                                           mode=mode)}[name]()
-    assert not hasattr(model, "no_weight_decay")
     mask_ids = {id(m.mask) for m in maskprior.attention_modules(model) if m.mask is not None}
+    starts = {id(p) for n, p in model.named_parameters() if n in ("pos", "cls")}
+    assert len(starts) == (1 if name == "gpt" else 2)
     parameters = [p for p in model.parameters() if p.requires_grad]
-    expected = [([id(p) for p in parameters if id(p) not in mask_ids and p.dim() >= 2], 0.05),
-                ([id(p) for p in parameters if id(p) not in mask_ids and p.dim() < 2], 0.0),
+    weights = [id(p) for p in parameters if id(p) not in mask_ids]
+    matrices = [i for i, p in zip(weights, [p for p in parameters if id(p) not in mask_ids])
+                if p.dim() >= 2 and i not in starts]
+    expected = [(matrices, 0.05), ([i for i in weights if i not in matrices], 0.0),
                 ([id(p) for p in parameters if id(p) in mask_ids], 1e-3)]
     groups = maskprior.param_groups(model, 0.05, mask_decay=1e-3)
     assert [([id(p) for p in g["params"]], g["weight_decay"]) for g in groups] == [e for e in expected if e[0]]
+    coupled = maskprior.param_groups(model, 0.05, mask_decay=1e-3, mask_lr=0.03, decay_all=True)
+    assert [([id(p) for p in g["params"]], g["weight_decay"], g.get("lr")) for g in coupled] == [
+        e for e in [(weights, 0.05, None), (expected[2][0], 1e-3, 0.03)] if e[0]]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import maskprior
 import tasks
 import train
 from conftest import BOOLEAN_TINY as TINY, kill_then_resume
+from helpers import experiment, runs_of
 
 
 def test_short_run_writes_a_valid_result(tmp_path, run_cli, attention_svg):
@@ -133,7 +134,7 @@ def test_bad_input_through_the_script_is_exit_2_and_one_line_without_traceback(r
 
 def test_nan_loss_stops_the_run_with_a_message_and_keeps_the_result(tmp_path, monkeypatch, capsys,
                                                                     attention_svg):
-    real_setup = train.boolean_setup
+    real_setup = train.FAMILIES["boolean"]["setup"]
     calls = []
 
     def setup_whose_loss_turns_nan(*args, **kwargs):
@@ -147,7 +148,7 @@ def test_nan_loss_stops_the_run_with_a_message_and_keeps_the_result(tmp_path, mo
         exp.loss_of = loss_that_turns_nan
         return exp
 
-    monkeypatch.setattr(train, "boolean_setup", setup_whose_loss_turns_nan)
+    monkeypatch.setitem(train.FAMILIES["boolean"], "setup", setup_whose_loss_turns_nan)
     code = train.main(["--task", "2parity", "--init", "mask", "--out", str(tmp_path), *TINY])
     assert code == 1
     err = capsys.readouterr().err
@@ -173,10 +174,7 @@ def test_same_seed_same_result_other_seed_other_result(tmp_path):
                                                        ("cpu", ["--weight-decay", "0.01"], 0.01)])
 def test_weight_decay_replaces_the_presets_on_the_weights_and_leaves_m_to_mask_decay(preset, flag,
                                                                                     weights_decay):
-    args = train.build_parser().parse_args(["--task", "2parity", "--preset", preset, *flag])
-    config = train.make_config("boolean", train.RunSettings("2parity", "mask", 0, mask_decay=0.5), args)
-    exp = train.boolean_setup("2parity", "mask", 0, config, torch.device("cpu"),
-                              tasks.boolean_dataset("2parity"))
+    exp = experiment("--task", "2parity", "--preset", preset, "--mask-decay", "0.5", *flag)
     masks = {id(p) for name, p in exp.model.named_parameters() if name.endswith("mask")}
     decays = {id(p): group["weight_decay"] for group in exp.optimizer.param_groups for p in group["params"]}
     assert masks and len(decays) == sum(p.requires_grad for p in exp.model.parameters())
@@ -187,10 +185,7 @@ def test_weight_decay_replaces_the_presets_on_the_weights_and_leaves_m_to_mask_d
 def test_the_paper_presets_boolean_model_starts_positions_and_cls_as_the_gotu_code(init):
     """--preset paper builds aryol/GOTU's model: positions and CLS drawn from N(0, 1); the QK
     inits solve on them without rescaling them (norm_p = 18 is for positions drawn at 0.02)."""
-    args = train.build_parser().parse_args(["--task", "2parity", "--preset", "paper"])
-    config = train.make_config("boolean", train.RunSettings("2parity", init, 0), args)
-    model = train.boolean_setup("2parity", init, 0, config, torch.device("cpu"),
-                                tasks.boolean_dataset("2parity")).model
+    model = experiment("--task", "2parity", "--init", init, "--preset", "paper").model
     assert model.pos.shape == (1, 16, 256) and model.cls.shape == (1, 1, 256)
     assert 0.95 < model.pos.std().item() < 1.05 and 0.85 < model.cls.std().item() < 1.15
     assert abs(model.pos.mean().item()) < 0.05
@@ -198,12 +193,9 @@ def test_the_paper_presets_boolean_model_starts_positions_and_cls_as_the_gotu_co
 
 def test_a_paper_preset_boolean_model_draws_its_starts_in_the_gotu_models_order():
     """aryol/GOTU's TokenTransformer draws the bit embedding N(0, 1), then the positions and then
-    CLS with torch.randn; a run seeded s (train.run seeds torch first) draws the same numbers."""
-    args = train.build_parser().parse_args(["--task", "majority", "--preset", "paper"])
-    config = train.make_config("boolean", train.RunSettings("majority", "mask", 3), args)
+    CLS with torch.randn; a run seeded s (train.execute seeds torch first) draws the same numbers."""
     torch.manual_seed(3)
-    model = train.boolean_setup("majority", "mask", 3, config, torch.device("cpu"),
-                                tasks.boolean_dataset("majority")).model
+    model = experiment("--task", "majority", "--preset", "paper", "--seed", "3").model
     torch.manual_seed(3)
     embedding, positions, cls = torch.randn(2, 256), torch.randn(1, 16, 256), torch.randn(1, 1, 256)
     assert torch.equal(model.embed.weight, embedding)
@@ -220,11 +212,9 @@ def test_a_paper_preset_boolean_model_draws_its_starts_in_the_gotu_models_order(
 def test_width_flags_reach_the_model_and_its_config(flags, config_keys, shape):
     """--dim, --head-dim, --mlp-dim (the study of what decides target or MDI changes each alone):
     the config records them, the attention has 3 heads of head_dim, the MLP mlp_dim units."""
-    args = train.build_parser().parse_args(["--task", "2parity", *flags])
-    config = train.make_config("boolean", train.RunSettings("2parity", "mask", 0), args)
+    config = runs_of("--task", "2parity", *flags)[0].config
     assert {key: config[key] for key in config_keys} == config_keys
-    model = train.boolean_setup("2parity", "mask", 0, config, torch.device("cpu"),
-                                tasks.boolean_dataset("2parity")).model
+    model = experiment("--task", "2parity", *flags).model
     dim, head_dim, mlp_dim = shape
     for block in model.blocks:
         assert block.attn.head_dim == head_dim and block.attn.qkv.weight.shape == (3 * 3 * head_dim, dim)
@@ -235,13 +225,11 @@ def test_width_flags_reach_the_model_and_its_config(flags, config_keys, shape):
 def test_pos_std_and_cls_std_set_the_starts_and_the_config(preset, pos_std, cls_std):
     """--pos-std and --cls-std replace a preset's starts (cpu: N(0, 0.02^2) and 0; paper: N(0, 1)):
     the config says so and the drawn positions and CLS have that spread (CLS 0: zeros)."""
-    args = train.build_parser().parse_args(["--task", "majority", "--preset", preset, "--pos-std",
-                                            str(pos_std), "--cls-std", str(cls_std)])
-    config = train.make_config("boolean", train.RunSettings("majority", "mask", 0), args)
+    flags = ["--task", "majority", "--preset", preset, "--pos-std", str(pos_std), "--cls-std", str(cls_std)]
+    config = runs_of(*flags)[0].config
     assert (config["pos_std"], config["cls_std"]) == (pos_std, cls_std)
     torch.manual_seed(0)
-    model = train.boolean_setup("majority", "mask", 0, config, torch.device("cpu"),
-                                tasks.boolean_dataset("majority")).model
+    model = experiment(*flags).model
     assert model.pos.std().item() == pytest.approx(pos_std, rel=0.1)
     if cls_std == 0:
         assert torch.equal(model.cls, torch.zeros_like(model.cls))
@@ -260,11 +248,11 @@ def test_a_cpu_run_trains_with_subnormal_floats_flushed_and_puts_the_flag_back(t
     """Attention's backward through pairs the mask shuts yields subnormal floats, which slow CPU
     kernels many times; a run flushes them to zero (torch.set_flush_denormal) while it trains."""
     subnormal = torch.finfo(torch.float32).tiny / 8               # below the smallest normal float
-    doubled_during_run, real_run = [], train.run
+    doubled_during_run, real_run = [], train.execute
     def run_and_probe(*args):
         doubled_during_run.append((torch.tensor([subnormal]) * 2).item())
         return real_run(*args)
-    monkeypatch.setattr(train, "run", run_and_probe)
+    monkeypatch.setattr(train, "execute", run_and_probe)
     assert (torch.tensor([subnormal]) * 2).item() > 0
     assert train.main(["--task", "2parity", "--init", "mask", "--device", "cpu",
                        "--out", str(tmp_path), *TINY]) == 0
@@ -318,7 +306,7 @@ def test_mask_magnitude_sets_the_prior_and_a_sweep_writes_its_table_and_figure(t
     closed entries; table.md gets an "A" column and mask_magnitude.svg one line per panel."""
     assert train.main(["--task", "majority", "--init", "mask", "--mask-magnitude", "2", "5",
                        "--out", str(tmp_path), *TINY]) == 0
-    pattern = maskprior.mask_majority(1, 2)                            # (1, 2, 16, 16), +-10
+    pattern = maskprior.boolean_mask("majority", 1, 2)                            # (1, 2, 16, 16), +-10
     for magnitude in (2, 5):
         folder = tmp_path / f"majority-mask-seed0-A{magnitude}"
         assert json.loads((folder / "result.json").read_text())["config"]["mask_magnitude"] == magnitude

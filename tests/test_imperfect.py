@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 import maskprior
 import tasks
 import train
-from helpers import BOOLEAN_TINY as TINY
+from helpers import BOOLEAN_TINY as TINY, experiment
 
 # (pattern, whether position 0 is the CLS token): every Boolean and arithmetic prior
 PATTERNS = {**{t: (maskprior.boolean_mask(t, 4, 3), True) for t in maskprior.BOOLEAN_MASKS},
@@ -121,22 +121,19 @@ def test_mask_edit_takes_kind_and_fraction_or_none():
             train.mask_edit(bad)
 
 
-def tiny_experiment(init, **sweeps):
-    args = train.build_parser().parse_args(["--task", "2parity", *TINY])
-    config = train.make_config("boolean", train.RunSettings("2parity", init, 0, **sweeps), args)
-    return train.boolean_setup("2parity", init, 0, config, torch.device("cpu"),
-                               tasks.boolean_dataset("2parity"))
+def tiny_experiment(init, *flags):
+    return experiment("--task", "2parity", "--init", init, *TINY, *flags)
 
 
 def test_mask_lr_reaches_the_mask_group_only():
-    exp = tiny_experiment("mask", mask_lr=0.03)
+    exp = tiny_experiment("mask", "--mask-lr", "0.03")
     masks = {id(p) for name, p in exp.model.named_parameters() if name.endswith("mask")}
     assert masks
     for group in exp.optimizer.param_groups:
         in_mask = {id(p) in masks for p in group["params"]}
         assert len(in_mask) == 1                                     # M never shares a group
         assert group["initial_lr"] == (0.03 if in_mask == {True} else 1e-3)
-    fixed = tiny_experiment("mask-fixed", mask_lr=None)
+    fixed = tiny_experiment("mask-fixed")
     assert {g["initial_lr"] for g in fixed.optimizer.param_groups} == {1e-3}
     default = tiny_experiment("mask")                                  # no --mask-lr: the model's lr
     assert {g["initial_lr"] for g in default.optimizer.param_groups} == {1e-3}
@@ -212,7 +209,7 @@ def test_bad_mask_error_or_mask_lr_exits_2_with_one_line(args, message, capsys):
 
 
 def test_the_model_starts_from_the_edited_prior_and_measures_against_the_exact_one():
-    exp = tiny_experiment("mask", mask_error="moved:1.0")
+    exp = tiny_experiment("mask", "--mask-error", "moved:1.0")
     exact = maskprior.boolean_mask("2parity", 1, 2)
     assert torch.equal(exp.true_pattern, exact)
     assert torch.equal(exp.pattern, maskprior.edit_pattern(exact, "moved", 1.0, 0, cls_row=True))

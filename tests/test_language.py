@@ -14,6 +14,7 @@ import maskprior
 import tasks
 import train
 from conftest import ROOT, interrupt_then_resume, kill_then_resume, same_weights
+from helpers import experiment
 from synthetic import write_tiny_ranks
 
 TINY_LM = ["--iters", "8", "--eval-every", "4", "--layers", "1", "--heads", "2", "--dim", "16",
@@ -35,15 +36,13 @@ def test_relative_distance_mask_and_its_bias():
 
 def lm_model(init, vocab_size, layers, heads, block_size, dim):
     """The GPT that train.lm_setup builds for init (dropout 0), on a fake corpus of vocab_size."""
-    args = train.build_parser().parse_args(
-        ["--task", "lm", "--init", init, "--layers", str(layers), "--heads", str(heads),
-         "--block-size", str(block_size), "--dim", str(dim)])
-    config = {**train.make_config("language", train.RunSettings("lm", init, 0), args), "dropout": 0.0}
+    flags = ["--task", "lm", "--init", init, "--layers", str(layers), "--heads", str(heads),
+             "--block-size", str(block_size), "--dim", str(dim)]
     tokens = torch.randint(0, vocab_size, (4 * block_size,))
     data = {"train": tokens, "val": tokens, "test": tokens, "vocab_size": vocab_size,
             "decode": tasks.decode_bytes, "test_is_val": False}
     torch.manual_seed(0)
-    return train.lm_setup("lm", init, 0, config, torch.device("cpu"), data, 0).model
+    return experiment(*flags, data=data, dropout=0.0).model
 
 
 @pytest.mark.parametrize("init", ["default", "mask", "mimetic"])
@@ -210,7 +209,7 @@ def test_torchrun_two_cpu_processes_with_gloo(tmp_path):
         f"sys.path.insert(0, {ROOT!r})\n"
         "import train\n"
         "real_train, steps = train.train, []\n"
-        "def train_with_a_signal(exp, *rest):\n"
+        "def train_with_a_signal(run, exp, *rest):\n"
         "    real_loss = exp.loss_of\n"
         "    def loss_of(net, batch):\n"
         "        steps.append(1)\n"
@@ -218,7 +217,7 @@ def test_torchrun_two_cpu_processes_with_gloo(tmp_path):
         "            signal.raise_signal(signal.SIGINT)\n"
         "        return real_loss(net, batch)\n"
         "    exp.loss_of = loss_of\n"
-        "    return real_train(exp, *rest)\n"
+        "    return real_train(run, exp, *rest)\n"
         "train.train = train_with_a_signal\n"
         "code = train.main()\n"
         f"open(os.path.join({str(tmp_path)!r}, 'exit' + os.environ['RANK']), 'w').write(str(code))\n"

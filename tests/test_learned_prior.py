@@ -18,6 +18,7 @@ import maskprior
 import tasks
 import train
 from conftest import kill_then_resume
+from helpers import experiment
 from synthetic import SHAPES, write_image_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -293,18 +294,12 @@ def test_the_run_records_its_source_and_starts_from_the_learned_mask(source, tmp
 def test_everything_but_m_starts_as_in_the_hand_made_mask_run(source):
     """The learned prior replaces M after the family's setup: the same weights and batches as the
     hand-made run, only M differs, and the optimizer trains the new M."""
-    args = train.build_parser().parse_args(target(source))
-    train.check_args(args, ["addition"])
-    config = train.make_config("arithmetic", train.RunSettings("addition", "mask", 0, train_frac=0.001,
-                                                            mask_threshold=1.0), args)
-    plain = {k: v for k, v in config.items() if not k.startswith("mask_from")
-             and k not in ("mask_threshold", "mask_density")}
+    flags = target(source)
+    at = flags.index("--mask-from")
     torch.manual_seed(0)
-    data = tasks.arithmetic_dataset("addition", config["train_frac"], 0, config["eval_size"])
-    hand = train.arithmetic_setup("addition", "mask", 0, plain, torch.device("cpu"), data)
+    hand = experiment(*flags[:at], *flags[at + 2:])
     torch.manual_seed(0)
-    ours = train.arithmetic_setup("addition", "mask", 0, config, torch.device("cpu"), data)
-    train.use_learned_prior(ours, config)
+    ours = experiment(*flags)
     for (name, a), (_, b) in zip(hand.model.state_dict().items(), ours.model.state_dict().items()):
         assert torch.equal(a, b) == (not name.endswith("mask")), name
     masks = [p for name, p in ours.model.named_parameters() if name.endswith("mask")]
@@ -404,10 +399,14 @@ def test_a_vit_learns_its_prior_and_is_measured_against_the_impulse(tmp_path):
 # ------------------------------------------------------------------------------------------
 
 def test_run_names_and_the_inits_with_a_mask_prior():
-    learned = train.RunSettings("addition", "mask", 0, train_frac=0.001, mask_threshold=0.5)
-    assert learned.folder(source="src") == "addition-mask-seed0-frac0.001-from-src-tau0.5"
-    assert train.RunSettings("lm", "mask", 1).folder(source="src") == "lm-mask-seed1-from-src-tau1"
-    assert learned.folder() == "addition-mask-seed0-frac0.001"
+    def folder(*flags):
+        args = train.build_parser().parse_args(list(flags))
+        settings = {key: (getattr(args, key) or [None])[0] for key in train.SWEEPS}
+        return train.folder_name(args.task[0], args.init[0], args.seed, settings, args)
+    assert folder("--task", "addition", "--train-frac", "0.001", "--mask-from", "runs/src",
+                  "--mask-threshold", "0.5") == "addition-mask-seed0-frac0.001-from-src-tau0.5"
+    assert folder("--task", "lm", "--seed", "1", "--mask-from", "src") == "lm-mask-seed1-from-src-tau1"
+    assert folder("--task", "addition", "--train-frac", "0.001") == "addition-mask-seed0-frac0.001"
     assert set(train.MASK_PRIOR_INITS) == {"mask", "mask-fixed", "mask-hadamard"}
 
 

@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import tasks
 import train
+from helpers import experiment
 from synthetic import SHAPES, write_image_tree, write_text_files
 from test_damaged_input import one_line, random_bytes
 
@@ -78,13 +79,11 @@ def test_images_one_folder_layout_colour_run(colour_folder, tmp_path):
 
 
 def test_vit_takes_the_trees_channels_and_classes(grey_split, colour_folder):
-    args = train.build_parser().parse_args(["--task", "images", *TINY_VIT])
-    config = train.make_config("vision", train.RunSettings("images", "mask", 0), args)
     for folder, channels, classes in ((grey_split, 1, 3), (colour_folder, 3, 4)):
-        data = tasks.vision_dataset("images", folder, config["image_size"])
+        data = tasks.vision_dataset("images", folder, 8)
         image, label = data["train"][0]
         assert image.shape == (channels, 8, 8) and data["test"][0][0].shape == (channels, 8, 8)
-        exp = train.vision_setup("images", "mask", 0, config, torch.device("cpu"), data, 0, 1, 0)
+        exp = experiment("--task", "images", *TINY_VIT, "--data-dir", str(folder), data=data)
         assert exp.model.patch_embed.in_channels == channels
         assert exp.model.head.out_features == classes == data["classes"]
         assert exp.info["data"]["channels"] == channels

@@ -18,6 +18,7 @@ import torch
 
 import train
 from conftest import BOOLEAN_TINY as TINY, ROOT, interrupt_then_resume, same_weights, train_raising
+from helpers import runs_of
 from synthetic import write_text_files, write_tiny_ranks
 from test_damaged_input import files_of, one_line
 
@@ -228,15 +229,15 @@ def test_repeated_seeds_train_once_with_a_note_and_the_table_counts_them_once(tm
 
 
 def test_every_grid_flag_merges_its_repeats_with_one_note_each(capsys):
-    args = train.build_parser().parse_args(
-        ["--task", "addition", "addition", "--init", "mask", "mask-fixed", "mask", "--seeds", "3", "3",
-         "--train-frac", "0.1", "0.10", "--mask-magnitude", "2", "2.0", "--mask-decay", "0", "0",
-         "--mask-error", "none", "missing:0.1", "missing:0.10", "--mask-lr", "0.01", "0.01"])
-    train.check_args(args, args.task)
-    values = train.grid_values(args)
-    assert (values.task, values.init, values.seeds, values.train_frac, values.mask_magnitude, values.mask_decay,
-            values.mask_error, values.mask_lr) == (["addition"], ["mask", "mask-fixed"], [3], [0.1], [2.0],
-                                                   [0.0], [None, "missing:0.1"], [0.01])
+    runs = runs_of("--task", "addition", "addition", "--init", "mask", "mask-fixed", "mask", "--seeds", "3", "3",
+                   "--train-frac", "0.1", "0.10", "--mask-magnitude", "2", "2.0", "--mask-decay", "0", "0",
+                   "--mask-error", "none", "missing:0.1", "missing:0.10", "--mask-lr", "0.01", "0.01")
+    # every value once: mask at both errors, mask-fixed (no trained M, so no mask lr) at both errors
+    assert [(r.task, r.init, r.seed, r.config["train_frac"], r.config["mask_magnitude"], r.config["mask_decay"],
+             r.config["mask_error"], r.config["mask_lr"]) for r in runs] == [
+        ("addition", init, 3, 0.1, 2.0, 0.0, error, 0.01 if init == "mask" else None)
+        for error in (None, "missing:0.1") for init in ("mask", "mask-fixed")]
+    assert len({r.folder for r in runs}) == len(runs)
     notes = capsys.readouterr().err.splitlines()
     assert notes == [f"train.py: note: --{flag} {value} is given more than once; each run is trained once"
                      for flag, value in (("task", "addition"), ("init", "mask"), ("seeds", "3"),
@@ -450,12 +451,12 @@ def test_a_second_signal_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, m
 
 @pytest.mark.parametrize("grid", [False, True])
 def test_a_signal_before_training_says_there_is_nothing_to_resume(tmp_path, monkeypatch, capsys, grid):
-    real_setup = train.boolean_setup
+    real_setup = train.FAMILIES["boolean"]["setup"]
 
     def setup_then_signal(*args):
         signal.raise_signal(signal.SIGTERM)
         return real_setup(*args)
-    monkeypatch.setattr(train, "boolean_setup", setup_then_signal)
+    monkeypatch.setitem(train.FAMILIES["boolean"], "setup", setup_then_signal)
     out = tmp_path / "run"
     inits = ["mask", "default"] if grid else ["mask"]
     assert train.main([*MAJORITY, "--init", *inits, "--out", str(out)]) == 143

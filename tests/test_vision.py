@@ -18,6 +18,7 @@ import maskprior
 import tasks
 import train
 from conftest import ROOT, interrupt_then_resume, kill_then_resume, same_weights
+from helpers import experiment, runs_of
 from synthetic import write_synthetic_cifar10
 
 # A tiny ViT on 32 x 32 images: patch 8 -> 4 x 4 patches + CLS = 17 positions, width 16.
@@ -49,13 +50,12 @@ def test_vit_shapes(pool):
 def vision_setup(init, task="cifar10", *flags, seed=0):
     """train.vision_setup's experiment for the preset and flags, on 4 blank images of the
     preset's size (batch 2, no workers): the model, its prior and its pattern as a run has them."""
-    args = train.build_parser().parse_args(["--task", task, "--init", init, *flags])
-    config = {**train.make_config("vision", train.RunSettings(task, init, seed), args), "batch_size": 2}
-    size = config["image_size"]
+    flags = ["--task", task, "--init", init, "--seed", str(seed), *flags]
+    size = runs_of(*flags)[0].config["image_size"]
     images = [(torch.zeros(3, size, size), 0)] * 4
     data = {"train": images, "test": images, "classes": tasks.VISION_CLASSES[task]}
-    torch.manual_seed(seed)                     # as train.run does before the setup
-    return train.vision_setup(task, init, seed, config, torch.device("cpu"), data, 0, 1, 0)
+    torch.manual_seed(seed)                     # as train.execute does before the setup
+    return experiment(*flags, data=data, batch_size=2)
 
 
 def test_paper_preset_is_vit_tiny_patch16_224():
@@ -72,12 +72,19 @@ def test_paper_preset_is_vit_tiny_patch16_224():
     assert rates[0] == 0 and rates[-1] == pytest.approx(0.1) and rates == sorted(rates)
 
 
-def test_impulse_offsets_follow_the_reference_order():
-    # k = [4, 1, 5, 3, 7, 0, 2, 6, 8], (row, col) = (k // 3 - 1, k % 3 - 1)
-    nine = [(0, 0), (-1, 0), (0, 1), (0, -1), (1, 0), (-1, -1), (-1, 1), (1, -1), (1, 1)]
-    assert maskprior.impulse_offsets(9) == nine
-    assert maskprior.impulse_offsets(3) == [(0, 0), (-1, 0), (0, 1)]   # ViT-Tiny: identity, up, right
-    assert maskprior.impulse_offsets(11)[9:] == nine[:2]                # head i uses k[i mod 9]
+# The reference's impulse order: k = [4, 1, 5, 3, 7, 0, 2, 6, 8], (row, col) = (k // 3 - 1, k % 3 - 1):
+# identity, up, right, left, down, then the diagonals (ViT-Tiny's 3 heads: identity, up, right).
+NINE = [(0, 0), (-1, 0), (0, 1), (0, -1), (1, 0), (-1, -1), (-1, 1), (1, -1), (1, 1)]
+
+
+def test_impulse_heads_follow_the_reference_order():
+    """On a 3 x 3 grid the centre patch of head h opens exactly its offset NINE[h mod 9]."""
+    m = maskprior.impulse_mask(1, 11, 3)
+    centre = 1 + 1 * 3 + 1                                              # patch (1, 1); 0 is CLS
+    for h in range(11):
+        dr, dc = NINE[h % 9]                                            # head i uses k[i mod 9]
+        opened = (m[0, h, centre] == maskprior.OPEN).nonzero().flatten().tolist()
+        assert opened == [1 + (1 + dr) * 3 + (1 + dc)], h
 
 
 @settings(deadline=None, max_examples=30)
@@ -88,7 +95,7 @@ def test_impulse_mask_matches_its_definition(depth, heads, grid):
     assert m.shape == (depth, heads, n, n)
     assert set(m.unique().tolist()) <= {maskprior.OPEN, maskprior.CLOSE}
     assert torch.equal(m[0].expand_as(m), m)                              # every layer the same
-    offsets = maskprior.impulse_offsets(heads)
+    offsets = [NINE[h % 9] for h in range(heads)]
     for h in range(heads):
         assert (m[0, h, 0] == maskprior.OPEN).all()                       # CLS row: all open
         assert (m[0, h, 1:, 0] == maskprior.CLOSE).all()                  # CLS column: closed
@@ -294,11 +301,9 @@ def test_warmup_as_long_as_the_run_is_shortened_and_said_so(cifar_dir, skip_md5,
     config = json.loads((tmp_path / "result.json").read_text())["config"]
     assert (config["warmup_epochs"], config["warmup_shortened_from"]) == (0, 1)
     assert "warmup shortened from 1 to 0 epochs" in capsys.readouterr().out
-    args = train.build_parser().parse_args(["--task", "cifar10", "--epochs", "5", "--warmup-epochs", "9"])
-    config = train.make_config("vision", train.RunSettings("cifar10", "default", 0), args)
+    config = runs_of("--task", "cifar10", "--epochs", "5", "--warmup-epochs", "9")[0].config
     assert (config["warmup_epochs"], config["warmup_shortened_from"]) == (4, 9)
-    args = train.build_parser().parse_args(["--task", "cifar10", "--epochs", "5"])
-    assert "warmup_shortened_from" not in train.make_config("vision", train.RunSettings("cifar10", "default", 0), args)
+    assert "warmup_shortened_from" not in runs_of("--task", "cifar10", "--epochs", "5")[0].config
 
 
 def test_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(cifar_dir, skip_md5,

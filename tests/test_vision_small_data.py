@@ -10,6 +10,7 @@ from PIL import Image
 
 import tasks
 import train
+from helpers import runs_of
 from synthetic import DIGIT_SEGMENTS, write_synthetic_digits
 
 # A tiny ViT (patch 4 on 32 x 32 -> 64 patches + CLS, width 48, depth 2, 3 heads) for 20 epochs of
@@ -45,8 +46,7 @@ def test_digits_are_an_imagefolder_tree_of_grey_pngs(digits_dir):
 
 def test_small_data_setting_is_the_cpu_presets_imagenet100_only():
     def config(task, preset):
-        return train.make_config("vision", train.RunSettings(task, "default", 0), train.build_parser().parse_args(
-            ["--task", task, "--preset", preset]))
+        return runs_of("--task", task, "--init", "default", "--preset", preset)[0].config
     small = config("imagenet100", "cpu")
     assert (small["epochs"], small["mixup"], small["cutmix"], small["crop_scale"]) == (40, 0, 0, 0.35)
     assert small["randaugment"] == 9 and small["label_smoothing"] == 0.1 and small["lr"] == 1e-3
