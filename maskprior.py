@@ -873,21 +873,11 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # timm and transformers are never imported at module level: a model holds their modules only once
 # they are imported, so they are looked up in sys.modules.
 MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
-_MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
-                  "average_attn_weights", "is_causal")   # nn.MultiheadAttention.forward's, in order
-_TIMM_ARGUMENTS = ("x", "attn_mask", "is_causal")        # timm's Attention.forward's, in order
 _CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")   # transformers' names for the KV cache
                                                                    # (past_key_values before 5.24)
 _CROSS_ARGUMENTS = ("encoder_hidden_states", "key_value_states")   # and for another sequence's states
 _EAGER_ATTENTION_OF = {}   # transformers layer class -> its eager attention, found at patch time (a
                            # compiled forward cannot run the look-up: torch.compile traces no bytecode)
-
-def _is_instance(module, module_name, class_name):
-    """isinstance(module, module_name.class_name), importing nothing: None of that library's
-    modules exists before it is imported."""
-    import sys
-    cls = getattr(sys.modules.get(module_name), class_name, None)
-    return cls is not None and isinstance(module, cls)
 
 def _eager_attention(layer_class):
     """The eager attention function a transformers layer class falls back on (the default of its
@@ -909,9 +899,10 @@ def _attention_kind(module):
     behind attn_implementation=); its cross-attention layers are left alone."""
     import inspect
     import sys
+    timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
     if isinstance(module, nn.MultiheadAttention):
         return "nn.MultiheadAttention"
-    if _is_instance(module, "timm.layers.attention", "Attention"):
+    if isinstance(module, timm_attention):
         return "timm Attention"
     forward = inspect.unwrap(type(module).forward) if "transformers" in sys.modules else None
     if "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ()):
@@ -919,58 +910,40 @@ def _attention_kind(module):
         return None if cross else "transformers attention"
     return None
 
-def _refusal(module, kind):
-    """Why add_mask_prior cannot patch module (a transformers model, or a layer of kind), or None.
-    A family must support attention backends (transformers' _supports_attention_backend: BLOOM,
-    T5, BART and Whisper do not), its eager attention must read attention_mask, and its attention
-    must span the sequence with one head count (Swin's attends within windows, stage by stage)."""
+def _check_transformers_part(where, module, kind, pretrained):
+    """ValueError, the message starting with where, unless add_mask_prior can patch module, a
+    transformers model (kind None) or layer (pretrained: transformers' PreTrainedModel). A family
+    must support attention backends (transformers' _supports_attention_backend: BLOOM, T5, BART and
+    Whisper do not), its eager attention must read attention_mask, and its attention must span the
+    sequence with one head count (Swin's attends within windows, stage by stage)."""
     import sys
-    pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
     name = type(module).__name__
-    if pretrained is None or kind not in (None, "transformers attention"):
-        return None
     family = [type(module)] if isinstance(module, pretrained) else [
         c for c in vars(sys.modules[type(module).__module__]).values()
         if isinstance(c, type) and issubclass(c, pretrained)]
     if not any(c._supports_attention_backend for c in family):
-        return (f"{name}'s family takes no attention function from transformers' AttentionInterface "
-                f"(_supports_attention_backend), which add_mask_prior needs; GPT-2, Llama, BERT, ViT and most do")
+        raise ValueError(f"{where}: {name}'s family takes no attention function from transformers' "
+                         f"AttentionInterface (_supports_attention_backend), which add_mask_prior needs; "
+                         f"GPT-2, Llama, BERT, ViT and most do")
     if kind and _eager_attention(type(module)) is None:
-        return f"{name} has no eager attention that adds attention_mask to its scores, where add_mask_prior adds M"
+        raise ValueError(f"{where}: {name} has no eager attention that adds attention_mask to its scores, "
+                         f"where add_mask_prior adds M")
     if kind and not isinstance(_heads(module), int):
-        return (f"{name} takes a head count per stage, num_heads={_heads(module)}: a hierarchical "
-                f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")
-    return None
+        raise ValueError(f"{where}: {name} takes a head count per stage, num_heads={_heads(module)}: a "
+                         f"hierarchical attention within windows (Swin), where no one (heads, N, N) prior "
+                         f"spans the sequence")
 
 def _heads(attn):
     """The query heads of a supported layer: num_heads, or its transformers config's count."""
     return attn.num_heads if hasattr(attn, "num_heads") else attn.config.num_attention_heads
 
-def _as_logits(mask, dtype):
-    """Mask as additive logits of dtype: Boolean (True = blocked) -> 0 / -inf; float, None kept."""
-    if mask is None:
-        return None
-    if mask.dtype == torch.bool:
-        return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
-    return mask.to(dtype)
-
-def _allowed_as_logits(mask, dtype):
-    """The same for SDPA's meaning (timm): Boolean True = may attend."""
-    return _as_logits(mask.logical_not() if mask.dtype == torch.bool else mask, dtype)
-
-def _check_mask_fits(name, attn, kind, mask, mode, scale):
-    """ValueError naming the module unless attn is unpatched, mask is (heads, N, N), and (for a
-    transformers layer) its config records no prior of another scale or mode (config.json holds one)."""
-    if hasattr(attn, "mask_prior_name"):
-        raise ValueError(f"{name or 'model'} already has a mask prior")
-    heads, rows, cols = mask.shape
-    if heads != _heads(attn) or rows != cols:
-        raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
-                         f"{kind} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
-    record = getattr(getattr(attn, "config", None), "mask_prior", None)
-    if record and (record["scale"], record["mode"]) != (scale, mode):
-        raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, "
-                         f"mode={record['mode']!r}, got scale={scale}, mode={mode!r}")
+def _as_logits(mask, dtype, blocked=True):
+    """A caller's mask as additive logits of dtype: a Boolean one is -inf where it holds `blocked`
+    (True in nn.MultiheadAttention's meaning, False in SDPA's, which timm takes), else 0; a float
+    one and None are kept."""
+    if mask is not None and mask.dtype == torch.bool:
+        return torch.zeros_like(mask, dtype=dtype).masked_fill(mask == blocked, float("-inf"))
+    return None if mask is None else mask.to(dtype)
 
 def _prior_bias(attn, query_positions, key_positions, largest, causal=False):
     """log sigmoid(s M[h, i, j]) of a patched layer for queries at query_positions (B or 1, n) and
@@ -979,7 +952,7 @@ def _prior_bias(attn, query_positions, key_positions, largest, causal=False):
     lie below M's N. A key outside 0..N-1 is a slot every mask blocks (a padding, a static cache's
     unwritten slot): it reads M's edge."""
     size = attn.mask.shape[-1]
-    message = (f"{attn.mask_prior_name or 'model'}: mask of shape {tuple(attn.mask.shape)} is for "
+    message = (f"{attn.mask_prior_name}: mask of shape {tuple(attn.mask.shape)} is for "
                f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
     if torch.compiler.is_compiling():         # a compiled graph cannot branch on data: it asserts
         torch._assert_async(torch.as_tensor(largest < size), message)
@@ -993,13 +966,12 @@ def _prior_bias(attn, query_positions, key_positions, largest, causal=False):
 
 def _add_mask_prior_to_call(attn, args, kwargs):
     """nn.MultiheadAttention's pre-hook: attn_mask = log sigmoid(s M) + the caller's mask."""
-    call = dict(zip(_MHA_ARGUMENTS, args), **kwargs)
-    query, key = call["query"], call["key"]
+    call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
+    query, key = call["query"], call["key"]                     # (B, N, E), (N, B, E) or unbatched (N, E)
     batched = query.dim() == 3
-    position_dim = 1 if batched and attn.batch_first else 0
-    n = query.shape[position_dim]
+    n = query.shape[1 if batched and attn.batch_first else 0]
     if key is not query and not (key.shape == query.shape and torch.equal(key, query)):   # SigLIP's pooling
-        raise ValueError(f"{attn.mask_prior_name or 'model'}: the mask prior is for self-attention, got "
+        raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got "
                          f"query {tuple(query.shape)} and key {tuple(key.shape)} from another sequence: "
                          f"patch the part of the model that holds its self-attention layers")
     caller_mask = _as_logits(call.get("attn_mask"), query.dtype)            # (N, N), (B * H, N, N)
@@ -1009,7 +981,7 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     bias = _prior_bias(attn, positions, positions, n - 1, causal)[0].to(query.dtype)   # (H, N, N)
     if batched:                                                             # row b * H + h
         batch = query.shape[0 if attn.batch_first else 1]
-        bias = bias.expand(batch, -1, -1, -1).reshape(-1, n, n)             # (B * H, N, N)
+        bias = bias.repeat(batch, 1, 1)                                     # (B * H, N, N)
     call["attn_mask"] = bias if caller_mask is None else bias + caller_mask # (B * H, N, N)
     # With is_causal=True (and no padding mask, no weights asked for) F.multi_head_attention_forward
     # drops attn_mask and lets SDPA apply the causal mask alone; the causal -inf is in attn_mask.
@@ -1022,13 +994,14 @@ def _add_mask_prior_to_timm_call(attn, args, kwargs):
     """timm Attention's pre-hook: attn_mask = log sigmoid(s M) (+ the caller's mask), (B, H, N, N).
     is_causal goes into the bias and is passed as False: with it timm's written-out path ignores
     attn_mask and its fused one (F.scaled_dot_product_attention) refuses both at once."""
-    call = dict(zip(_TIMM_ARGUMENTS, args), **kwargs)
+    call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
     x = call["x"]                                                           # (B, N, C)
     positions = torch.arange(x.shape[1], device=x.device)[None]             # (1, N): 0, ..., N - 1
     bias = _prior_bias(attn, positions, positions, x.shape[1] - 1, bool(call.get("is_causal")))
     bias = bias.to(x.dtype)                                                 # (1, H, N, N)
-    if call.get("attn_mask") is not None:                                   # (N, N), (B, 1 or H, N, N)
-        bias = bias + _allowed_as_logits(call["attn_mask"], x.dtype)
+    caller_mask = _as_logits(call.get("attn_mask"), x.dtype, blocked=False)  # (N, N), (B, 1 or H, N, N)
+    if caller_mask is not None:
+        bias = bias + caller_mask
     # 4-D: the CPU's fused kernel takes it (a 3-D mask goes to the slower math kernel)
     call.update(attn_mask=bias.expand(len(x), -1, -1, -1), is_causal=False)
     return (), call
@@ -1042,7 +1015,7 @@ def _add_positions_to_transformers_call(attn, args, kwargs):
     first query lies d positions before it (a row's tokens are contiguous; left padding only shifts
     them, and a padding's position below 0 is blocked anyway). ValueError where the model was
     switched off MASK_PRIOR_ATTENTION (set_attn_implementation), which would drop M."""
-    name = attn.mask_prior_name or "model"
+    name = attn.mask_prior_name
     if attn.config._attn_implementation != MASK_PRIOR_ATTENTION:
         raise ValueError(f"{name} has a mask prior, which needs attn_implementation="
                          f"{MASK_PRIOR_ATTENTION!r}; got {attn.config._attn_implementation!r}: call "
@@ -1074,7 +1047,7 @@ def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kw
     query (B, H, n, d); key, value (B, H_kv, n_keys, d). An unpatched layer (cross-attention, a layer
     left out of a partial patch) runs the eager attention alone."""
     if hasattr(module, "mask_prior_name"):
-        name = module.mask_prior_name or "model"
+        name = module.mask_prior_name
         if module.mask_prior_positions is None:
             raise ValueError(f"{name}: the attention function was called for {type(module).__name__} "
                              f"outside its forward, where the positions of its tokens are found")
@@ -1093,16 +1066,6 @@ def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kw
         _EAGER_ATTENTION_OF[type(module)] = _eager_attention(type(module))
     return _EAGER_ATTENTION_OF[type(module)](module, query, key, value, attention_mask, *args, **kwargs)
 
-def _use_mask_prior_attention(config):
-    """Register _mask_prior_attention in transformers' AttentionInterface, and its eager_mask in the
-    AttentionMaskInterface (a name without a mask function gets attention_mask=None: no causal, no
-    padding mask), then make it config's attn_implementation: every layer on config takes it."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import eager_mask
-    AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
-    AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, eager_mask)
-    config._attn_implementation = MASK_PRIOR_ATTENTION
-
 def _self_attention_layers(model):
     """[(name, module, kind)] of every supported self-attention layer in model, in named_modules()
     order; ValueError naming a transformers model or layer that cannot take the prior. The
@@ -1113,9 +1076,8 @@ def _self_attention_layers(model):
     named = []
     for name, module in model.named_modules():
         kind = None if id(module) in cross else _attention_kind(module)
-        reason = _refusal(module, kind) if kind or isinstance(module, pretrained) else None
-        if reason:
-            raise ValueError(f"{name or type(module).__name__}: {reason}")
+        if kind == "transformers attention" or isinstance(module, pretrained):
+            _check_transformers_part(name or type(module).__name__, module, kind, pretrained)
         if kind:
             named.append((name, module, kind))
     return named
@@ -1124,28 +1086,47 @@ def _patch(named, masks, mode, scale):
     """Give each (name, layer, kind) of named its M (a Parameter from masks), the pre-hook of its
     kind and, for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which
     save_pretrained writes to config.json): scale, mode and each layer's M shape under its name in
-    the module add_mask_prior was given (from_pretrained finds the layers by the checkpoint's M)."""
+    the module add_mask_prior was given (from_pretrained finds the layers by the checkpoint's M).
+    First a ValueError naming the module unless every layer is unpatched, its mask is (heads, N, N),
+    and (a transformers layer) its config records no prior of another scale or mode (config.json
+    holds one)."""
+    import inspect
     for (name, attn, kind), mask in zip(named, masks):
-        _check_mask_fits(name, attn, kind, mask, mode, scale)
+        heads, rows, cols = mask.shape
+        if hasattr(attn, "mask_prior_name"):
+            raise ValueError(f"{name or 'model'} already has a mask prior")
+        if heads != _heads(attn) or rows != cols:
+            raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
+                             f"{kind} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
+        record = getattr(getattr(attn, "config", None), "mask_prior", None)
+        if record and (record["scale"], record["mode"]) != (scale, mode):
+            raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, "
+                             f"mode={record['mode']!r}, got scale={scale}, mode={mode!r}")
     hooks = {"nn.MultiheadAttention": _add_mask_prior_to_call,
              "timm Attention": _add_mask_prior_to_timm_call,
              "transformers attention": _add_positions_to_transformers_call}
     for (name, attn, kind), mask in zip(named, masks):
         weight = next(attn.parameters())              # M takes the module's dtype and device
-        attn.mask = nn.Parameter(mask.detach().to(weight).clone(),
-                                 requires_grad=(mode == "learnable"))
+        attn.mask = nn.Parameter(mask.detach().to(weight).clone(), requires_grad=(mode == "learnable"))
         attn.mask_scale = scale
-        attn.mask_prior_name = name                   # for the forward-time error message
+        attn.mask_prior_name = name or "model"        # for the forward-time messages
+        # the names of forward's arguments, by which each hook reads a call's positional ones
+        attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
         attn.register_forward_pre_hook(hooks[kind], with_kwargs=True)
         if kind == "transformers attention":
-            import inspect
-            attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
+            from transformers import AttentionInterface, AttentionMaskInterface
+            from transformers.masking_utils import eager_mask
             attn.mask_prior_positions = None
             _EAGER_ATTENTION_OF[type(attn)] = _eager_attention(type(attn))
             record = getattr(attn.config, "mask_prior", None) or {"scale": scale, "mode": mode, "layers": {}}
             record["layers"][name] = list(mask.shape)
             attn.config.mask_prior = record
-            _use_mask_prior_attention(attn.config)
+            # _mask_prior_attention becomes the config's attn_implementation (every layer on the config
+            # takes it), with transformers' eager_mask as its mask function (a name without one gets
+            # attention_mask=None: no causal, no padding mask)
+            AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
+            AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, eager_mask)
+            attn.config._attn_implementation = MASK_PRIOR_ATTENTION
 
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     """Put the Section 4.1 mask prior log sigmoid(scale * M) into every self-attention layer of
