@@ -19,6 +19,7 @@ imported them); MaskedSelfAttention needs nothing else from it and pastes alone.
 """
 
 import math
+from collections import OrderedDict
 
 import torch
 import torch.nn as nn
@@ -85,17 +86,15 @@ class MaskedSelfAttention(nn.Module):
             + (-inf where key j lies after query i)   if causal: the hard causal mask
         mask None: the causal mask alone, (n, n) of 0 and -inf, or None (vanilla attention).
         dtype: cast to it (q's dtype under autocast); device: the causal mask's (default M's)."""
-        bias = None
-        if mask is not None:
-            bias = F.logsigmoid(scale * mask[..., :n, :n])                             # (H, n, n)
-            if dtype is not None:
-                bias = bias.to(dtype)
-            device = mask.device
+        if mask is None and not causal:
+            return None                                                             # vanilla attention
+        if mask is None:
+            bias = torch.zeros(n, n, dtype=dtype, device=device)                    # (n, n)
+        else:
+            bias = F.logsigmoid(scale * mask[..., :n, :n]).to(dtype or mask.dtype)  # (H, n, n)
         if causal:
-            future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)      # key after query
-            if bias is None:
-                bias = torch.zeros(n, n, dtype=dtype, device=device)
-            bias = bias.masked_fill(future, float("-inf"))                          # (H, n, n) or (n, n)
+            future = torch.ones(n, n, dtype=torch.bool, device=bias.device).triu(1)   # key after query
+            bias = bias.masked_fill(future, float("-inf"))
         return bias
 
     def writes_out(self, q, bias, dropout, return_attn):
@@ -162,17 +161,6 @@ def attention_modules(model):
     return [m for m in model.modules() if isinstance(m, MaskedSelfAttention)]
 
 # === 2. Models on the block: the GOTU encoder (Section 5.1), the GPT, the ViT (Section 5.3) =======
-class MLP(nn.Module):
-    """The position-wise GELU MLP of a Transformer block."""
-    def __init__(self, dim, hidden, dropout=0.0):
-        super().__init__()
-        self.fc = nn.Linear(dim, hidden)
-        self.out = nn.Linear(hidden, dim)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x):
-        return self.dropout(self.out(F.gelu(self.fc(x))))
-
 class Block(nn.Module):
     """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)). drop_path: None, or a module on
     each residual branch (the ViT's StochasticDepth, built by train.py: this file imports torch only)."""
@@ -183,7 +171,9 @@ class Block(nn.Module):
         self.attn = MaskedSelfAttention(dim, heads, seq_len, head_dim, mask_init, mode, causal, mask_scale,
                                         dropout, qkv_bias)
         self.ln2 = nn.LayerNorm(dim)
-        self.mlp = MLP(dim, mlp_dim, dropout)
+        # the position-wise GELU MLP, its layers named fc and out
+        self.mlp = nn.Sequential(OrderedDict(fc=nn.Linear(dim, mlp_dim), gelu=nn.GELU(),
+                                             out=nn.Linear(mlp_dim, dim), dropout=nn.Dropout(dropout)))
         self.resid_dropout = nn.Dropout(dropout)
         self.drop_path = drop_path if drop_path is not None else nn.Identity()
 
@@ -249,15 +239,14 @@ class Transformer(nn.Module):
 
 def _init_weights(model, truncated):
     """The GPT-2 / timm init: nn.Linear and nn.Embedding weights at std 0.02, nn.Linear biases zero;
-    normal (GPT-2, nanoGPT) or truncated (timm's ViT; its cut at +-2 lies 100 std out). model.apply
-    visits the layers in registration order, which fixes the order of the random draws."""
+    normal (GPT-2, nanoGPT) or truncated (timm's ViT; its cut at +-2 lies 100 std out). The layers
+    come in registration order (that of model.apply too), which fixes the order of the random draws."""
     draw = nn.init.trunc_normal_ if truncated else nn.init.normal_
-    def init(module):
+    for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             draw(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-    model.apply(init)
 
 class GPT(nn.Module):
     """nanoGPT's GPT (Appendix "Wiki-text and Tiny-stories") on MaskedSelfAttention(causal=True).
@@ -446,51 +435,43 @@ def boolean_mask(task, depth, heads, variant=None, d=15):
 # softer than the Boolean +-10. Each token sees itself and each operand digit its partner
 # (Principle 1); head h takes role h mod 4 of the algorithm (Principle 3), and depth composes them
 # (Principle 4: carries).
-def _answer_reads(k, digit_pairs, answers=()):
-    """The open (query, key) pairs that let answer slot c_k read a_i and b_j of every (i, j) in
-    digit_pairs and the answer slots c_m of answers."""
-    keys = [i for i, _ in digit_pairs] + [3 + j for _, j in digit_pairs] + [6 + m for m in answers]
-    return [(6 + k, key) for key in keys]
+def _arithmetic_mask(depth, heads, shared, columns, role_3):
+    """(depth, heads, N, N) logits, N = 6 + K for the K = len(columns) answer slots: every head
+    opens the diagonal and the operand pairs `shared`; answer slot c_k of a head of role r = h mod 4
+    reads a_i and b_j of each digit pair (i, j) and the answer slots c_m of its role:
+      role 0  the pairs columns[k] that land on k (a digit-wise sum, the partial products of k);
+      role 1  the pairs columns[k - 1] and c_{k-1}: the carry into k (Principle 3);
+      role 2  every pair of a column below k: a carry can ripple from the units (999 + 1);
+      role 3  role_3[k]: (digit pairs, answer slots)."""
+    roles = [list(shared) for _ in range(4)]                 # the open (query, key) pairs of each role
+    for k, column in enumerate(columns):
+        below = [pair for lower in columns[:k] for pair in lower]
+        carry = (columns[k - 1], [k - 1]) if k > 0 else ([], [])
+        for role, (pairs, answers) in enumerate([(column, []), carry, (below, []), role_3[k]]):
+            keys = [i for i, _ in pairs] + [3 + j for _, j in pairs] + [6 + m for m in answers]
+            roles[role] += [(6 + k, key) for key in keys]
+    return _mask(depth, heads, 6 + len(columns), roles, open_value=ARITHMETIC_OPEN, close_value=ARITHMETIC_CLOSE)
 
 def mask_addition(depth, heads):
     """Addition: c_k = (a_k + b_k + carry_k) mod 10, carry_k from column k - 1; K = 4 answer slots.
-    Shared: a_i <-> b_i (the aligned column, Principle 1).
-    role 0  c_k reads its column (a_k, b_k): the digit-wise sum.
-    role 1  c_k reads column k - 1 and c_{k-1}: the carry into k (Principle 3).
-    role 2  c_k reads every lower column: a carry can ripple from the units (999 + 1).
-    role 3  c_k reads its column again, so two heads carry the digit-wise sum.
-    With these four roles the mask model learns addition from 0.4 % of the pairs (Section 5.2)."""
+    Shared: a_i <-> b_i (the aligned column, Principle 1). Column k holds the pair (k, k) (none for
+    the last slot, the final carry). Role 3 reads its column again, so two heads carry the
+    digit-wise sum. With these four roles the mask model learns addition from 0.4 % of the pairs
+    (Section 5.2)."""
     aligned = [(i, 3 + i) for i in range(3)] + [(3 + i, i) for i in range(3)]
     columns = [[(0, 0)], [(1, 1)], [(2, 2)], []]           # the digit pair (i, j) of each c_k
-    roles = [list(aligned) for _ in range(4)]               # the open pairs of each role
-    for k in range(4):
-        roles[0] += _answer_reads(k, columns[k])
-        roles[2] += _answer_reads(k, [pair for column in columns[:k] for pair in column])
-        roles[3] += _answer_reads(k, columns[k])
-        if k > 0:
-            roles[1] += _answer_reads(k, columns[k - 1], [k - 1])
-    return _mask(depth, heads, 10, roles, open_value=ARITHMETIC_OPEN, close_value=ARITHMETIC_CLOSE)
+    return _arithmetic_mask(depth, heads, aligned, columns, [(column, []) for column in columns])
 
 def mask_multiplication(depth, heads):
     """Multiplication: c_k collects the partial products a_i b_j with i + j = k, plus carries;
     K = 6 answer slots. Shared: a_i <-> b_j for every i, j: each operand digit sees the digits it
-    multiplies with (structured cross-number interactions).
-    role 0  c_k reads the partial products landing on k: every (a_i, b_j) with i + j = k.
-    role 1  c_k reads the products of column k - 1 and c_{k-1}: the carry into k.
-    role 2  c_k reads every partial product below k: carries of carries.
-    role 3  c_k reads the answer slots below it, c_0 .. c_{k-1}: accumulating partial sums,
-            which deeper layers compose (Principle 4)."""
+    multiplies with (structured cross-number interactions). Role 1's carries and role 2's carries
+    of carries come from the partial products; role 3 reads the answer slots below it,
+    c_0 .. c_{k-1}: accumulating partial sums, which deeper layers compose (Principle 4)."""
     cross = [(i, 3 + j) for i in range(3) for j in range(3)]
     cross += [(b, a) for a, b in cross]
     columns = [[(i, k - i) for i in range(3) if 0 <= k - i < 3] for k in range(6)]   # i + j = k
-    roles = [list(cross) for _ in range(4)]                 # the open pairs of each role
-    for k in range(6):
-        roles[0] += _answer_reads(k, columns[k])
-        roles[2] += _answer_reads(k, [pair for column in columns[:k] for pair in column])
-        roles[3] += _answer_reads(k, [], range(k))
-        if k > 0:
-            roles[1] += _answer_reads(k, columns[k - 1], [k - 1])
-    return _mask(depth, heads, 12, roles, open_value=ARITHMETIC_OPEN, close_value=ARITHMETIC_CLOSE)
+    return _arithmetic_mask(depth, heads, cross, columns, [([], range(k)) for k in range(6)])
 
 ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplication}
 
@@ -566,8 +547,7 @@ def edit_pattern(pattern, kind, fraction, seed, cls_row=False):
         return where & (rank < ranks[count])
 
     off_diagonal = ~torch.eye(n, dtype=torch.bool)
-    first_row = torch.zeros(n, n, dtype=torch.bool)
-    first_row[0] = cls_row
+    first_row = (torch.arange(n) == 0)[:, None] & cls_row            # (N, 1): CLS's row, with cls_row
     parts = [off_diagonal & first_row, off_diagonal & ~first_row]
     flat = pattern.reshape(-1, n, n)                                # (L * H, N, N)
     flip = torch.zeros(flat.shape, dtype=torch.bool)
@@ -640,19 +620,19 @@ def pseudo_input(model, skip=0):
     pos = model.pos.detach()[0, skip:]                             # (N - skip, D)
     return F.layer_norm(pos, pos.shape[-1:])
 
-def _write_padded(weight, rows, w):
-    """weight[rows] = w (a, b) in its top-left corner, zeros elsewhere, without autograd."""
+def _write_padded(rows, w):
+    """rows, a view of a weight's rows, = w (a, b) in its top-left corner, zeros elsewhere, without
+    autograd."""
     with torch.no_grad():
-        block = torch.zeros_like(weight[rows])
-        block[:w.shape[0], :w.shape[1]] = w
-        weight[rows] = block
+        rows.zero_()
+        rows[:w.shape[0], :w.shape[1]] = w
 
 def _write_qk(attn, h, w_q, w_k):
     """Write W_Q,h (r, D) and W_K,h (r, D) into head h so that q_h k_h^T = x w_q^T w_k x^T; rows
     beyond r (when the rank is below head_dim) are zeroed."""
-    inner, hd = attn.heads * attn.head_dim, attn.head_dim
-    for offset, w in ((0, w_q), (inner, w_k)):    # qkv.weight (3 inner, D): q, k, v stacked
-        _write_padded(attn.qkv.weight, slice(offset + h * hd, offset + (h + 1) * hd), w)
+    q_rows, k_rows, _ = attn.qkv.weight.view(3, attn.heads, attn.head_dim, -1)[:, h]   # q, k, v stacked
+    _write_padded(q_rows, w_q)                                                        # (head_dim, D)
+    _write_padded(k_rows, w_k)
 
 def _factor(a, rank):
     """a (D, D) ~ L R with L = U sqrt(S) (D, rank) and R = sqrt(S) V^T (rank, D), by SVD
@@ -682,8 +662,8 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
             left, right = _factor(alpha1 * z1[h] + beta1 * eye, min(attn.head_dim, dim))
             _write_qk(attn, h, left.T, right)            # W_Q,h^T W_K,h = L R
         left, right = _factor(alpha2 * z2 - beta2 * eye, min(inner, dim))
-        _write_padded(attn.qkv.weight, slice(2 * inner, None), left.T)  # v = x W_V: stores W_V^T
-        _write_padded(attn.proj.weight, slice(None), right.T)           # y = o W_O: stores W_O^T
+        _write_padded(attn.qkv.weight[2 * inner:], left.T)      # v = x W_V: stores W_V^T
+        _write_padded(attn.proj.weight, right.T)                 # y = o W_O: stores W_O^T
     return model
 
 def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_norm=7.0,
@@ -764,14 +744,13 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
     attns = attention_modules(model)
     rank = attns[0].head_dim
     scale = rank ** -0.5 if scale is None else scale
-    solved = []                                                    # [(target, (Q, K))]
+    solved = {}                                                    # a layer pattern's entries -> (Q, K)
     for layer, attn in enumerate(attns):
         target = pattern_targets(pattern[layer])                   # (H, N, N), 0 / 1
-        qk = next((qk for t, qk in solved if torch.equal(t, target)), None)
-        if qk is None:
-            qk = _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator)
-            solved.append((target, qk))
-        q, k = qk
+        entries = tuple(target.flatten().tolist())
+        if entries not in solved:
+            solved[entries] = _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator)
+        q, k = solved[entries]
         for h in range(attn.heads):
             _write_qk(attn, h, q[h].T, k[h])
     return model
@@ -796,7 +775,6 @@ def mask_biases(model):
         return None
     return torch.stack([a.logit_bias(a.mask, a.seq_len, a.mask_scale).detach().float().cpu() for a in layers])
 
-@torch.no_grad()
 def centre_patch_maps(vit, image, device):
     """Where the centre patch of one image (1, C, H, W) looks (Appendix "Attention Map For Image
     Classification"), on the grid x grid patches, CLS left out: its attention row "attn" and its
@@ -893,26 +871,9 @@ def _eager_attention(layer_class):
             return function if any("attention_mask" in str(names) for names in loaded) else None
     return None
 
-def _attention_kind(module):
-    """Which kind of supported self-attention layer module is (the names the messages use), or
-    None. A transformers layer is one whose forward looks up ALL_ATTENTION_FUNCTIONS (the registry
-    behind attn_implementation=); its cross-attention layers are left alone."""
-    import inspect
-    import sys
-    timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
-    if isinstance(module, nn.MultiheadAttention):
-        return "nn.MultiheadAttention"
-    if isinstance(module, timm_attention):
-        return "timm Attention"
-    forward = inspect.unwrap(type(module).forward) if "transformers" in sys.modules else None
-    if "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ()):
-        cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
-        return None if cross else "transformers attention"
-    return None
-
-def _check_transformers_part(where, module, kind, pretrained):
+def _check_transformers_part(where, module, layer, pretrained):
     """ValueError, the message starting with where, unless add_mask_prior can patch module, a
-    transformers model (kind None) or layer (pretrained: transformers' PreTrainedModel). A family
+    transformers layer or (layer False) model (pretrained: transformers' PreTrainedModel). A family
     must support attention backends (transformers' _supports_attention_backend: BLOOM, T5, BART and
     Whisper do not), its eager attention must read attention_mask, and its attention must span the
     sequence with one head count (Swin's attends within windows, stage by stage)."""
@@ -925,10 +886,10 @@ def _check_transformers_part(where, module, kind, pretrained):
         raise ValueError(f"{where}: {name}'s family takes no attention function from transformers' "
                          f"AttentionInterface (_supports_attention_backend), which add_mask_prior needs; "
                          f"GPT-2, Llama, BERT, ViT and most do")
-    if kind and _eager_attention(type(module)) is None:
+    if layer and _eager_attention(type(module)) is None:
         raise ValueError(f"{where}: {name} has no eager attention that adds attention_mask to its scores, "
                          f"where add_mask_prior adds M")
-    if kind and not isinstance(_heads(module), int):
+    if layer and not isinstance(_heads(module), int):
         raise ValueError(f"{where}: {name} takes a head count per stage, num_heads={_heads(module)}: a "
                          f"hierarchical attention within windows (Swin), where no one (heads, N, N) prior "
                          f"spans the sequence")
@@ -979,9 +940,8 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     causal = caller_mask is None and bool(call.get("is_causal"))
     positions = torch.arange(n, device=query.device)[None]                 # (1, N): 0, ..., N - 1
     bias = _prior_bias(attn, positions, positions, n - 1, causal)[0].to(query.dtype)   # (H, N, N)
-    if batched:                                                             # row b * H + h
-        batch = query.shape[0 if attn.batch_first else 1]
-        bias = bias.repeat(batch, 1, 1)                                     # (B * H, N, N)
+    if batched:                                                             # row b * H + h: (B * H, N, N)
+        bias = bias.repeat(query.shape[0 if attn.batch_first else 1], 1, 1)
     call["attn_mask"] = bias if caller_mask is None else bias + caller_mask # (B * H, N, N)
     # With is_causal=True (and no padding mask, no weights asked for) F.multi_head_attention_forward
     # drops attn_mask and lets SDPA apply the causal mask alone; the causal -inf is in attn_mask.
@@ -1015,14 +975,14 @@ def _add_positions_to_transformers_call(attn, args, kwargs):
     first query lies d positions before it (a row's tokens are contiguous; left padding only shifts
     them, and a padding's position below 0 is blocked anyway). ValueError where the model was
     switched off MASK_PRIOR_ATTENTION (set_attn_implementation), which would drop M."""
-    name = attn.mask_prior_name
     if attn.config._attn_implementation != MASK_PRIOR_ATTENTION:
-        raise ValueError(f"{name} has a mask prior, which needs attn_implementation="
+        raise ValueError(f"{attn.mask_prior_name} has a mask prior, which needs attn_implementation="
                          f"{MASK_PRIOR_ATTENTION!r}; got {attn.config._attn_implementation!r}: call "
                          f"set_attn_implementation({MASK_PRIOR_ATTENTION!r}) on the model")
     call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
     if any(call.get(argument) is not None for argument in _CROSS_ARGUMENTS):
-        raise ValueError(f"{name}: the mask prior is for self-attention, got another sequence's states")
+        raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got another "
+                         f"sequence's states")
     hidden = call[attn.mask_prior_arguments[0]]                             # (B, n, C)
     n = hidden.shape[1]
     cache = next((call[a] for a in _CACHE_ARGUMENTS if call.get(a) is not None), None)
@@ -1047,15 +1007,14 @@ def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kw
     query (B, H, n, d); key, value (B, H_kv, n_keys, d). An unpatched layer (cross-attention, a layer
     left out of a partial patch) runs the eager attention alone."""
     if hasattr(module, "mask_prior_name"):
-        name = module.mask_prior_name
         if module.mask_prior_positions is None:
-            raise ValueError(f"{name}: the attention function was called for {type(module).__name__} "
-                             f"outside its forward, where the positions of its tokens are found")
+            raise ValueError(f"{module.mask_prior_name}: the attention function was called for "
+                             f"{type(module).__name__} outside its forward, where its tokens' positions are found")
         query_positions, key_positions = module.mask_prior_positions
         module.mask_prior_positions = None
         if (query_positions.shape[-1], key_positions.shape[-1]) != (query.shape[-2], key.shape[-2]):
-            raise ValueError(f"{name}: {query.shape[-2]} queries and {key.shape[-2]} keys, where the "
-                             f"model's positions and cache give {query_positions.shape[-1]} and "
+            raise ValueError(f"{module.mask_prior_name}: {query.shape[-2]} queries and {key.shape[-2]} keys, where "
+                             f"the model's positions and cache give {query_positions.shape[-1]} and "
                              f"{key_positions.shape[-1]}")
         bias = _prior_bias(module, query_positions, key_positions, query_positions.max())  # (B or 1, H, n, n_keys)
         attention_mask = bias if attention_mask is None else attention_mask + bias
@@ -1068,18 +1027,30 @@ def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kw
 
 def _self_attention_layers(model):
     """[(name, module, kind)] of every supported self-attention layer in model, in named_modules()
-    order; ValueError naming a transformers model or layer that cannot take the prior. The
-    multihead_attn of nn.TransformerDecoderLayer is cross-attention (keys from the memory): left out."""
+    order; kind names its door, as the messages do: "nn.MultiheadAttention" (but the multihead_attn
+    of nn.TransformerDecoderLayer, cross-attention with keys from the memory), "timm Attention", or
+    "transformers attention", a layer whose forward looks up ALL_ATTENTION_FUNCTIONS (the registry
+    behind attn_implementation=) but its family's cross-attention layers. ValueError naming a
+    transformers model or layer that cannot take the prior (_check_transformers_part)."""
+    import inspect
     import sys
+    timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
-    cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
+    decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
     named = []
     for name, module in model.named_modules():
-        kind = None if id(module) in cross else _attention_kind(module)
-        if kind == "transformers attention" or isinstance(module, pretrained):
-            _check_transformers_part(name or type(module).__name__, module, kind, pretrained)
-        if kind:
-            named.append((name, module, kind))
+        forward = inspect.unwrap(type(module).forward)
+        on_interface = "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ())
+        cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
+        transformers_layer = "transformers" in sys.modules and on_interface and not cross
+        if transformers_layer or isinstance(module, pretrained):
+            _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
+        if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
+            named.append((name, module, "nn.MultiheadAttention"))
+        elif isinstance(module, timm_attention):
+            named.append((name, module, "timm Attention"))
+        elif transformers_layer:
+            named.append((name, module, "transformers attention"))
     return named
 
 def _patch(named, masks, mode, scale):
@@ -1168,21 +1139,16 @@ def from_pretrained(model_class, path, **kwargs):
     works too, but transformers then lists the masks as unexpected before they are loaded)."""
     import glob
     import os
+    import unittest.mock
     from safetensors import safe_open      # transformers' own checkpoint format
     if not os.path.isdir(path):
         raise ValueError(f"{path}: maskprior.from_pretrained reads a directory written by save_pretrained "
                          f"(download a hub model first), got no such directory")
     # transformers would report the masks as unexpected keys: it ignores them for this load alone
-    own = vars(model_class).get("_keys_to_ignore_on_load_unexpected")
-    ignored = getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()
-    model_class._keys_to_ignore_on_load_unexpected = [*ignored, r"\.mask$"]
-    try:
+    # (patch.object gives the class back as it was, with its own list or its parent's)
+    ignored = [*(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()), r"\.mask$"]
+    with unittest.mock.patch.object(model_class, "_keys_to_ignore_on_load_unexpected", ignored):
         model = model_class.from_pretrained(path, **kwargs)
-    finally:                                          # the class as it was: its own list or its parent's
-        if own is None:
-            del model_class._keys_to_ignore_on_load_unexpected
-        else:
-            model_class._keys_to_ignore_on_load_unexpected = own
     masks = {}
     for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
         with safe_open(file, "pt") as tensors:
@@ -1196,13 +1162,13 @@ def from_pretrained(model_class, path, **kwargs):
         if record is None:
             raise ValueError(f"{path}: {key} is no mask prior of a {model_class.__name__} layer whose "
                              f"config.json records one")
-        named.append((name, modules[name], _attention_kind(modules[name])))
+        named.append((name, modules[name], "transformers attention"))   # the one kind config.json records
     if not named:
         raise ValueError(f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
-    records = [attn.config.mask_prior for _, attn, _ in named]
+    record = named[0][1].config.mask_prior
     for _, attn, _ in named:
         attn.config.mask_prior = None                 # rebuilt by _patch under the loaded names
-    _patch(named, list(masks.values()), records[0]["mode"], records[0]["scale"])
+    _patch(named, list(masks.values()), record["mode"], record["scale"])
     return model
 
 def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=False):
