@@ -3,7 +3,7 @@
 Reference implementation of "Mask-Based Priors Are More Persistent than Query-Key Initializations";
 read top to bottom beside the paper:
   1. MaskedSelfAttention, softmax(Q K^T / sqrt(d) + log sigmoid(M)) V (Section 4.1), with fixed
-     (Appendix A.2), Hadamard (Appendix B) and vanilla modes; masked_attention, the same function.
+     (Appendix A.2), Hadamard (Appendix B) and vanilla modes.
   2. Models, one mask per layer (Principle 4): the GOTU encoder (Section 5.1, also the arithmetic
      model), the GPT (Appendix "Wiki-text and Tiny-stories"), the ViT (Section 5.3).
   3. Mask patterns (Section 4.2, Appendix "Design of Mask Pattern"): boolean_mask, the arithmetic
@@ -14,8 +14,9 @@ read top to bottom beside the paper:
   5. Measuring the prior (Section 6.1): attention maps, prior mass, drift: the persistence numbers.
   6. Appendix: add_mask_prior puts the prior into an existing model (torchvision's, timm's and
      transformers' attention); param_groups keeps M out of weight decay.
-This file imports torch only (timm and transformers never: a model that holds their layers has
-imported them); MaskedSelfAttention needs nothing else from it and pastes alone.
+Beside Python's standard library this file imports torch only (timm and transformers never: a
+model that holds their layers has imported them); MaskedSelfAttention needs nothing else from it
+and pastes alone.
 """
 
 import math
@@ -146,15 +147,6 @@ class MaskedSelfAttention(nn.Module):
             attn = None
         y = self.proj(y.transpose(1, 2).reshape(B, N, self.heads * self.head_dim))  # (B, N, dim)
         return (y, attn) if return_attn else y
-
-def masked_attention(q, k, v, mask, scale=1.0, causal=False):
-    """The class's written-out path as one function, to read beside Section 4.1:
-        Attention(Q, K, V; M) = softmax( Q K^T / sqrt(d) + log sigmoid(s M) [+ causal -inf] ) V
-    q, k, v (B, H, N, d) (any leading dims), mask M (H, N, N) broadcast over the batch; s = scale."""
-    n = q.shape[-2]
-    bias = MaskedSelfAttention.logit_bias(mask, n, scale, causal, q.dtype, q.device)  # (H, n, n)
-    logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])      # (B, H, N, N)
-    return (logits + bias).softmax(dim=-1) @ v
 
 def attention_modules(model):
     """Every MaskedSelfAttention inside model, in model.modules() order (first layer to last)."""
@@ -942,12 +934,12 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     bias = _prior_bias(attn, positions, positions, n - 1, causal)[0].to(query.dtype)   # (H, N, N)
     if batched:                                                             # row b * H + h: (B * H, N, N)
         bias = bias.repeat(query.shape[0 if attn.batch_first else 1], 1, 1)
-    call["attn_mask"] = bias if caller_mask is None else bias + caller_mask # (B * H, N, N)
-    # With is_causal=True (and no padding mask, no weights asked for) F.multi_head_attention_forward
-    # drops attn_mask and lets SDPA apply the causal mask alone; the causal -inf is in attn_mask.
-    call["is_causal"] = False
-    # A Boolean key_padding_mask beside a float attn_mask draws a deprecation warning; same values.
-    call["key_padding_mask"] = _as_logits(call.get("key_padding_mask"), query.dtype)
+    # is_causal=False: with is_causal=True (and no padding mask, no weights asked for)
+    # F.multi_head_attention_forward drops attn_mask and lets SDPA apply the causal mask alone; the
+    # causal -inf is in attn_mask. A Boolean key_padding_mask beside a float attn_mask draws a
+    # deprecation warning: it goes as logits, the same values.
+    call.update(attn_mask=bias if caller_mask is None else bias + caller_mask, is_causal=False,   # (B * H, N, N)
+                key_padding_mask=_as_logits(call.get("key_padding_mask"), query.dtype))
     return (), call
 
 def _add_mask_prior_to_timm_call(attn, args, kwargs):
@@ -957,18 +949,16 @@ def _add_mask_prior_to_timm_call(attn, args, kwargs):
     call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
     x = call["x"]                                                           # (B, N, C)
     positions = torch.arange(x.shape[1], device=x.device)[None]             # (1, N): 0, ..., N - 1
-    bias = _prior_bias(attn, positions, positions, x.shape[1] - 1, bool(call.get("is_causal")))
-    bias = bias.to(x.dtype)                                                 # (1, H, N, N)
+    bias = _prior_bias(attn, positions, positions, x.shape[1] - 1, bool(call.get("is_causal"))).to(x.dtype)
     caller_mask = _as_logits(call.get("attn_mask"), x.dtype, blocked=False)  # (N, N), (B, 1 or H, N, N)
-    if caller_mask is not None:
-        bias = bias + caller_mask
+    bias = bias if caller_mask is None else bias + caller_mask              # (1 or B, H, N, N)
     # 4-D: the CPU's fused kernel takes it (a 3-D mask goes to the slower math kernel)
     call.update(attn_mask=bias.expand(len(x), -1, -1, -1), is_causal=False)
     return (), call
 
-def _add_positions_to_transformers_call(attn, args, kwargs):
-    """A transformers layer's pre-hook: leaves its attention function mask_prior_positions, the
-    positions of its queries (B or 1, n) and keys (B or 1, n_keys), found as the model's own masks
+def _add_mask_prior_to_transformers_call(attn, args, kwargs):
+    """A transformers layer's pre-hook: leaves its attention function mask_prior_bias, log sigmoid(s M)
+    (B or 1, H, n, n_keys) at the positions of its queries and keys, found as the model's own masks
     find them. The queries sit at position_ids (else at their cache indices, from get_query_offset
     on); the keys at cache indices kv_offset, ..., kv_offset + kv_length - 1 (get_mask_sizes): the
     new ones are the queries' tokens, at the queries' positions, and one cached d indices before the
@@ -997,26 +987,23 @@ def _add_positions_to_transformers_call(attn, args, kwargs):
         relative = torch.arange(length, device=hidden.device) + offset - first     # (n_keys,)
         inside = relative.clamp(0, n - 1)     # the new keys are the queries' tokens, at their positions
         keys = positions[:, inside] + (relative - inside)                   # (B or 1, n_keys)
-    # on the layer, not in kwargs: some layers (SigLIP's, VideoMAE's) hand the attention function
-    # no keyword arguments; the function reads them and clears them, so they serve one call
-    attn.mask_prior_positions = (positions, keys)                           # (B or 1, n), (B or 1, n_keys)
+    # on the layer, not in the layer's attention_mask: some layers (VideoMAE's, transformers' ViT)
+    # hand their attention function none; the function reads the bias and clears it, for one call
+    attn.mask_prior_bias = _prior_bias(attn, positions, keys, positions.max())   # (B or 1, H, n, n_keys)
 
 def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kwargs):
-    """transformers' AttentionInterface function: the family's eager attention, with log sigmoid(s M)
-    at the positions the pre-hook left on the layer added to the model's float attention_mask (B, 1, n, n_keys).
+    """transformers' AttentionInterface function: the family's eager attention, with the bias
+    log sigmoid(s M) the pre-hook left on the layer added to the model's float attention_mask (B, 1, n, n_keys).
     query (B, H, n, d); key, value (B, H_kv, n_keys, d). An unpatched layer (cross-attention, a layer
     left out of a partial patch) runs the eager attention alone."""
     if hasattr(module, "mask_prior_name"):
-        if module.mask_prior_positions is None:
+        bias, module.mask_prior_bias = module.mask_prior_bias, None             # (B or 1, H, n, n_keys)
+        if bias is None:
             raise ValueError(f"{module.mask_prior_name}: the attention function was called for "
                              f"{type(module).__name__} outside its forward, where its tokens' positions are found")
-        query_positions, key_positions = module.mask_prior_positions
-        module.mask_prior_positions = None
-        if (query_positions.shape[-1], key_positions.shape[-1]) != (query.shape[-2], key.shape[-2]):
+        if bias.shape[-2:] != (query.shape[-2], key.shape[-2]):
             raise ValueError(f"{module.mask_prior_name}: {query.shape[-2]} queries and {key.shape[-2]} keys, where "
-                             f"the model's positions and cache give {query_positions.shape[-1]} and "
-                             f"{key_positions.shape[-1]}")
-        bias = _prior_bias(module, query_positions, key_positions, query_positions.max())  # (B or 1, H, n, n_keys)
+                             f"the model's positions and cache give {bias.shape[-2]} and {bias.shape[-1]}")
         attention_mask = bias if attention_mask is None else attention_mask + bias
         # the model's blocked entries hold its dtype's lowest value, which a bias pushes to -inf in
         # float16: a row of padding would then be all -inf, a NaN; the lowest value keeps it finite
@@ -1026,12 +1013,12 @@ def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kw
     return _EAGER_ATTENTION_OF[type(module)](module, query, key, value, attention_mask, *args, **kwargs)
 
 def _self_attention_layers(model):
-    """[(name, module, kind)] of every supported self-attention layer in model, in named_modules()
-    order; kind names its door, as the messages do: "nn.MultiheadAttention" (but the multihead_attn
-    of nn.TransformerDecoderLayer, cross-attention with keys from the memory), "timm Attention", or
-    "transformers attention", a layer whose forward looks up ALL_ATTENTION_FUNCTIONS (the registry
-    behind attn_implementation=) but its family's cross-attention layers. ValueError naming a
-    transformers model or layer that cannot take the prior (_check_transformers_part)."""
+    """[(name, module, pre-hook)] of every supported self-attention layer in model, in named_modules()
+    order, each with the forward pre-hook of its door: nn.MultiheadAttention (but the multihead_attn
+    of nn.TransformerDecoderLayer, cross-attention with keys from the memory), timm's Attention, or a
+    transformers layer, one whose forward looks up ALL_ATTENTION_FUNCTIONS (the registry behind
+    attn_implementation=) but its family's cross-attention layers. ValueError naming a transformers
+    model or layer that cannot take the prior (_check_transformers_part)."""
     import inspect
     import sys
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
@@ -1046,48 +1033,45 @@ def _self_attention_layers(model):
         if transformers_layer or isinstance(module, pretrained):
             _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
         if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
-            named.append((name, module, "nn.MultiheadAttention"))
+            named.append((name, module, _add_mask_prior_to_call))
         elif isinstance(module, timm_attention):
-            named.append((name, module, "timm Attention"))
+            named.append((name, module, _add_mask_prior_to_timm_call))
         elif transformers_layer:
-            named.append((name, module, "transformers attention"))
+            named.append((name, module, _add_mask_prior_to_transformers_call))
     return named
 
 def _patch(named, masks, mode, scale):
-    """Give each (name, layer, kind) of named its M (a Parameter from masks), the pre-hook of its
-    kind and, for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which
+    """Give each (name, layer, pre-hook) of named its M (a Parameter from masks), its pre-hook and,
+    for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which
     save_pretrained writes to config.json): scale, mode and each layer's M shape under its name in
     the module add_mask_prior was given (from_pretrained finds the layers by the checkpoint's M).
     First a ValueError naming the module unless every layer is unpatched, its mask is (heads, N, N),
     and (a transformers layer) its config records no prior of another scale or mode (config.json
     holds one)."""
     import inspect
-    for (name, attn, kind), mask in zip(named, masks):
+    for (name, attn, _), mask in zip(named, masks):
         heads, rows, cols = mask.shape
         if hasattr(attn, "mask_prior_name"):
             raise ValueError(f"{name or 'model'} already has a mask prior")
         if heads != _heads(attn) or rows != cols:
             raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
-                             f"{kind} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
+                             f"{type(attn).__name__} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
         record = getattr(getattr(attn, "config", None), "mask_prior", None)
         if record and (record["scale"], record["mode"]) != (scale, mode):
             raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, "
                              f"mode={record['mode']!r}, got scale={scale}, mode={mode!r}")
-    hooks = {"nn.MultiheadAttention": _add_mask_prior_to_call,
-             "timm Attention": _add_mask_prior_to_timm_call,
-             "transformers attention": _add_positions_to_transformers_call}
-    for (name, attn, kind), mask in zip(named, masks):
+    for (name, attn, hook), mask in zip(named, masks):
         weight = next(attn.parameters())              # M takes the module's dtype and device
         attn.mask = nn.Parameter(mask.detach().to(weight).clone(), requires_grad=(mode == "learnable"))
         attn.mask_scale = scale
         attn.mask_prior_name = name or "model"        # for the forward-time messages
         # the names of forward's arguments, by which each hook reads a call's positional ones
         attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
-        attn.register_forward_pre_hook(hooks[kind], with_kwargs=True)
-        if kind == "transformers attention":
+        attn.register_forward_pre_hook(hook, with_kwargs=True)
+        if hook is _add_mask_prior_to_transformers_call:
             from transformers import AttentionInterface, AttentionMaskInterface
             from transformers.masking_utils import eager_mask
-            attn.mask_prior_positions = None
+            attn.mask_prior_bias = None
             _EAGER_ATTENTION_OF[type(attn)] = _eager_attention(type(attn))
             record = getattr(attn.config, "mask_prior", None) or {"scale": scale, "mode": mode, "layers": {}}
             record["layers"][name] = list(mask.shape)
@@ -1162,7 +1146,7 @@ def from_pretrained(model_class, path, **kwargs):
         if record is None:
             raise ValueError(f"{path}: {key} is no mask prior of a {model_class.__name__} layer whose "
                              f"config.json records one")
-        named.append((name, modules[name], "transformers attention"))   # the one kind config.json records
+        named.append((name, modules[name], _add_mask_prior_to_transformers_call))   # config.json's one kind
     if not named:
         raise ValueError(f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
     record = named[0][1].config.mask_prior
