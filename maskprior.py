@@ -110,8 +110,7 @@ class MaskedSelfAttention(nn.Module):
             return self.path != "fused"
         if q.device.type != "cpu":
             return False
-        bias_needs_grad = bias is not None and bias.requires_grad
-        return dropout != 0 or q.shape[-2] < self.sdpa_cpu_min_tokens or bias_needs_grad
+        return dropout != 0 or q.shape[-2] < self.sdpa_cpu_min_tokens or (bias is not None and bias.requires_grad)
 
     def forward(self, x, return_attn=False):
         B, N, _ = x.shape
@@ -177,15 +176,23 @@ class Block(nn.Module):
         x = x + self.drop_path(self.mlp(self.ln2(x)))
         return x, attn
 
-def run_blocks(blocks, x, return_attn=False):
-    """x through every block; and each layer's attention, [(B, H, N, N)] with return_attn."""
-    attns = []
-    for block in blocks:
-        x, attn = block(x, return_attn)
-        attns.append(attn)                                     # (B, H, N, N), or None
-    return x, attns
+class _Model(nn.Module):
+    """What the three models below share: their blocks, run in order, and timm's no_weight_decay."""
+    def no_weight_decay(self):
+        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
+        and CLS (where the model has one), starts of the input rather than weights
+        (maskprior.param_groups reads it)."""
+        return {"pos", "cls"}
 
-class Transformer(nn.Module):
+    def run_blocks(self, x, return_attn=False):
+        """x through every block; and each layer's attention, [(B, H, N, N)] with return_attn."""
+        attns = []
+        for block in self.blocks:
+            x, attn = block(x, return_attn)
+            attns.append(attn)                                     # (B, H, N, N), or None
+        return x, attns
+
+class Transformer(_Model):
     """Encoder over discrete tokens: embedding, optional CLS, learned positions, pre-LN blocks.
     masks: None, or (depth, heads, seq_len, seq_len), one mask_init per layer (Principle 4); seq_len
     counts every position, CLS included. readout: "cls" returns head(LN(x[:, 0])) (B, out_dim), as
@@ -214,17 +221,12 @@ class Transformer(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, out_dim)
 
-    def no_weight_decay(self):
-        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
-        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
-        return {"pos", "cls"}
-
     def forward(self, tokens, return_attn=False):
         x = self.embed(tokens)                                     # (B, n, dim)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, N = n + 1, dim)
         x = x + self.pos[:, :x.shape[1]]
-        x, attns = run_blocks(self.blocks, x, return_attn)
+        x, attns = self.run_blocks(x, return_attn)
         x = self.norm(x)
         out = self.head(x[:, 0] if self.readout == "cls" else x)
         return (out, attns) if return_attn else out
@@ -240,7 +242,7 @@ def _init_weights(model, truncated):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-class GPT(nn.Module):
+class GPT(_Model):
     """nanoGPT's GPT (Appendix "Wiki-text and Tiny-stories") on MaskedSelfAttention(causal=True).
     mode "none" is the default GPT; "learnable" with masks (depth, heads, block_size, block_size)
     of relative_distance_mask per layer is the paper's mask init."""
@@ -263,11 +265,6 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
         nn.init.normal_(self.pos, std=0.02)
 
-    def no_weight_decay(self):
-        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
-        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
-        return {"pos"}
-
     def forward(self, idx, targets=None, return_attn=False):
         """idx (B, T) token ids -> logits (B, T, vocab); with targets (logits, mean cross-entropy);
         with return_attn that and each layer's attention, [(B, H, T, T)] (mean_attention)."""
@@ -275,11 +272,10 @@ class GPT(nn.Module):
         if T > self.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
         x = self.drop(self.embed(idx) + self.pos[:, :T])
-        x, attns = run_blocks(self.blocks, x, return_attn)
-        logits = self.head(self.norm(x))                                   # (B, T, vocab)
-        out = logits
+        x, attns = self.run_blocks(x, return_attn)
+        out = self.head(self.norm(x))                                      # logits (B, T, vocab)
         if targets is not None:
-            out = (logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
+            out = (out, F.cross_entropy(out.flatten(0, 1).float(), targets.flatten()))
         return (out, attns) if return_attn else out
 
     @torch.no_grad()
@@ -294,7 +290,7 @@ class GPT(nn.Module):
             idx = torch.cat([idx, nxt], 1)
         return idx
 
-class ViT(nn.Module):
+class ViT(_Model):
     """A ViT as timm's vit_tiny_patch16_224 (width 192, depth 12, 3 heads, MLP 768, patch 16 on
     224 x 224; Table "Experimental setup for CIFAR10"), qkv_bias=True as in timm. masks: None or
     (depth, heads, N, N), one mask_init per layer (impulse_mask for the paper's prior). pool: "cls"
@@ -323,16 +319,11 @@ class ViT(nn.Module):
         _init_weights(self, truncated=True)                       # timm's ViT init
         nn.init.trunc_normal_(self.pos, std=0.02)
 
-    def no_weight_decay(self):
-        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
-        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
-        return {"pos", "cls"}
-
     def forward(self, images, return_attn=False):
         """images (B, C, H, W) -> class logits (B, num_classes) [, each layer's (B, H, N, N)]."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2)    # (B, grid^2, dim), row-major
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1) + self.pos     # (B, N, dim)
-        x, attns = run_blocks(self.blocks, x, return_attn)
+        x, attns = self.run_blocks(x, return_attn)
         x = self.norm(x)
         out = self.head(x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1))   # features (B, dim)
         return (out, attns) if return_attn else out
@@ -344,20 +335,20 @@ class ViT(nn.Module):
 # value in its residual stream. Each pattern's comment names the principles (Section 4.2) it serves.
 BUILD_LAYERS = 2   # a composed pattern (Principle 4): these first layers build, the rest read out
 
-def _mask(depth, heads, n, head_pairs, readout_pairs=None, open_value=OPEN, close_value=CLOSE):
-    """(depth, heads, N, N) logits: open_value on the diagonal and at the (query, key) pairs
-    head_pairs[h % len(head_pairs)] of head h (a list of one: every head alike), close_value
-    elsewhere. With readout_pairs, layers BUILD_LAYERS.. open readout_pairs in every head instead
-    (fewer layers get the build layers only)."""
+def _mask(depth, heads, n, head_pairs, readout_pairs=None, open_value=OPEN, close_value=CLOSE, diagonal=True):
+    """(depth, heads, N, N) logits: open_value on the diagonal (unless diagonal=False) and at the
+    (query, key) pairs head_pairs[h % len(head_pairs)] of head h (a list of one: every head alike),
+    close_value elsewhere. With readout_pairs, layers BUILD_LAYERS.. open readout_pairs in every head
+    instead (fewer layers get the build layers only)."""
     m = torch.full((depth, heads, n, n), close_value)
-    m.diagonal(dim1=-2, dim2=-1).fill_(open_value)
+    if diagonal:
+        m.diagonal(dim1=-2, dim2=-1).fill_(open_value)
     for layer in range(depth):
         for h in range(heads):
             pairs = head_pairs[h % len(head_pairs)]
             if readout_pairs is not None and layer >= BUILD_LAYERS:
                 pairs = readout_pairs
-            for query, key in pairs:
-                m[layer, h, query, key] = open_value
+            m[layer, h, [query for query, _ in pairs], [key for _, key in pairs]] = open_value
     return m
 
 # --- The Boolean GOTU tasks (Section 5.1). Position 0 is the CLS token the readout uses, position
@@ -497,16 +488,14 @@ def impulse_mask(depth, heads, grid):
     query patch (r, c) of head h is OPEN to key patch (r + dr, c + dc) only, the CLS row to all.
     Patch (r, c) sits at position 1 + r * grid + c (row-major, after CLS)."""
     n = grid * grid + 1
-    m = torch.full((heads, n, n), CLOSE)
-    m[:, 0, :] = OPEN                                              # CLS reads the whole image
-    for h in range(heads):
-        k = IMPULSE_ORDER[h % 9]
-        dr, dc = k // 3 - 1, k % 3 - 1                             # head h's offset (row, col)
-        for r in range(grid):
-            for c in range(grid):
-                if 0 <= r + dr < grid and 0 <= c + dc < grid:      # off-grid: empty row
-                    m[h, 1 + r * grid + c, 1 + (r + dr) * grid + c + dc] = OPEN
-    return m.expand(depth, heads, n, n).clone()
+    head_pairs = []                                                # head h: IMPULSE_ORDER[h mod 9]
+    for k in IMPULSE_ORDER:
+        dr, dc = k // 3 - 1, k % 3 - 1                             # the offset (row, col)
+        # the patches (r, c) whose neighbour lies on the grid (off the grid: an empty row)
+        cells = [(r, c) for r in range(grid) for c in range(grid) if 0 <= r + dr < grid and 0 <= c + dc < grid]
+        head_pairs.append([(0, key) for key in range(n)]           # CLS reads the whole image
+                          + [(1 + r * grid + c, 1 + (r + dr) * grid + c + dc) for r, c in cells])
+    return _mask(depth, heads, n, head_pairs, diagonal=False)
 
 # --- Imperfect priors (Appendix A.2, "Why Not Just Fix the Mask?": a learnable mask can "refine or
 # correct imperfect initial patterns"). A seeded edit of a task's exact pattern stands in for a
@@ -546,11 +535,10 @@ def edit_pattern(pattern, kind, fraction, seed, cls_row=False):
     for matrix, flips in zip(flat, flip):
         for part in parts:
             opened, closed = part & (matrix > 0), part & (matrix < 0)
-            n_open, n_closed = int(opened.sum()), int(closed.sum())
-            counted = n_closed if kind == "extra" else n_open
+            counted = int((closed if kind == "extra" else opened).sum())
             k = min(counted, max(1, math.floor(fraction * counted + 0.5)))     # k(counted)
             if kind == "moved":
-                k = min(k, n_closed)
+                k = min(k, int(closed.sum()))
             if kind != "extra":
                 flips |= lowest(opened, k)                             # open -> closed
             if kind != "missing":
@@ -575,8 +563,7 @@ def learned_mask(attn, magnitude, tau=1.0, causal=False):
     n = attn.shape[-1]
     i = torch.arange(n, device=attn.device)
     keys_seen = (i + 1 if causal else torch.full_like(i, n)).float()   # (N,) n_i
-    is_open = attn >= tau / keys_seen[:, None]                          # (..., N, N)
-    is_open = is_open | (i[:, None] == i[None, :])                      # the diagonal
+    is_open = (attn >= tau / keys_seen[:, None]) | (i[:, None] == i[None, :])   # (..., N, N), the diagonal
     if causal:
         is_open = is_open & (i[None, :] <= i[:, None])                  # the future: closed
     return torch.where(is_open, magnitude, -magnitude).float()
@@ -836,8 +823,9 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 #     attention there adds attention_mask to its scores after its own changes (scaling, Gemma2's
 #     softcap, T5's position bias) and before its softmax (GPT-OSS's sinks), so the prior joins all
 #     of them as the causal and padding masks do. A forward pre-hook on each patched layer finds the
-#     positions as the model's masks do: position_ids, and for the keys a cache holds (dynamic,
-#     static, sliding-window) the cache's get_query_offset and get_mask_sizes.
+#     positions as the model's masks do (position_ids, and for the keys a cache holds, dynamic,
+#     static or sliding-window, the cache's get_query_offset and get_mask_sizes) and leaves the bias
+#     at those positions on the layer for that function.
 # Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers) is
 # left unpatched: its keys are another sequence, which has no positions in M.
 # timm and transformers are never imported at module level: a model holds their modules only once
@@ -875,16 +863,14 @@ def _check_transformers_part(where, module, layer, pretrained):
         c for c in vars(sys.modules[type(module).__module__]).values()
         if isinstance(c, type) and issubclass(c, pretrained)]
     if not any(c._supports_attention_backend for c in family):
-        raise ValueError(f"{where}: {name}'s family takes no attention function from transformers' "
-                         f"AttentionInterface (_supports_attention_backend), which add_mask_prior needs; "
-                         f"GPT-2, Llama, BERT, ViT and most do")
+        raise ValueError(f"{where}: {name}'s family takes no attention function from transformers' AttentionInterface "
+                         f"(_supports_attention_backend), which add_mask_prior needs (GPT-2, Llama, BERT, ViT do)")
     if layer and _eager_attention(type(module)) is None:
         raise ValueError(f"{where}: {name} has no eager attention that adds attention_mask to its scores, "
                          f"where add_mask_prior adds M")
     if layer and not isinstance(_heads(module), int):
-        raise ValueError(f"{where}: {name} takes a head count per stage, num_heads={_heads(module)}: a "
-                         f"hierarchical attention within windows (Swin), where no one (heads, N, N) prior "
-                         f"spans the sequence")
+        raise ValueError(f"{where}: {name} takes a head count per stage, num_heads={_heads(module)}: a hierarchical "
+                         f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")
 
 def _heads(attn):
     """The query heads of a supported layer: num_heads, or its transformers config's count."""
@@ -971,8 +957,7 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
                          f"set_attn_implementation({MASK_PRIOR_ATTENTION!r}) on the model")
     call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
     if any(call.get(argument) is not None for argument in _CROSS_ARGUMENTS):
-        raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got another "
-                         f"sequence's states")
+        raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got another sequence's keys")
     hidden = call[attn.mask_prior_arguments[0]]                             # (B, n, C)
     n = hidden.shape[1]
     cache = next((call[a] for a in _CACHE_ARGUMENTS if call.get(a) is not None), None)
@@ -1096,17 +1081,15 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
     if not torch.is_floating_point(mask_init):
-        raise ValueError(f"mask_init must hold float logits M (open +{OPEN:g}, closed {CLOSE:g}), got "
-                         f"dtype {mask_init.dtype}: for a Boolean pattern pass "
-                         f"torch.where(allowed, maskprior.OPEN, maskprior.CLOSE)")
+        raise ValueError(f"mask_init must be float logits M, got dtype {mask_init.dtype}: pass a Boolean pattern "
+                         f"as torch.where(allowed, maskprior.OPEN, maskprior.CLOSE) (open {OPEN:g}, closed {CLOSE:g})")
     named = _self_attention_layers(model)
     if not named:
         raise ValueError(f"{type(model).__name__} contains no nn.MultiheadAttention, timm Attention "
                          f"or transformers attention layer to patch")
     if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
-        raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) "
-                         f"for the modules {[name for name, _, _ in named]}, "
-                         f"got {tuple(mask_init.shape)}")
+        raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) for the "
+                         f"modules {[name for name, _, _ in named]}, got {tuple(mask_init.shape)}")
     masks = mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1)
     _patch(named, masks, mode, scale)
     for encoder in model.modules():
@@ -1121,11 +1104,10 @@ def from_pretrained(model_class, path, **kwargs):
     unexpected keys) and loads the model without its prior; this one patches the layers whose M
     the safetensors files hold and loads M into them. model_class: a model class (an Auto class
     works too, but transformers then lists the masks as unexpected before they are loaded)."""
-    import glob
-    import os
+    import pathlib
     import unittest.mock
     from safetensors import safe_open      # transformers' own checkpoint format
-    if not os.path.isdir(path):
+    if not pathlib.Path(path).is_dir():
         raise ValueError(f"{path}: maskprior.from_pretrained reads a directory written by save_pretrained "
                          f"(download a hub model first), got no such directory")
     # transformers would report the masks as unexpected keys: it ignores them for this load alone
@@ -1134,16 +1116,15 @@ def from_pretrained(model_class, path, **kwargs):
     with unittest.mock.patch.object(model_class, "_keys_to_ignore_on_load_unexpected", ignored):
         model = model_class.from_pretrained(path, **kwargs)
     masks = {}
-    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+    for file in sorted(pathlib.Path(path).glob("*.safetensors")):
         with safe_open(file, "pt") as tensors:
             masks.update({key: tensors.get_tensor(key) for key in tensors.keys() if key.endswith(".mask")})
     modules, prefix = dict(model.named_modules()), model.base_model_prefix + "."
     named = []
     for key in masks:                                 # the checkpoint may hold the model with a head
-        saved = key[:-len(".mask")]
+        saved = key.removesuffix(".mask")
         name = next((n for n in (saved, saved.removeprefix(prefix), prefix + saved) if n in modules), None)
-        record = getattr(getattr(modules.get(name), "config", None), "mask_prior", None)
-        if record is None:
+        if getattr(getattr(modules.get(name), "config", None), "mask_prior", None) is None:
             raise ValueError(f"{path}: {key} is no mask prior of a {model_class.__name__} layer whose "
                              f"config.json records one")
         named.append((name, modules[name], _add_mask_prior_to_transformers_call))   # config.json's one kind
@@ -1172,18 +1153,16 @@ def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=Fa
     no_decay = [f"{prefix}.{pattern}" if prefix else pattern
                 for prefix, module in model.named_modules() if callable(getattr(module, "no_weight_decay", None))
                 for pattern in module.no_weight_decay()]
-    decayed, kept, mask = [], [], []
+    decayed, kept, mask = ({"params": [], "weight_decay": decay} for decay in (weight_decay, 0.0, mask_decay))
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         if id(p) in masks:
-            mask.append(p)
+            mask["params"].append(p)
         elif decay_all or p.dim() >= 2 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in no_decay):
-            decayed.append(p)
+            decayed["params"].append(p)
         else:
-            kept.append(p)
-    groups = [{"params": decayed, "weight_decay": weight_decay}, {"params": kept, "weight_decay": 0.0},
-              {"params": mask, "weight_decay": mask_decay}]
+            kept["params"].append(p)
     if mask_lr:
-        groups[2]["lr"] = mask_lr
-    return [group for group in groups if group["params"]]
+        mask["lr"] = mask_lr
+    return [group for group in (decayed, kept, mask) if group["params"]]
