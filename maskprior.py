@@ -1011,10 +1011,10 @@ def _self_attention_layers(model):
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
     named = []
     for name, module in model.named_modules():
-        forward = inspect.unwrap(type(module).forward)
+        forward = inspect.unwrap(type(module).forward) if "transformers" in sys.modules else None
         on_interface = "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ())
         cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
-        transformers_layer = "transformers" in sys.modules and on_interface and not cross
+        transformers_layer = on_interface and not cross
         if transformers_layer or isinstance(module, pretrained):
             _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
         if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
@@ -1127,7 +1127,7 @@ def from_pretrained(model_class, path, **kwargs):
         if getattr(getattr(modules.get(name), "config", None), "mask_prior", None) is None:
             raise ValueError(f"{path}: {key} is no mask prior of a {model_class.__name__} layer whose "
                              f"config.json records one")
-        named.append((name, modules[name], _add_mask_prior_to_transformers_call))   # config.json's one kind
+        named.append((name, modules[name], _add_mask_prior_to_transformers_call))   # the kind config.json records
     if not named:
         raise ValueError(f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
     record = named[0][1].config.mask_prior
