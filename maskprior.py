@@ -3,7 +3,7 @@
 Reference implementation of "Mask-Based Priors Are More Persistent than Query-Key Initializations";
 read top to bottom beside the paper:
   1. MaskedSelfAttention, softmax(Q K^T / sqrt(d) + log sigmoid(M)) V (Section 4.1), with fixed
-     (Appendix A.2), Hadamard (Appendix B) and vanilla modes; masked_attention, the same function.
+     (Appendix A.2), Hadamard (Appendix B) and vanilla modes.
   2. Models, one mask per layer (Principle 4): the GOTU encoder (Section 5.1, also the arithmetic
      model), the GPT (Appendix "Wiki-text and Tiny-stories"), the ViT (Section 5.3).
   3. Mask patterns (Section 4.2, Appendix "Design of Mask Pattern"): boolean_mask, the arithmetic
@@ -14,11 +14,13 @@ read top to bottom beside the paper:
   5. Measuring the prior (Section 6.1): attention maps, prior mass, drift: the persistence numbers.
   6. Appendix: add_mask_prior puts the prior into an existing model (torchvision's, timm's and
      transformers' attention); param_groups keeps M out of weight decay.
-This file imports torch only (timm and transformers never: a model that holds their layers has
-imported them); MaskedSelfAttention needs nothing else from it and pastes alone.
+Beside Python's standard library this file imports torch only (timm and transformers never: a
+model that holds their layers has imported them); MaskedSelfAttention needs nothing else from it
+and pastes alone.
 """
 
 import math
+from collections import OrderedDict
 
 import torch
 import torch.nn as nn
@@ -85,17 +87,15 @@ class MaskedSelfAttention(nn.Module):
             + (-inf where key j lies after query i)   if causal: the hard causal mask
         mask None: the causal mask alone, (n, n) of 0 and -inf, or None (vanilla attention).
         dtype: cast to it (q's dtype under autocast); device: the causal mask's (default M's)."""
-        bias = None
-        if mask is not None:
-            bias = F.logsigmoid(scale * mask[..., :n, :n])                             # (H, n, n)
-            if dtype is not None:
-                bias = bias.to(dtype)
-            device = mask.device
+        if mask is None and not causal:
+            return None                                                             # vanilla attention
+        if mask is None:
+            bias = torch.zeros(n, n, dtype=dtype, device=device)                    # (n, n)
+        else:
+            bias = F.logsigmoid(scale * mask[..., :n, :n]).to(dtype or mask.dtype)  # (H, n, n)
         if causal:
-            future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)      # key after query
-            if bias is None:
-                bias = torch.zeros(n, n, dtype=dtype, device=device)
-            bias = bias.masked_fill(future, float("-inf"))                          # (H, n, n) or (n, n)
+            future = torch.ones(n, n, dtype=torch.bool, device=bias.device).triu(1)   # key after query
+            bias = bias.masked_fill(future, float("-inf"))
         return bias
 
     def writes_out(self, q, bias, dropout, return_attn):
@@ -110,8 +110,7 @@ class MaskedSelfAttention(nn.Module):
             return self.path != "fused"
         if q.device.type != "cpu":
             return False
-        bias_needs_grad = bias is not None and bias.requires_grad
-        return dropout != 0 or q.shape[-2] < self.sdpa_cpu_min_tokens or bias_needs_grad
+        return dropout != 0 or q.shape[-2] < self.sdpa_cpu_min_tokens or (bias is not None and bias.requires_grad)
 
     def forward(self, x, return_attn=False):
         B, N, _ = x.shape
@@ -148,31 +147,11 @@ class MaskedSelfAttention(nn.Module):
         y = self.proj(y.transpose(1, 2).reshape(B, N, self.heads * self.head_dim))  # (B, N, dim)
         return (y, attn) if return_attn else y
 
-def masked_attention(q, k, v, mask, scale=1.0, causal=False):
-    """The class's written-out path as one function, to read beside Section 4.1:
-        Attention(Q, K, V; M) = softmax( Q K^T / sqrt(d) + log sigmoid(s M) [+ causal -inf] ) V
-    q, k, v (B, H, N, d) (any leading dims), mask M (H, N, N) broadcast over the batch; s = scale."""
-    n = q.shape[-2]
-    bias = MaskedSelfAttention.logit_bias(mask, n, scale, causal, q.dtype, q.device)  # (H, n, n)
-    logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])      # (B, H, N, N)
-    return (logits + bias).softmax(dim=-1) @ v
-
 def attention_modules(model):
     """Every MaskedSelfAttention inside model, in model.modules() order (first layer to last)."""
     return [m for m in model.modules() if isinstance(m, MaskedSelfAttention)]
 
 # === 2. Models on the block: the GOTU encoder (Section 5.1), the GPT, the ViT (Section 5.3) =======
-class MLP(nn.Module):
-    """The position-wise GELU MLP of a Transformer block."""
-    def __init__(self, dim, hidden, dropout=0.0):
-        super().__init__()
-        self.fc = nn.Linear(dim, hidden)
-        self.out = nn.Linear(hidden, dim)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x):
-        return self.dropout(self.out(F.gelu(self.fc(x))))
-
 class Block(nn.Module):
     """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)). drop_path: None, or a module on
     each residual branch (the ViT's StochasticDepth, built by train.py: this file imports torch only)."""
@@ -183,7 +162,9 @@ class Block(nn.Module):
         self.attn = MaskedSelfAttention(dim, heads, seq_len, head_dim, mask_init, mode, causal, mask_scale,
                                         dropout, qkv_bias)
         self.ln2 = nn.LayerNorm(dim)
-        self.mlp = MLP(dim, mlp_dim, dropout)
+        # the position-wise GELU MLP, its layers named fc and out
+        self.mlp = nn.Sequential(OrderedDict(fc=nn.Linear(dim, mlp_dim), gelu=nn.GELU(),
+                                             out=nn.Linear(mlp_dim, dim), dropout=nn.Dropout(dropout)))
         self.resid_dropout = nn.Dropout(dropout)
         self.drop_path = drop_path if drop_path is not None else nn.Identity()
 
@@ -195,15 +176,23 @@ class Block(nn.Module):
         x = x + self.drop_path(self.mlp(self.ln2(x)))
         return x, attn
 
-def run_blocks(blocks, x, return_attn=False):
-    """x through every block; and each layer's attention, [(B, H, N, N)] with return_attn."""
-    attns = []
-    for block in blocks:
-        x, attn = block(x, return_attn)
-        attns.append(attn)                                     # (B, H, N, N), or None
-    return x, attns
+class _Model(nn.Module):
+    """What the three models below share: their blocks, run in order, and timm's no_weight_decay."""
+    def no_weight_decay(self):
+        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
+        and CLS (where the model has one), starts of the input rather than weights
+        (maskprior.param_groups reads it)."""
+        return {"pos", "cls"}
 
-class Transformer(nn.Module):
+    def run_blocks(self, x, return_attn=False):
+        """x through every block; and each layer's attention, [(B, H, N, N)] with return_attn."""
+        attns = []
+        for block in self.blocks:
+            x, attn = block(x, return_attn)
+            attns.append(attn)                                     # (B, H, N, N), or None
+        return x, attns
+
+class Transformer(_Model):
     """Encoder over discrete tokens: embedding, optional CLS, learned positions, pre-LN blocks.
     masks: None, or (depth, heads, seq_len, seq_len), one mask_init per layer (Principle 4); seq_len
     counts every position, CLS included. readout: "cls" returns head(LN(x[:, 0])) (B, out_dim), as
@@ -232,34 +221,28 @@ class Transformer(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, out_dim)
 
-    def no_weight_decay(self):
-        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
-        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
-        return {"pos", "cls"}
-
     def forward(self, tokens, return_attn=False):
         x = self.embed(tokens)                                     # (B, n, dim)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, N = n + 1, dim)
         x = x + self.pos[:, :x.shape[1]]
-        x, attns = run_blocks(self.blocks, x, return_attn)
+        x, attns = self.run_blocks(x, return_attn)
         x = self.norm(x)
         out = self.head(x[:, 0] if self.readout == "cls" else x)
         return (out, attns) if return_attn else out
 
 def _init_weights(model, truncated):
     """The GPT-2 / timm init: nn.Linear and nn.Embedding weights at std 0.02, nn.Linear biases zero;
-    normal (GPT-2, nanoGPT) or truncated (timm's ViT; its cut at +-2 lies 100 std out). model.apply
-    visits the layers in registration order, which fixes the order of the random draws."""
+    normal (GPT-2, nanoGPT) or truncated (timm's ViT; its cut at +-2 lies 100 std out). The layers
+    come in registration order (that of model.apply too), which fixes the order of the random draws."""
     draw = nn.init.trunc_normal_ if truncated else nn.init.normal_
-    def init(module):
+    for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             draw(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-    model.apply(init)
 
-class GPT(nn.Module):
+class GPT(_Model):
     """nanoGPT's GPT (Appendix "Wiki-text and Tiny-stories") on MaskedSelfAttention(causal=True).
     mode "none" is the default GPT; "learnable" with masks (depth, heads, block_size, block_size)
     of relative_distance_mask per layer is the paper's mask init."""
@@ -282,11 +265,6 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
         nn.init.normal_(self.pos, std=0.02)
 
-    def no_weight_decay(self):
-        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
-        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
-        return {"pos"}
-
     def forward(self, idx, targets=None, return_attn=False):
         """idx (B, T) token ids -> logits (B, T, vocab); with targets (logits, mean cross-entropy);
         with return_attn that and each layer's attention, [(B, H, T, T)] (mean_attention)."""
@@ -294,11 +272,10 @@ class GPT(nn.Module):
         if T > self.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
         x = self.drop(self.embed(idx) + self.pos[:, :T])
-        x, attns = run_blocks(self.blocks, x, return_attn)
-        logits = self.head(self.norm(x))                                   # (B, T, vocab)
-        out = logits
+        x, attns = self.run_blocks(x, return_attn)
+        out = self.head(self.norm(x))                                      # logits (B, T, vocab)
         if targets is not None:
-            out = (logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
+            out = (out, F.cross_entropy(out.flatten(0, 1).float(), targets.flatten()))
         return (out, attns) if return_attn else out
 
     @torch.no_grad()
@@ -313,7 +290,7 @@ class GPT(nn.Module):
             idx = torch.cat([idx, nxt], 1)
         return idx
 
-class ViT(nn.Module):
+class ViT(_Model):
     """A ViT as timm's vit_tiny_patch16_224 (width 192, depth 12, 3 heads, MLP 768, patch 16 on
     224 x 224; Table "Experimental setup for CIFAR10"), qkv_bias=True as in timm. masks: None or
     (depth, heads, N, N), one mask_init per layer (impulse_mask for the paper's prior). pool: "cls"
@@ -342,16 +319,11 @@ class ViT(nn.Module):
         _init_weights(self, truncated=True)                       # timm's ViT init
         nn.init.trunc_normal_(self.pos, std=0.02)
 
-    def no_weight_decay(self):
-        """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
-        and CLS, starts of the input rather than weights (maskprior.param_groups reads it)."""
-        return {"pos", "cls"}
-
     def forward(self, images, return_attn=False):
         """images (B, C, H, W) -> class logits (B, num_classes) [, each layer's (B, H, N, N)]."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2)    # (B, grid^2, dim), row-major
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1) + self.pos     # (B, N, dim)
-        x, attns = run_blocks(self.blocks, x, return_attn)
+        x, attns = self.run_blocks(x, return_attn)
         x = self.norm(x)
         out = self.head(x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1))   # features (B, dim)
         return (out, attns) if return_attn else out
@@ -363,20 +335,20 @@ class ViT(nn.Module):
 # value in its residual stream. Each pattern's comment names the principles (Section 4.2) it serves.
 BUILD_LAYERS = 2   # a composed pattern (Principle 4): these first layers build, the rest read out
 
-def _mask(depth, heads, n, head_pairs, readout_pairs=None, open_value=OPEN, close_value=CLOSE):
-    """(depth, heads, N, N) logits: open_value on the diagonal and at the (query, key) pairs
-    head_pairs[h % len(head_pairs)] of head h (a list of one: every head alike), close_value
-    elsewhere. With readout_pairs, layers BUILD_LAYERS.. open readout_pairs in every head instead
-    (fewer layers get the build layers only)."""
+def _mask(depth, heads, n, head_pairs, readout_pairs=None, open_value=OPEN, close_value=CLOSE, diagonal=True):
+    """(depth, heads, N, N) logits: open_value on the diagonal (unless diagonal=False) and at the
+    (query, key) pairs head_pairs[h % len(head_pairs)] of head h (a list of one: every head alike),
+    close_value elsewhere. With readout_pairs, layers BUILD_LAYERS.. open readout_pairs in every head
+    instead (fewer layers get the build layers only)."""
     m = torch.full((depth, heads, n, n), close_value)
-    m.diagonal(dim1=-2, dim2=-1).fill_(open_value)
+    if diagonal:
+        m.diagonal(dim1=-2, dim2=-1).fill_(open_value)
     for layer in range(depth):
         for h in range(heads):
             pairs = head_pairs[h % len(head_pairs)]
             if readout_pairs is not None and layer >= BUILD_LAYERS:
                 pairs = readout_pairs
-            for query, key in pairs:
-                m[layer, h, query, key] = open_value
+            m[layer, h, [query for query, _ in pairs], [key for _, key in pairs]] = open_value
     return m
 
 # --- The Boolean GOTU tasks (Section 5.1). Position 0 is the CLS token the readout uses, position
@@ -446,51 +418,43 @@ def boolean_mask(task, depth, heads, variant=None, d=15):
 # softer than the Boolean +-10. Each token sees itself and each operand digit its partner
 # (Principle 1); head h takes role h mod 4 of the algorithm (Principle 3), and depth composes them
 # (Principle 4: carries).
-def _answer_reads(k, digit_pairs, answers=()):
-    """The open (query, key) pairs that let answer slot c_k read a_i and b_j of every (i, j) in
-    digit_pairs and the answer slots c_m of answers."""
-    keys = [i for i, _ in digit_pairs] + [3 + j for _, j in digit_pairs] + [6 + m for m in answers]
-    return [(6 + k, key) for key in keys]
+def _arithmetic_mask(depth, heads, shared, columns, role_3):
+    """(depth, heads, N, N) logits, N = 6 + K for the K = len(columns) answer slots: every head
+    opens the diagonal and the operand pairs `shared`; answer slot c_k of a head of role r = h mod 4
+    reads a_i and b_j of each digit pair (i, j) and the answer slots c_m of its role:
+      role 0  the pairs columns[k] that land on k (a digit-wise sum, the partial products of k);
+      role 1  the pairs columns[k - 1] and c_{k-1}: the carry into k (Principle 3);
+      role 2  every pair of a column below k: a carry can ripple from the units (999 + 1);
+      role 3  role_3[k]: (digit pairs, answer slots)."""
+    roles = [list(shared) for _ in range(4)]                 # the open (query, key) pairs of each role
+    for k, column in enumerate(columns):
+        below = [pair for lower in columns[:k] for pair in lower]
+        carry = (columns[k - 1], [k - 1]) if k > 0 else ([], [])
+        for role, (pairs, answers) in enumerate([(column, []), carry, (below, []), role_3[k]]):
+            keys = [i for i, _ in pairs] + [3 + j for _, j in pairs] + [6 + m for m in answers]
+            roles[role] += [(6 + k, key) for key in keys]
+    return _mask(depth, heads, 6 + len(columns), roles, open_value=ARITHMETIC_OPEN, close_value=ARITHMETIC_CLOSE)
 
 def mask_addition(depth, heads):
     """Addition: c_k = (a_k + b_k + carry_k) mod 10, carry_k from column k - 1; K = 4 answer slots.
-    Shared: a_i <-> b_i (the aligned column, Principle 1).
-    role 0  c_k reads its column (a_k, b_k): the digit-wise sum.
-    role 1  c_k reads column k - 1 and c_{k-1}: the carry into k (Principle 3).
-    role 2  c_k reads every lower column: a carry can ripple from the units (999 + 1).
-    role 3  c_k reads its column again, so two heads carry the digit-wise sum.
-    With these four roles the mask model learns addition from 0.4 % of the pairs (Section 5.2)."""
+    Shared: a_i <-> b_i (the aligned column, Principle 1). Column k holds the pair (k, k) (none for
+    the last slot, the final carry). Role 3 reads its column again, so two heads carry the
+    digit-wise sum. With these four roles the mask model learns addition from 0.4 % of the pairs
+    (Section 5.2)."""
     aligned = [(i, 3 + i) for i in range(3)] + [(3 + i, i) for i in range(3)]
     columns = [[(0, 0)], [(1, 1)], [(2, 2)], []]           # the digit pair (i, j) of each c_k
-    roles = [list(aligned) for _ in range(4)]               # the open pairs of each role
-    for k in range(4):
-        roles[0] += _answer_reads(k, columns[k])
-        roles[2] += _answer_reads(k, [pair for column in columns[:k] for pair in column])
-        roles[3] += _answer_reads(k, columns[k])
-        if k > 0:
-            roles[1] += _answer_reads(k, columns[k - 1], [k - 1])
-    return _mask(depth, heads, 10, roles, open_value=ARITHMETIC_OPEN, close_value=ARITHMETIC_CLOSE)
+    return _arithmetic_mask(depth, heads, aligned, columns, [(column, []) for column in columns])
 
 def mask_multiplication(depth, heads):
     """Multiplication: c_k collects the partial products a_i b_j with i + j = k, plus carries;
     K = 6 answer slots. Shared: a_i <-> b_j for every i, j: each operand digit sees the digits it
-    multiplies with (structured cross-number interactions).
-    role 0  c_k reads the partial products landing on k: every (a_i, b_j) with i + j = k.
-    role 1  c_k reads the products of column k - 1 and c_{k-1}: the carry into k.
-    role 2  c_k reads every partial product below k: carries of carries.
-    role 3  c_k reads the answer slots below it, c_0 .. c_{k-1}: accumulating partial sums,
-            which deeper layers compose (Principle 4)."""
+    multiplies with (structured cross-number interactions). Role 1's carries and role 2's carries
+    of carries come from the partial products; role 3 reads the answer slots below it,
+    c_0 .. c_{k-1}: accumulating partial sums, which deeper layers compose (Principle 4)."""
     cross = [(i, 3 + j) for i in range(3) for j in range(3)]
     cross += [(b, a) for a, b in cross]
     columns = [[(i, k - i) for i in range(3) if 0 <= k - i < 3] for k in range(6)]   # i + j = k
-    roles = [list(cross) for _ in range(4)]                 # the open pairs of each role
-    for k in range(6):
-        roles[0] += _answer_reads(k, columns[k])
-        roles[2] += _answer_reads(k, [pair for column in columns[:k] for pair in column])
-        roles[3] += _answer_reads(k, [], range(k))
-        if k > 0:
-            roles[1] += _answer_reads(k, columns[k - 1], [k - 1])
-    return _mask(depth, heads, 12, roles, open_value=ARITHMETIC_OPEN, close_value=ARITHMETIC_CLOSE)
+    return _arithmetic_mask(depth, heads, cross, columns, [([], range(k)) for k in range(6)])
 
 ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplication}
 
@@ -524,16 +488,14 @@ def impulse_mask(depth, heads, grid):
     query patch (r, c) of head h is OPEN to key patch (r + dr, c + dc) only, the CLS row to all.
     Patch (r, c) sits at position 1 + r * grid + c (row-major, after CLS)."""
     n = grid * grid + 1
-    m = torch.full((heads, n, n), CLOSE)
-    m[:, 0, :] = OPEN                                              # CLS reads the whole image
-    for h in range(heads):
-        k = IMPULSE_ORDER[h % 9]
-        dr, dc = k // 3 - 1, k % 3 - 1                             # head h's offset (row, col)
-        for r in range(grid):
-            for c in range(grid):
-                if 0 <= r + dr < grid and 0 <= c + dc < grid:      # off-grid: empty row
-                    m[h, 1 + r * grid + c, 1 + (r + dr) * grid + c + dc] = OPEN
-    return m.expand(depth, heads, n, n).clone()
+    head_pairs = []                                                # head h: IMPULSE_ORDER[h mod 9]
+    for k in IMPULSE_ORDER:
+        dr, dc = k // 3 - 1, k % 3 - 1                             # the offset (row, col)
+        # the patches (r, c) whose neighbour lies on the grid (off the grid: an empty row)
+        cells = [(r, c) for r in range(grid) for c in range(grid) if 0 <= r + dr < grid and 0 <= c + dc < grid]
+        head_pairs.append([(0, key) for key in range(n)]           # CLS reads the whole image
+                          + [(1 + r * grid + c, 1 + (r + dr) * grid + c + dc) for r, c in cells])
+    return _mask(depth, heads, n, head_pairs, diagonal=False)
 
 # --- Imperfect priors (Appendix A.2, "Why Not Just Fix the Mask?": a learnable mask can "refine or
 # correct imperfect initial patterns"). A seeded edit of a task's exact pattern stands in for a
@@ -566,19 +528,17 @@ def edit_pattern(pattern, kind, fraction, seed, cls_row=False):
         return where & (rank < ranks[count])
 
     off_diagonal = ~torch.eye(n, dtype=torch.bool)
-    first_row = torch.zeros(n, n, dtype=torch.bool)
-    first_row[0] = cls_row
+    first_row = (torch.arange(n) == 0)[:, None] & cls_row            # (N, 1): CLS's row, with cls_row
     parts = [off_diagonal & first_row, off_diagonal & ~first_row]
     flat = pattern.reshape(-1, n, n)                                # (L * H, N, N)
     flip = torch.zeros(flat.shape, dtype=torch.bool)
     for matrix, flips in zip(flat, flip):
         for part in parts:
             opened, closed = part & (matrix > 0), part & (matrix < 0)
-            n_open, n_closed = int(opened.sum()), int(closed.sum())
-            counted = n_closed if kind == "extra" else n_open
+            counted = int((closed if kind == "extra" else opened).sum())
             k = min(counted, max(1, math.floor(fraction * counted + 0.5)))     # k(counted)
             if kind == "moved":
-                k = min(k, n_closed)
+                k = min(k, int(closed.sum()))
             if kind != "extra":
                 flips |= lowest(opened, k)                             # open -> closed
             if kind != "missing":
@@ -603,8 +563,7 @@ def learned_mask(attn, magnitude, tau=1.0, causal=False):
     n = attn.shape[-1]
     i = torch.arange(n, device=attn.device)
     keys_seen = (i + 1 if causal else torch.full_like(i, n)).float()   # (N,) n_i
-    is_open = attn >= tau / keys_seen[:, None]                          # (..., N, N)
-    is_open = is_open | (i[:, None] == i[None, :])                      # the diagonal
+    is_open = (attn >= tau / keys_seen[:, None]) | (i[:, None] == i[None, :])   # (..., N, N), the diagonal
     if causal:
         is_open = is_open & (i[None, :] <= i[:, None])                  # the future: closed
     return torch.where(is_open, magnitude, -magnitude).float()
@@ -640,19 +599,19 @@ def pseudo_input(model, skip=0):
     pos = model.pos.detach()[0, skip:]                             # (N - skip, D)
     return F.layer_norm(pos, pos.shape[-1:])
 
-def _write_padded(weight, rows, w):
-    """weight[rows] = w (a, b) in its top-left corner, zeros elsewhere, without autograd."""
+def _write_padded(rows, w):
+    """rows, a view of a weight's rows, = w (a, b) in its top-left corner, zeros elsewhere, without
+    autograd."""
     with torch.no_grad():
-        block = torch.zeros_like(weight[rows])
-        block[:w.shape[0], :w.shape[1]] = w
-        weight[rows] = block
+        rows.zero_()
+        rows[:w.shape[0], :w.shape[1]] = w
 
 def _write_qk(attn, h, w_q, w_k):
     """Write W_Q,h (r, D) and W_K,h (r, D) into head h so that q_h k_h^T = x w_q^T w_k x^T; rows
     beyond r (when the rank is below head_dim) are zeroed."""
-    inner, hd = attn.heads * attn.head_dim, attn.head_dim
-    for offset, w in ((0, w_q), (inner, w_k)):    # qkv.weight (3 inner, D): q, k, v stacked
-        _write_padded(attn.qkv.weight, slice(offset + h * hd, offset + (h + 1) * hd), w)
+    q_rows, k_rows, _ = attn.qkv.weight.view(3, attn.heads, attn.head_dim, -1)[:, h]   # q, k, v stacked
+    _write_padded(q_rows, w_q)                                                        # (head_dim, D)
+    _write_padded(k_rows, w_k)
 
 def _factor(a, rank):
     """a (D, D) ~ L R with L = U sqrt(S) (D, rank) and R = sqrt(S) V^T (rank, D), by SVD
@@ -682,8 +641,8 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
             left, right = _factor(alpha1 * z1[h] + beta1 * eye, min(attn.head_dim, dim))
             _write_qk(attn, h, left.T, right)            # W_Q,h^T W_K,h = L R
         left, right = _factor(alpha2 * z2 - beta2 * eye, min(inner, dim))
-        _write_padded(attn.qkv.weight, slice(2 * inner, None), left.T)  # v = x W_V: stores W_V^T
-        _write_padded(attn.proj.weight, slice(None), right.T)           # y = o W_O: stores W_O^T
+        _write_padded(attn.qkv.weight[2 * inner:], left.T)      # v = x W_V: stores W_V^T
+        _write_padded(attn.proj.weight, right.T)                 # y = o W_O: stores W_O^T
     return model
 
 def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_norm=7.0,
@@ -764,14 +723,13 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
     attns = attention_modules(model)
     rank = attns[0].head_dim
     scale = rank ** -0.5 if scale is None else scale
-    solved = []                                                    # [(target, (Q, K))]
+    solved = {}                                                    # a layer pattern's entries -> (Q, K)
     for layer, attn in enumerate(attns):
         target = pattern_targets(pattern[layer])                   # (H, N, N), 0 / 1
-        qk = next((qk for t, qk in solved if torch.equal(t, target)), None)
-        if qk is None:
-            qk = _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator)
-            solved.append((target, qk))
-        q, k = qk
+        entries = tuple(target.flatten().tolist())
+        if entries not in solved:
+            solved[entries] = _fit_qk(p, target, rank, steps, lr, renorm_every, scale, generator)
+        q, k = solved[entries]
         for h in range(attn.heads):
             _write_qk(attn, h, q[h].T, k[h])
     return model
@@ -796,7 +754,6 @@ def mask_biases(model):
         return None
     return torch.stack([a.logit_bias(a.mask, a.seq_len, a.mask_scale).detach().float().cpu() for a in layers])
 
-@torch.no_grad()
 def centre_patch_maps(vit, image, device):
     """Where the centre patch of one image (1, C, H, W) looks (Appendix "Attention Map For Image
     Classification"), on the grid x grid patches, CLS left out: its attention row "attn" and its
@@ -866,28 +823,19 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 #     attention there adds attention_mask to its scores after its own changes (scaling, Gemma2's
 #     softcap, T5's position bias) and before its softmax (GPT-OSS's sinks), so the prior joins all
 #     of them as the causal and padding masks do. A forward pre-hook on each patched layer finds the
-#     positions as the model's masks do: position_ids, and for the keys a cache holds (dynamic,
-#     static, sliding-window) the cache's get_query_offset and get_mask_sizes.
+#     positions as the model's masks do (position_ids, and for the keys a cache holds, dynamic,
+#     static or sliding-window, the cache's get_query_offset and get_mask_sizes) and leaves the bias
+#     at those positions on the layer for that function.
 # Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers) is
 # left unpatched: its keys are another sequence, which has no positions in M.
 # timm and transformers are never imported at module level: a model holds their modules only once
 # they are imported, so they are looked up in sys.modules.
 MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
-_MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
-                  "average_attn_weights", "is_causal")   # nn.MultiheadAttention.forward's, in order
-_TIMM_ARGUMENTS = ("x", "attn_mask", "is_causal")        # timm's Attention.forward's, in order
 _CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")   # transformers' names for the KV cache
                                                                    # (past_key_values before 5.24)
 _CROSS_ARGUMENTS = ("encoder_hidden_states", "key_value_states")   # and for another sequence's states
 _EAGER_ATTENTION_OF = {}   # transformers layer class -> its eager attention, found at patch time (a
                            # compiled forward cannot run the look-up: torch.compile traces no bytecode)
-
-def _is_instance(module, module_name, class_name):
-    """isinstance(module, module_name.class_name), importing nothing: None of that library's
-    modules exists before it is imported."""
-    import sys
-    cls = getattr(sys.modules.get(module_name), class_name, None)
-    return cls is not None and isinstance(module, cls)
 
 def _eager_attention(layer_class):
     """The eager attention function a transformers layer class falls back on (the default of its
@@ -903,74 +851,38 @@ def _eager_attention(layer_class):
             return function if any("attention_mask" in str(names) for names in loaded) else None
     return None
 
-def _attention_kind(module):
-    """Which kind of supported self-attention layer module is (the names the messages use), or
-    None. A transformers layer is one whose forward looks up ALL_ATTENTION_FUNCTIONS (the registry
-    behind attn_implementation=); its cross-attention layers are left alone."""
-    import inspect
+def _check_transformers_part(where, module, layer, pretrained):
+    """ValueError, the message starting with where, unless add_mask_prior can patch module, a
+    transformers layer or (layer False) model (pretrained: transformers' PreTrainedModel). A family
+    must support attention backends (transformers' _supports_attention_backend: BLOOM, T5, BART and
+    Whisper do not), its eager attention must read attention_mask, and its attention must span the
+    sequence with one head count (Swin's attends within windows, stage by stage)."""
     import sys
-    if isinstance(module, nn.MultiheadAttention):
-        return "nn.MultiheadAttention"
-    if _is_instance(module, "timm.layers.attention", "Attention"):
-        return "timm Attention"
-    forward = inspect.unwrap(type(module).forward) if "transformers" in sys.modules else None
-    if "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ()):
-        cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
-        return None if cross else "transformers attention"
-    return None
-
-def _refusal(module, kind):
-    """Why add_mask_prior cannot patch module (a transformers model, or a layer of kind), or None.
-    A family must support attention backends (transformers' _supports_attention_backend: BLOOM,
-    T5, BART and Whisper do not), its eager attention must read attention_mask, and its attention
-    must span the sequence with one head count (Swin's attends within windows, stage by stage)."""
-    import sys
-    pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
     name = type(module).__name__
-    if pretrained is None or kind not in (None, "transformers attention"):
-        return None
     family = [type(module)] if isinstance(module, pretrained) else [
         c for c in vars(sys.modules[type(module).__module__]).values()
         if isinstance(c, type) and issubclass(c, pretrained)]
     if not any(c._supports_attention_backend for c in family):
-        return (f"{name}'s family takes no attention function from transformers' AttentionInterface "
-                f"(_supports_attention_backend), which add_mask_prior needs; GPT-2, Llama, BERT, ViT and most do")
-    if kind and _eager_attention(type(module)) is None:
-        return f"{name} has no eager attention that adds attention_mask to its scores, where add_mask_prior adds M"
-    if kind and not isinstance(_heads(module), int):
-        return (f"{name} takes a head count per stage, num_heads={_heads(module)}: a hierarchical "
-                f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")
-    return None
+        raise ValueError(f"{where}: {name}'s family takes no attention function from transformers' AttentionInterface "
+                         f"(_supports_attention_backend), which add_mask_prior needs (GPT-2, Llama, BERT, ViT do)")
+    if layer and _eager_attention(type(module)) is None:
+        raise ValueError(f"{where}: {name} has no eager attention that adds attention_mask to its scores, "
+                         f"where add_mask_prior adds M")
+    if layer and not isinstance(_heads(module), int):
+        raise ValueError(f"{where}: {name} takes a head count per stage, num_heads={_heads(module)}: a hierarchical "
+                         f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")
 
 def _heads(attn):
     """The query heads of a supported layer: num_heads, or its transformers config's count."""
     return attn.num_heads if hasattr(attn, "num_heads") else attn.config.num_attention_heads
 
-def _as_logits(mask, dtype):
-    """Mask as additive logits of dtype: Boolean (True = blocked) -> 0 / -inf; float, None kept."""
-    if mask is None:
-        return None
-    if mask.dtype == torch.bool:
-        return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
-    return mask.to(dtype)
-
-def _allowed_as_logits(mask, dtype):
-    """The same for SDPA's meaning (timm): Boolean True = may attend."""
-    return _as_logits(mask.logical_not() if mask.dtype == torch.bool else mask, dtype)
-
-def _check_mask_fits(name, attn, kind, mask, mode, scale):
-    """ValueError naming the module unless attn is unpatched, mask is (heads, N, N), and (for a
-    transformers layer) its config records no prior of another scale or mode (config.json holds one)."""
-    if hasattr(attn, "mask_prior_name"):
-        raise ValueError(f"{name or 'model'} already has a mask prior")
-    heads, rows, cols = mask.shape
-    if heads != _heads(attn) or rows != cols:
-        raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
-                         f"{kind} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
-    record = getattr(getattr(attn, "config", None), "mask_prior", None)
-    if record and (record["scale"], record["mode"]) != (scale, mode):
-        raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, "
-                         f"mode={record['mode']!r}, got scale={scale}, mode={mode!r}")
+def _as_logits(mask, dtype, blocked=True):
+    """A caller's mask as additive logits of dtype: a Boolean one is -inf where it holds `blocked`
+    (True in nn.MultiheadAttention's meaning, False in SDPA's, which timm takes), else 0; a float
+    one and None are kept."""
+    if mask is not None and mask.dtype == torch.bool:
+        return torch.zeros_like(mask, dtype=dtype).masked_fill(mask == blocked, float("-inf"))
+    return None if mask is None else mask.to(dtype)
 
 def _prior_bias(attn, query_positions, key_positions, largest, causal=False):
     """log sigmoid(s M[h, i, j]) of a patched layer for queries at query_positions (B or 1, n) and
@@ -979,7 +891,7 @@ def _prior_bias(attn, query_positions, key_positions, largest, causal=False):
     lie below M's N. A key outside 0..N-1 is a slot every mask blocks (a padding, a static cache's
     unwritten slot): it reads M's edge."""
     size = attn.mask.shape[-1]
-    message = (f"{attn.mask_prior_name or 'model'}: mask of shape {tuple(attn.mask.shape)} is for "
+    message = (f"{attn.mask_prior_name}: mask of shape {tuple(attn.mask.shape)} is for "
                f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
     if torch.compiler.is_compiling():         # a compiled graph cannot branch on data: it asserts
         torch._assert_async(torch.as_tensor(largest < size), message)
@@ -993,13 +905,12 @@ def _prior_bias(attn, query_positions, key_positions, largest, causal=False):
 
 def _add_mask_prior_to_call(attn, args, kwargs):
     """nn.MultiheadAttention's pre-hook: attn_mask = log sigmoid(s M) + the caller's mask."""
-    call = dict(zip(_MHA_ARGUMENTS, args), **kwargs)
-    query, key = call["query"], call["key"]
+    call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
+    query, key = call["query"], call["key"]                     # (B, N, E), (N, B, E) or unbatched (N, E)
     batched = query.dim() == 3
-    position_dim = 1 if batched and attn.batch_first else 0
-    n = query.shape[position_dim]
+    n = query.shape[1 if batched and attn.batch_first else 0]
     if key is not query and not (key.shape == query.shape and torch.equal(key, query)):   # SigLIP's pooling
-        raise ValueError(f"{attn.mask_prior_name or 'model'}: the mask prior is for self-attention, got "
+        raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got "
                          f"query {tuple(query.shape)} and key {tuple(key.shape)} from another sequence: "
                          f"patch the part of the model that holds its self-attention layers")
     caller_mask = _as_logits(call.get("attn_mask"), query.dtype)            # (N, N), (B * H, N, N)
@@ -1007,49 +918,46 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     causal = caller_mask is None and bool(call.get("is_causal"))
     positions = torch.arange(n, device=query.device)[None]                 # (1, N): 0, ..., N - 1
     bias = _prior_bias(attn, positions, positions, n - 1, causal)[0].to(query.dtype)   # (H, N, N)
-    if batched:                                                             # row b * H + h
-        batch = query.shape[0 if attn.batch_first else 1]
-        bias = bias.expand(batch, -1, -1, -1).reshape(-1, n, n)             # (B * H, N, N)
-    call["attn_mask"] = bias if caller_mask is None else bias + caller_mask # (B * H, N, N)
-    # With is_causal=True (and no padding mask, no weights asked for) F.multi_head_attention_forward
-    # drops attn_mask and lets SDPA apply the causal mask alone; the causal -inf is in attn_mask.
-    call["is_causal"] = False
-    # A Boolean key_padding_mask beside a float attn_mask draws a deprecation warning; same values.
-    call["key_padding_mask"] = _as_logits(call.get("key_padding_mask"), query.dtype)
+    if batched:                                                             # row b * H + h: (B * H, N, N)
+        bias = bias.repeat(query.shape[0 if attn.batch_first else 1], 1, 1)
+    # is_causal=False: with is_causal=True (and no padding mask, no weights asked for)
+    # F.multi_head_attention_forward drops attn_mask and lets SDPA apply the causal mask alone; the
+    # causal -inf is in attn_mask. A Boolean key_padding_mask beside a float attn_mask draws a
+    # deprecation warning: it goes as logits, the same values.
+    call.update(attn_mask=bias if caller_mask is None else bias + caller_mask, is_causal=False,   # (B * H, N, N)
+                key_padding_mask=_as_logits(call.get("key_padding_mask"), query.dtype))
     return (), call
 
 def _add_mask_prior_to_timm_call(attn, args, kwargs):
     """timm Attention's pre-hook: attn_mask = log sigmoid(s M) (+ the caller's mask), (B, H, N, N).
     is_causal goes into the bias and is passed as False: with it timm's written-out path ignores
     attn_mask and its fused one (F.scaled_dot_product_attention) refuses both at once."""
-    call = dict(zip(_TIMM_ARGUMENTS, args), **kwargs)
+    call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
     x = call["x"]                                                           # (B, N, C)
     positions = torch.arange(x.shape[1], device=x.device)[None]             # (1, N): 0, ..., N - 1
-    bias = _prior_bias(attn, positions, positions, x.shape[1] - 1, bool(call.get("is_causal")))
-    bias = bias.to(x.dtype)                                                 # (1, H, N, N)
-    if call.get("attn_mask") is not None:                                   # (N, N), (B, 1 or H, N, N)
-        bias = bias + _allowed_as_logits(call["attn_mask"], x.dtype)
+    bias = _prior_bias(attn, positions, positions, x.shape[1] - 1, bool(call.get("is_causal"))).to(x.dtype)
+    caller_mask = _as_logits(call.get("attn_mask"), x.dtype, blocked=False)  # (N, N), (B, 1 or H, N, N)
+    bias = bias if caller_mask is None else bias + caller_mask              # (1 or B, H, N, N)
     # 4-D: the CPU's fused kernel takes it (a 3-D mask goes to the slower math kernel)
     call.update(attn_mask=bias.expand(len(x), -1, -1, -1), is_causal=False)
     return (), call
 
-def _add_positions_to_transformers_call(attn, args, kwargs):
-    """A transformers layer's pre-hook: leaves its attention function mask_prior_positions, the
-    positions of its queries (B or 1, n) and keys (B or 1, n_keys), found as the model's own masks
+def _add_mask_prior_to_transformers_call(attn, args, kwargs):
+    """A transformers layer's pre-hook: leaves its attention function mask_prior_bias, log sigmoid(s M)
+    (B or 1, H, n, n_keys) at the positions of its queries and keys, found as the model's own masks
     find them. The queries sit at position_ids (else at their cache indices, from get_query_offset
     on); the keys at cache indices kv_offset, ..., kv_offset + kv_length - 1 (get_mask_sizes): the
     new ones are the queries' tokens, at the queries' positions, and one cached d indices before the
     first query lies d positions before it (a row's tokens are contiguous; left padding only shifts
     them, and a padding's position below 0 is blocked anyway). ValueError where the model was
     switched off MASK_PRIOR_ATTENTION (set_attn_implementation), which would drop M."""
-    name = attn.mask_prior_name or "model"
     if attn.config._attn_implementation != MASK_PRIOR_ATTENTION:
-        raise ValueError(f"{name} has a mask prior, which needs attn_implementation="
+        raise ValueError(f"{attn.mask_prior_name} has a mask prior, which needs attn_implementation="
                          f"{MASK_PRIOR_ATTENTION!r}; got {attn.config._attn_implementation!r}: call "
                          f"set_attn_implementation({MASK_PRIOR_ATTENTION!r}) on the model")
     call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
     if any(call.get(argument) is not None for argument in _CROSS_ARGUMENTS):
-        raise ValueError(f"{name}: the mask prior is for self-attention, got another sequence's states")
+        raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got another sequence's keys")
     hidden = call[attn.mask_prior_arguments[0]]                             # (B, n, C)
     n = hidden.shape[1]
     cache = next((call[a] for a in _CACHE_ARGUMENTS if call.get(a) is not None), None)
@@ -1064,27 +972,23 @@ def _add_positions_to_transformers_call(attn, args, kwargs):
         relative = torch.arange(length, device=hidden.device) + offset - first     # (n_keys,)
         inside = relative.clamp(0, n - 1)     # the new keys are the queries' tokens, at their positions
         keys = positions[:, inside] + (relative - inside)                   # (B or 1, n_keys)
-    # on the layer, not in kwargs: some layers (SigLIP's, VideoMAE's) hand the attention function
-    # no keyword arguments; the function reads them and clears them, so they serve one call
-    attn.mask_prior_positions = (positions, keys)                           # (B or 1, n), (B or 1, n_keys)
+    # on the layer, not in the layer's attention_mask: some layers (VideoMAE's, transformers' ViT)
+    # hand their attention function none; the function reads the bias and clears it, for one call
+    attn.mask_prior_bias = _prior_bias(attn, positions, keys, positions.max())   # (B or 1, H, n, n_keys)
 
 def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kwargs):
-    """transformers' AttentionInterface function: the family's eager attention, with log sigmoid(s M)
-    at the positions the pre-hook left on the layer added to the model's float attention_mask (B, 1, n, n_keys).
+    """transformers' AttentionInterface function: the family's eager attention, with the bias
+    log sigmoid(s M) the pre-hook left on the layer added to the model's float attention_mask (B, 1, n, n_keys).
     query (B, H, n, d); key, value (B, H_kv, n_keys, d). An unpatched layer (cross-attention, a layer
     left out of a partial patch) runs the eager attention alone."""
     if hasattr(module, "mask_prior_name"):
-        name = module.mask_prior_name or "model"
-        if module.mask_prior_positions is None:
-            raise ValueError(f"{name}: the attention function was called for {type(module).__name__} "
-                             f"outside its forward, where the positions of its tokens are found")
-        query_positions, key_positions = module.mask_prior_positions
-        module.mask_prior_positions = None
-        if (query_positions.shape[-1], key_positions.shape[-1]) != (query.shape[-2], key.shape[-2]):
-            raise ValueError(f"{name}: {query.shape[-2]} queries and {key.shape[-2]} keys, where the "
-                             f"model's positions and cache give {query_positions.shape[-1]} and "
-                             f"{key_positions.shape[-1]}")
-        bias = _prior_bias(module, query_positions, key_positions, query_positions.max())  # (B or 1, H, n, n_keys)
+        bias, module.mask_prior_bias = module.mask_prior_bias, None             # (B or 1, H, n, n_keys)
+        if bias is None:
+            raise ValueError(f"{module.mask_prior_name}: the attention function was called for "
+                             f"{type(module).__name__} outside its forward, where its tokens' positions are found")
+        if bias.shape[-2:] != (query.shape[-2], key.shape[-2]):
+            raise ValueError(f"{module.mask_prior_name}: {query.shape[-2]} queries and {key.shape[-2]} keys, where "
+                             f"the model's positions and cache give {bias.shape[-2]} and {bias.shape[-1]}")
         attention_mask = bias if attention_mask is None else attention_mask + bias
         # the model's blocked entries hold its dtype's lowest value, which a bias pushes to -inf in
         # float16: a row of padding would then be all -inf, a NaN; the lowest value keeps it finite
@@ -1093,59 +997,76 @@ def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kw
         _EAGER_ATTENTION_OF[type(module)] = _eager_attention(type(module))
     return _EAGER_ATTENTION_OF[type(module)](module, query, key, value, attention_mask, *args, **kwargs)
 
-def _use_mask_prior_attention(config):
-    """Register _mask_prior_attention in transformers' AttentionInterface, and its eager_mask in the
-    AttentionMaskInterface (a name without a mask function gets attention_mask=None: no causal, no
-    padding mask), then make it config's attn_implementation: every layer on config takes it."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import eager_mask
-    AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
-    AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, eager_mask)
-    config._attn_implementation = MASK_PRIOR_ATTENTION
-
 def _self_attention_layers(model):
-    """[(name, module, kind)] of every supported self-attention layer in model, in named_modules()
-    order; ValueError naming a transformers model or layer that cannot take the prior. The
-    multihead_attn of nn.TransformerDecoderLayer is cross-attention (keys from the memory): left out."""
+    """[(name, module, pre-hook)] of every supported self-attention layer in model, in named_modules()
+    order, each with the forward pre-hook of its door: nn.MultiheadAttention (but the multihead_attn
+    of nn.TransformerDecoderLayer, cross-attention with keys from the memory), timm's Attention, or a
+    transformers layer, one whose forward looks up ALL_ATTENTION_FUNCTIONS (the registry behind
+    attn_implementation=) but its family's cross-attention layers. ValueError naming a transformers
+    model or layer that cannot take the prior (_check_transformers_part)."""
+    import inspect
     import sys
+    timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
-    cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
+    decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
     named = []
     for name, module in model.named_modules():
-        kind = None if id(module) in cross else _attention_kind(module)
-        reason = _refusal(module, kind) if kind or isinstance(module, pretrained) else None
-        if reason:
-            raise ValueError(f"{name or type(module).__name__}: {reason}")
-        if kind:
-            named.append((name, module, kind))
+        forward = inspect.unwrap(type(module).forward) if "transformers" in sys.modules else None
+        on_interface = "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ())
+        cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
+        transformers_layer = on_interface and not cross
+        if transformers_layer or isinstance(module, pretrained):
+            _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
+        if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
+            named.append((name, module, _add_mask_prior_to_call))
+        elif isinstance(module, timm_attention):
+            named.append((name, module, _add_mask_prior_to_timm_call))
+        elif transformers_layer:
+            named.append((name, module, _add_mask_prior_to_transformers_call))
     return named
 
 def _patch(named, masks, mode, scale):
-    """Give each (name, layer, kind) of named its M (a Parameter from masks), the pre-hook of its
-    kind and, for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which
+    """Give each (name, layer, pre-hook) of named its M (a Parameter from masks), its pre-hook and,
+    for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which
     save_pretrained writes to config.json): scale, mode and each layer's M shape under its name in
-    the module add_mask_prior was given (from_pretrained finds the layers by the checkpoint's M)."""
-    for (name, attn, kind), mask in zip(named, masks):
-        _check_mask_fits(name, attn, kind, mask, mode, scale)
-    hooks = {"nn.MultiheadAttention": _add_mask_prior_to_call,
-             "timm Attention": _add_mask_prior_to_timm_call,
-             "transformers attention": _add_positions_to_transformers_call}
-    for (name, attn, kind), mask in zip(named, masks):
+    the module add_mask_prior was given (from_pretrained finds the layers by the checkpoint's M).
+    First a ValueError naming the module unless every layer is unpatched, its mask is (heads, N, N),
+    and (a transformers layer) its config records no prior of another scale or mode (config.json
+    holds one)."""
+    import inspect
+    for (name, attn, _), mask in zip(named, masks):
+        heads, rows, cols = mask.shape
+        if hasattr(attn, "mask_prior_name"):
+            raise ValueError(f"{name or 'model'} already has a mask prior")
+        if heads != _heads(attn) or rows != cols:
+            raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
+                             f"{type(attn).__name__} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
+        record = getattr(getattr(attn, "config", None), "mask_prior", None)
+        if record and (record["scale"], record["mode"]) != (scale, mode):
+            raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, "
+                             f"mode={record['mode']!r}, got scale={scale}, mode={mode!r}")
+    for (name, attn, hook), mask in zip(named, masks):
         weight = next(attn.parameters())              # M takes the module's dtype and device
-        attn.mask = nn.Parameter(mask.detach().to(weight).clone(),
-                                 requires_grad=(mode == "learnable"))
+        attn.mask = nn.Parameter(mask.detach().to(weight).clone(), requires_grad=(mode == "learnable"))
         attn.mask_scale = scale
-        attn.mask_prior_name = name                   # for the forward-time error message
-        attn.register_forward_pre_hook(hooks[kind], with_kwargs=True)
-        if kind == "transformers attention":
-            import inspect
-            attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
-            attn.mask_prior_positions = None
+        attn.mask_prior_name = name or "model"        # for the forward-time messages
+        # the names of forward's arguments, by which each hook reads a call's positional ones
+        attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
+        attn.register_forward_pre_hook(hook, with_kwargs=True)
+        if hook is _add_mask_prior_to_transformers_call:
+            from transformers import AttentionInterface, AttentionMaskInterface
+            from transformers.masking_utils import eager_mask
+            attn.mask_prior_bias = None
             _EAGER_ATTENTION_OF[type(attn)] = _eager_attention(type(attn))
             record = getattr(attn.config, "mask_prior", None) or {"scale": scale, "mode": mode, "layers": {}}
             record["layers"][name] = list(mask.shape)
             attn.config.mask_prior = record
-            _use_mask_prior_attention(attn.config)
+            # _mask_prior_attention becomes the config's attn_implementation (every layer on the config
+            # takes it), with transformers' eager_mask as its mask function (a name without one gets
+            # attention_mask=None: no causal, no padding mask)
+            AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
+            AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, eager_mask)
+            attn.config._attn_implementation = MASK_PRIOR_ATTENTION
 
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     """Put the Section 4.1 mask prior log sigmoid(scale * M) into every self-attention layer of
@@ -1160,17 +1081,15 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
     if not torch.is_floating_point(mask_init):
-        raise ValueError(f"mask_init must hold float logits M (open +{OPEN:g}, closed {CLOSE:g}), got "
-                         f"dtype {mask_init.dtype}: for a Boolean pattern pass "
-                         f"torch.where(allowed, maskprior.OPEN, maskprior.CLOSE)")
+        raise ValueError(f"mask_init must be float logits M, got dtype {mask_init.dtype}: pass a Boolean pattern "
+                         f"as torch.where(allowed, maskprior.OPEN, maskprior.CLOSE) (open {OPEN:g}, closed {CLOSE:g})")
     named = _self_attention_layers(model)
     if not named:
         raise ValueError(f"{type(model).__name__} contains no nn.MultiheadAttention, timm Attention "
                          f"or transformers attention layer to patch")
     if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
-        raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) "
-                         f"for the modules {[name for name, _, _ in named]}, "
-                         f"got {tuple(mask_init.shape)}")
+        raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) for the "
+                         f"modules {[name for name, _, _ in named]}, got {tuple(mask_init.shape)}")
     masks = mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1)
     _patch(named, masks, mode, scale)
     for encoder in model.modules():
@@ -1185,43 +1104,36 @@ def from_pretrained(model_class, path, **kwargs):
     unexpected keys) and loads the model without its prior; this one patches the layers whose M
     the safetensors files hold and loads M into them. model_class: a model class (an Auto class
     works too, but transformers then lists the masks as unexpected before they are loaded)."""
-    import glob
-    import os
+    import pathlib
+    import unittest.mock
     from safetensors import safe_open      # transformers' own checkpoint format
-    if not os.path.isdir(path):
+    if not pathlib.Path(path).is_dir():
         raise ValueError(f"{path}: maskprior.from_pretrained reads a directory written by save_pretrained "
                          f"(download a hub model first), got no such directory")
     # transformers would report the masks as unexpected keys: it ignores them for this load alone
-    own = vars(model_class).get("_keys_to_ignore_on_load_unexpected")
-    ignored = getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()
-    model_class._keys_to_ignore_on_load_unexpected = [*ignored, r"\.mask$"]
-    try:
+    # (patch.object gives the class back as it was, with its own list or its parent's)
+    ignored = [*(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()), r"\.mask$"]
+    with unittest.mock.patch.object(model_class, "_keys_to_ignore_on_load_unexpected", ignored):
         model = model_class.from_pretrained(path, **kwargs)
-    finally:                                          # the class as it was: its own list or its parent's
-        if own is None:
-            del model_class._keys_to_ignore_on_load_unexpected
-        else:
-            model_class._keys_to_ignore_on_load_unexpected = own
     masks = {}
-    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+    for file in sorted(pathlib.Path(path).glob("*.safetensors")):
         with safe_open(file, "pt") as tensors:
             masks.update({key: tensors.get_tensor(key) for key in tensors.keys() if key.endswith(".mask")})
     modules, prefix = dict(model.named_modules()), model.base_model_prefix + "."
     named = []
     for key in masks:                                 # the checkpoint may hold the model with a head
-        saved = key[:-len(".mask")]
+        saved = key.removesuffix(".mask")
         name = next((n for n in (saved, saved.removeprefix(prefix), prefix + saved) if n in modules), None)
-        record = getattr(getattr(modules.get(name), "config", None), "mask_prior", None)
-        if record is None:
+        if getattr(getattr(modules.get(name), "config", None), "mask_prior", None) is None:
             raise ValueError(f"{path}: {key} is no mask prior of a {model_class.__name__} layer whose "
                              f"config.json records one")
-        named.append((name, modules[name], _attention_kind(modules[name])))
+        named.append((name, modules[name], _add_mask_prior_to_transformers_call))   # the kind config.json records
     if not named:
         raise ValueError(f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
-    records = [attn.config.mask_prior for _, attn, _ in named]
+    record = named[0][1].config.mask_prior
     for _, attn, _ in named:
         attn.config.mask_prior = None                 # rebuilt by _patch under the loaded names
-    _patch(named, list(masks.values()), records[0]["mode"], records[0]["scale"])
+    _patch(named, list(masks.values()), record["mode"], record["scale"])
     return model
 
 def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=False):
@@ -1241,18 +1153,16 @@ def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=Fa
     no_decay = [f"{prefix}.{pattern}" if prefix else pattern
                 for prefix, module in model.named_modules() if callable(getattr(module, "no_weight_decay", None))
                 for pattern in module.no_weight_decay()]
-    decayed, kept, mask = [], [], []
+    decayed, kept, mask = ({"params": [], "weight_decay": decay} for decay in (weight_decay, 0.0, mask_decay))
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         if id(p) in masks:
-            mask.append(p)
+            mask["params"].append(p)
         elif decay_all or p.dim() >= 2 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in no_decay):
-            decayed.append(p)
+            decayed["params"].append(p)
         else:
-            kept.append(p)
-    groups = [{"params": decayed, "weight_decay": weight_decay}, {"params": kept, "weight_decay": 0.0},
-              {"params": mask, "weight_decay": mask_decay}]
+            kept["params"].append(p)
     if mask_lr:
-        groups[2]["lr"] = mask_lr
-    return [group for group in groups if group["params"]]
+        mask["lr"] = mask_lr
+    return [group for group in (decayed, kept, mask) if group["params"]]

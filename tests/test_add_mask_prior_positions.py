@@ -266,8 +266,12 @@ def test_from_pretrained_restores_a_trained_prior_and_a_plain_load_does_not(tmp_
     record = json.loads((tmp_path / "config.json").read_text())["mask_prior"]
     assert record == {"scale": 10.0, "mode": "learnable",
                       "layers": {f"model.layers.{i}.self_attn": [4, N, N] for i in range(LAYERS)}}
+    classes = (T.LlamaForCausalLM, T.LlamaModel)
+    ignored = [vars(cls).get("_keys_to_ignore_on_load_unexpected", "inherited") for cls in classes]
     loaded = maskprior.from_pretrained(T.LlamaForCausalLM, tmp_path)
     headless = maskprior.from_pretrained(T.LlamaModel, tmp_path)
+    # the classes as they were: from_pretrained ignores the masks for its own load alone
+    assert [vars(cls).get("_keys_to_ignore_on_load_unexpected", "inherited") for cls in classes] == ignored
     plain = T.LlamaForCausalLM.from_pretrained(tmp_path)
     with torch.no_grad():
         expected = model.eval()(ids).logits

@@ -49,18 +49,24 @@ def test_learnable_block_equals_written_out_formula(n, monkeypatch):
     torch.testing.assert_close(attn.sum(-1), torch.ones(2, 3, n, dtype=torch.float64))
 
 
+def functional_form(q, k, v, mask, scale):
+    """Section 4.1 as one line: softmax(Q K^T / sqrt(d) + log sigmoid(s M)) V, q, k, v (B, H, n, d),
+    mask (H, n, n)."""
+    return (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + F.logsigmoid(scale * mask)).softmax(-1) @ v
+
+
 @pytest.mark.parametrize("n, mask_scale, causal",
                          [(7, 1.0, False), (4, 10.0, False), (7, 1.0, True)])
 def test_plain_path_equals_the_functional_form(n, mask_scale, causal):
-    """The class's return_attn path computes maskprior.masked_attention, the one-line Section 4.1
-    equation (plus the hard causal -inf when causal)."""
+    """The class's return_attn path and its default path compute the one-line Section 4.1 equation
+    (plus the hard causal -inf when causal)."""
     block = make_block(mask_scale=mask_scale, causal=causal)
     x = torch.randn(2, n, 12, dtype=torch.float64)
     q, k, v = qkv_by_hand(block, x)
     mask = block.mask[:, :n, :n]
     if causal:                           # sigmoid(-inf) = 0: log sigmoid adds the hard -inf
         mask = mask.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-    expected = merge(block, maskprior.masked_attention(q, k, v, mask, mask_scale))
+    expected = merge(block, functional_form(q, k, v, mask, mask_scale))
     torch.testing.assert_close(block(x, return_attn=True)[0], expected)
     torch.testing.assert_close(block(x), expected)
 
