@@ -809,8 +809,8 @@ def build_parser():  # the command line in five groups, each list of choices pri
     g = p.add_argument_group("data")
     g.add_argument("--train-frac", type=rate, nargs="+", metavar="F", help="arithmetic: fraction of pairs to "
                    "train on (a sweep)")
-    g.add_argument("--eval-size", type=number(int, words=("all",)), metavar="N", help="arithmetic: held-out pairs scored, or "
-                   "all (100000)")
+    g.add_argument("--eval-size", type=number(int, words=("all",)), metavar="N",
+                   help="arithmetic: held-out pairs scored, or all (100000)")
     g.add_argument("--data-dir", default="data", metavar="DIR", help="where corpus and image files live "
                    "(default data)")
     g.add_argument("--bpe-file", metavar="FILE", help="GPT-2's ranks file for tiktoken, offline")
