@@ -730,7 +730,8 @@ def execute(run, data, place, stop):
     write_atomic(os.path.join(run.folder, "result.json"), json_text(result))
     print(tasks.summary_line(result), flush=True)
     if not run.grid:                            # the last line: every file the run wrote
-        print(f"wrote {', '.join(n for n in RUN_FILES if os.path.isfile(os.path.join(run.folder, n)))} in {run.folder}")
+        written = [name for name in RUN_FILES if os.path.isfile(os.path.join(run.folder, name))]
+        print(f"wrote {', '.join(written)} in {run.folder}")
     return result
 
 def picture(run, exp, place, snapshots, when):
