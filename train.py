@@ -175,6 +175,34 @@ class Run:
         return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
                 "world_size": world, "data_fingerprint": self.fingerprint}
 
+    def finished(self):
+        """The folder's result.json if it is this very run (task, init, seed, config, and data once read),
+        done; else None."""
+        path = os.path.join(self.folder, "result.json")
+        old = os.path.exists(path) and read_result(path, warn=False)
+        if not old or old["status"] != "done":
+            return None
+        if [old["task"], old["init"], old["seed"], old["config"]] != [self.task, self.init, self.seed, self.config]:
+            return None
+        if self.fingerprint is not None and old.get("data_fingerprint") != self.fingerprint:
+            return None
+        return old
+
+    def kept(self):
+        """What is on disk of a run that stopped, and what to do: read from its folder."""
+        saved = None
+        if os.path.exists(self.checkpoint):
+            with contextlib.suppress(UsageError):  # damaged: as if there were none
+                saved = load_checkpoint(self.checkpoint)
+        if saved is not None:
+            state, cut = saved["state"], saved.get("partial")
+            unit = "iter" if self.family == "language" else "epoch"
+            at = position(unit, cut["round"] if cut else state["round"], state["step"])
+            return f"the checkpoint of {at} is kept in {self.folder}: rerun with --resume"
+        if self.grid:
+            return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
+        return "no checkpoint was written, nothing to resume: rerun without --resume"
+
 def make_optimizer(model, config):
     """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer: weight decay enters the
     gradient, so Adam rescales it) or AdamW decaying weight matrices only (nanoGPT, timm). M is a group of
@@ -213,8 +241,8 @@ def boolean_setup(run, data, place):
     device, config = place.device, run.config
     exact = maskprior.boolean_mask(run.task, config["layers"], config["heads"],
                                    config.get("mask_variant"))                    # (L, H, N, N)
-    pattern = prior_pattern(run, exact, cls_row=True)
-    model, seconds = build_encoder(run, pattern, device, vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1,
+    pattern, masks = prior(run, exact, cls_row=True)
+    model, seconds = build_encoder(run, pattern, masks, device, vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1,
                                    out_dim=1)
     def loss_of(net, batch):                     # the aryol/GOTU loss: MSE of the CLS readout
         return F.mse_loss(net(batch[0].to(device)).squeeze(-1), batch[1].to(device))
@@ -234,11 +262,11 @@ def boolean_setup(run, data, place):
 def arithmetic_setup(run, data, place):
     device, config = place.device, run.config
     exact = maskprior.ARITHMETIC_MASKS[run.task](config["layers"], config["heads"])
-    pattern = prior_pattern(run, exact)                                              # (L, H, N, N)
+    pattern, masks = prior(run, exact)                                              # (L, H, N, N)
     # Structured SVD on arithmetic opens with 10000 and closes with 0 (Table "Arithmetic task
     # setup"); the encoder reads a 10-way digit at every position, no CLS.
     model, seconds = build_encoder(
-        run, pattern, device, {"open_logit": 1e4, "noise_scale": 0.0}, vocab_size=tasks.ARITHMETIC_VOCAB,
+        run, pattern, masks, device, {"open_logit": 1e4, "noise_scale": 0.0}, vocab_size=tasks.ARITHMETIC_VOCAB,
         seq_len=pattern.shape[-1], out_dim=10, cls_token=False, readout="tokens")
     def loss_of(net, batch):                     # cross-entropy on the answer digits
         with tasks.autocast(device):
@@ -265,7 +293,7 @@ def lm_setup(run, data, place):
     device, config, seed = place.device, run.config, run.seed
     L, H, T = config["layers"], config["heads"], config["block_size"]
     relative = maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1)         # (L, H, T, T)
-    masks = initial_mask(run, prior_pattern(run, relative))
+    _, masks = prior(run, relative)
     model = maskprior.GPT(data["vocab_size"], T, config["dim"], L, H, config["dropout"],
                           mode=INITS[run.init][0], masks=masks, mask_scale=config["mask_magnitude"])
     qk_prior(model, run.init, None, seed)
@@ -308,8 +336,7 @@ def vision_setup(run, data, place):
     config, seed = run.config, run.seed
     L, H = config["layers"], config["heads"]
     exact = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])   # (L, H, N, N)
-    pattern = prior_pattern(run, exact)
-    masks = initial_mask(run, pattern)
+    pattern, masks = prior(run, exact)
     true_pattern = exact if config.get("mask_from") else None
     rates = torch.linspace(0, config["drop_path"], L).tolist()   # drop path rising to 0.1
     if config.get("model") == "timm":            # timm's VisionTransformer of the preset's shape, M put
@@ -387,36 +414,34 @@ def vision_schedule(optimizer, config, steps_per_epoch):
     return torch.optim.lr_scheduler.SequentialLR(optimizer, parts, milestones)
 
 # --- What the setups share: the prior (hand-made, edited or learned), the encoder, its batches ---------
-def prior_pattern(run, exact, cls_row=False):
-    """The (L, H, N, N) pattern the prior starts from: the task's exact one (open +A, closed -A in the
-    family's A), edited by --mask-error (Appendix A.2; maskprior.edit_pattern, seeded by the run's seed;
-    cls_row: the Boolean CLS row is edited apart), or learned from --mask-from's run."""
-    config = run.config
+def prior(run, exact, cls_row=False):
+    """(pattern, M's start) of a run. pattern (L, H, N, N), what the prior starts from and the persistence
+    numbers measure: the task's exact one, edited by --mask-error (Appendix A.2: maskprior.edit_pattern,
+    seeded by the run's seed; cls_row: the Boolean CLS row is edited apart), or learned from --mask-from's
+    run. M's start for the run's init (INITS): the pattern with open +A and closed -A, A = --mask-magnitude
+    (the GPT's M as it is, its bias scale s = A; a learned prior is +-A already), zeros (mask-zero), or
+    None (no M)."""
+    config, kind = run.config, INITS[run.init][1]
+    pattern = exact
     if config.get("mask_from"):
-        return learned_prior(run, exact.shape)
-    if config.get("mask_error"):
-        kind, fraction = config["mask_error"].split(":")
-        return maskprior.edit_pattern(exact, kind, float(fraction), run.seed, cls_row)
-    return exact
-
-def initial_mask(run, pattern):
-    """M's start for the run's init (INITS): the pattern with open +A and closed -A, A = --mask-magnitude
-    (the GPT: M as it is, its scale s = A; a learned prior: +-A already), zeros (mask-zero), or None."""
-    kind, config = INITS[run.init][1], run.config
+        pattern = learned_prior(run, exact.shape)
+    elif config.get("mask_error"):
+        edit, fraction = config["mask_error"].split(":")
+        pattern = maskprior.edit_pattern(exact, edit, float(fraction), run.seed, cls_row)
     if kind == "zero":
-        return torch.zeros_like(pattern)
+        return pattern, torch.zeros_like(pattern)
     if kind != "mask":
-        return None
+        return pattern, None
     if config.get("mask_from") or run.family == "language":
-        return pattern
-    return pattern * (config["mask_magnitude"] / FAMILIES[run.family]["magnitude"])
+        return pattern, pattern
+    return pattern, pattern * (config["mask_magnitude"] / FAMILIES[run.family]["magnitude"])
 
-def build_encoder(run, pattern, device, svd_scales=None, **shape):
+def build_encoder(run, pattern, masks, device, svd_scales=None, **shape):
     """maskprior.Transformer on device with the init's prior, in M or in W_Q / W_K; (model, seconds)."""
     config, init = run.config, run.init
     pos_std = config["pos_std"]                      # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
     model = maskprior.Transformer(
-        masks=initial_mask(run, pattern), mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
+        masks=masks, mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
         heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
         cls_std=config.get("cls_std", 0.0), **shape)
     # Structured inits scale positions drawn at 0.02 by NORM_P = 18 (to std 0.36) before their solve;
@@ -569,7 +594,7 @@ def train(run, exp, net, state, place, stop):
             state["train_seconds"] += time.time() - step_start
             state["samples"] += len(batch[0])
             bar.update()
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            bar.set_postfix(loss=f"{losses[-1]:.3g}")      # 3 digits: 1.23e-07 too
             signum = agreed([stop.signal or 0], world, device)[0]      # a signal, on any rank
             if signum:                                 # a checkpoint of this step, then stop
                 cut = {"round": r, "done": len(losses),
@@ -651,6 +676,10 @@ def execute(run, data, place, stop):
     if run.resume and (not run.grid or os.path.exists(run.checkpoint)):   # a grid: runs with one
         state = resume_from(run.checkpoint, run.meta(world), exp, place)    # weights, optimizer, RNG, state
         resumed_at = state["step"] if exp.unit == "iter" else state["round"]
+        cut = state.get("partial")              # the run's first line: where it goes on
+        at = position(exp.unit, cut["round"] if cut else state["round"], state["step"])
+        if rank == 0:
+            print(f"{run.name}: goes on from the checkpoint of {at}", flush=True)
         # The checkpoint's thread count (the numbers depend on it in their last digits), unless
         # --threads says otherwise: then a note when the two differ.
         saved = state.get("threads") or run.threads
@@ -661,9 +690,7 @@ def execute(run, data, place, stop):
                   file=sys.stderr)
     else:                                       # the prior as initialised: Section 6.1's "before"
         os.makedirs(run.folder, exist_ok=True)
-        state["before"] = snapshot(exp, device)
-        if rank == 0:
-            save_pictures(run.folder, {"before": state["before"]}, exp.model)
+        state["before"] = picture(run, exp, place, {}, "before")
     torch.set_num_threads(state["threads"])
     # What the flags changed of the preset, {setting: [this run's, the preset's]}: table.md says it
     # beside the paper's numbers, which describe the preset.
@@ -682,7 +709,7 @@ def execute(run, data, place, stop):
     except Diverged as err:
         result.update(status="diverged", error=str(err), seconds=time.time() - start)
         if rank == 0:
-            write_json(os.path.join(run.folder, "result.json"), result)
+            write_atomic(os.path.join(run.folder, "result.json"), json_text(result))
         raise
     except Interrupted as err:                  # a second signal, inside a step: where the run was
         err.at = err.at or position(exp.unit, state["round"] + 1, state["step"])
@@ -691,37 +718,39 @@ def execute(run, data, place, stop):
         stop.training = False
     if rank != 0:
         return None
-    after = snapshot(exp, device)               # the prior after training: does it persist?
-    save_pictures(run.folder, {"before": state["before"], "after": after}, exp.model)
+    after = picture(run, exp, place, {"before": state["before"]}, "after")   # does the prior persist?
     result["final"] = {**exp.final(state, world),
                        **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
     result.update(status="done", seconds=time.time() - start)
     result, not_finite = finite(result)         # result.json is strict JSON: null, and a note
     if not_finite:
         result["not_finite"] = not_finite
-        print(f"train.py: warning: {run.task} / {run.init} / seed {run.seed}: not finite, stored as "
-              f"null: {', '.join(f'{k} {v}' for k, v in not_finite.items())}", file=sys.stderr)
-    write_json(os.path.join(run.folder, "result.json"), result)
+        print(f"train.py: warning: {run.name}: not finite, stored as null: "
+              f"{', '.join(f'{k} {v}' for k, v in not_finite.items())}", file=sys.stderr)
+    write_atomic(os.path.join(run.folder, "result.json"), json_text(result))
+    print(tasks.summary_line(result), flush=True)
+    if not run.grid:                            # the last line: every file the run wrote
+        written = [name for name in RUN_FILES if os.path.isfile(os.path.join(run.folder, name))]
+        print(f"wrote {', '.join(written)} in {run.folder}")
     return result
 
-def snapshot(exp, device):
-    """The prior as the model holds it now: mean attention maps on the probe inputs and the mask
-    bias log sigmoid(s M), both (L, H, N, N) or None; a ViT's centre patch on the first probe."""
-    probe, model = exp.probe, exp.model
+def picture(run, exp, place, snapshots, when):
+    """The prior as the model holds it now (when: "before" or "after" training), returned: mean attention
+    maps on the probe inputs and the mask bias log sigmoid(s M), both (L, H, N, N) or None, a ViT's centre
+    patch on the first probe. Rank 0 writes it to attention_<when>.pt, and attention.svg of every
+    snapshot so far (tasks.attention_figure)."""
+    probe, model, device = exp.probe, exp.model, place.device
     attn = None if probe is None else maskprior.mean_attention(model, probe, device, exp.probe_batch)
-    snap = {"attn": attn, "bias": maskprior.mask_biases(model)}
+    snapshots[when] = {"attn": attn, "bias": maskprior.mask_biases(model)}
     if isinstance(model, maskprior.ViT):
-        snap["centre"] = maskprior.centre_patch_maps(model, probe[:1], device)
-    return snap
-
-def save_pictures(folder, snapshots, model):
-    """attention_<when>.pt of the newest snapshot; attention.svg (tasks.attention_figure) of all so far."""
-    when = list(snapshots)[-1]
-    save_checkpoint(os.path.join(folder, f"attention_{when}.pt"), snapshots[when])
-    svg = tasks.attention_figure(snapshots, cls_token=getattr(model, "cls", None) is not None,
-                                 causal=isinstance(model, maskprior.GPT))
-    if svg:
-        write_atomic(os.path.join(folder, "attention.svg"), svg)
+        snapshots[when]["centre"] = maskprior.centre_patch_maps(model, probe[:1], device)
+    if place.rank == 0:
+        save_checkpoint(os.path.join(run.folder, f"attention_{when}.pt"), snapshots[when])
+        svg = tasks.attention_figure(snapshots, cls_token=getattr(model, "cls", None) is not None,
+                                     causal=isinstance(model, maskprior.GPT))
+        if svg:
+            write_atomic(os.path.join(run.folder, "attention.svg"), svg)
+    return snapshots[when]
 
 # === 7. The command line: the flags, the runs they ask for, a grid; main ============================
 # The flags whose values a grid sweeps, by config key; each value given twice runs once.
@@ -739,7 +768,8 @@ def build_parser():  # the command line in five groups, each list of choices pri
                    help=f"{', '.join(every_task)}; all: the Boolean four")
     g.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS), metavar="INIT",
                    help=f"{', '.join(INITS)} (default mask)")
-    g.add_argument("--seed", type=count, default=0, help="random seed (default 0; paper: its own)")
+    g.add_argument("--seed", type=count, default=0, help="random seed (default 0; with --preset paper the "
+                   "paper's: 1337 for language, 42 for imagenet100)")
     g.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid")
     g.add_argument("--preset", choices=["cpu", "paper"], default="cpu", help="cpu (quick, default) or paper "
                    "(the paper's tables)")
@@ -780,8 +810,8 @@ def build_parser():  # the command line in five groups, each list of choices pri
     g = p.add_argument_group("data")
     g.add_argument("--train-frac", type=rate, nargs="+", metavar="F", help="arithmetic: fraction of pairs to "
                    "train on (a sweep)")
-    g.add_argument("--eval-size", type=eval_size, metavar="N", help="arithmetic: held-out pairs scored, or "
-                   "all (100000)")
+    g.add_argument("--eval-size", type=number(int, words=("all",)), metavar="N",
+                   help="arithmetic: held-out pairs scored, or all (100000)")
     g.add_argument("--data-dir", default="data", metavar="DIR", help="where corpus and image files live "
                    "(default data)")
     g.add_argument("--bpe-file", metavar="FILE", help="GPT-2's ranks file for tiktoken, offline")
@@ -811,12 +841,6 @@ def mask_edit(text):
             f"expected 'none' or KIND:FRACTION with KIND one of {', '.join(maskprior.EDIT_KINDS)} and "
             f"0 < FRACTION <= 1, got {text!r}")
     return f"{kind}:{fraction}"
-
-def eval_size(text):
-    """argparse type of --eval-size: a whole number > 0, or all."""
-    if text == "all":
-        return text
-    return number(int)(text)
 
 def plan(args):
     """The runs a command asks for, one Run each: tasks x sweeps x inits x seeds, each value once (a value
@@ -967,11 +991,24 @@ def make_config(family, task, settings, args):
         if task not in maskprior.BOOLEAN_MASK_VARIANTS:
             raise UsageError(f"--mask-variant: {task} has one mask pattern only")
         config["mask_variant"] = args.mask_variant
-    if "train_frac" in FAMILIES[family]["takes"]:
-        config["train_frac"] = check_train_frac(settings["train_frac"], task)
+    if "train_frac" in FAMILIES[family]["takes"]:     # one pair or more trains, one or more is held out
+        fraction = settings["train_frac"] or tasks.ARITHMETIC_TRAIN_FRAC[task]   # the paper's, by default
+        if fraction >= 1:
+            raise UsageError(f"--train-frac must lie strictly between 0 and 1, got {fraction:g}")
+        pairs, total = round(fraction * tasks.ALL_PAIRS), tasks.ALL_PAIRS
+        if not 1 <= pairs < total:
+            raise UsageError(f"--train-frac {fraction:g} trains on {pairs:,} of the {total:,} pairs, holds out "
+                             f"{total - pairs:,}: both need one or more (from {1 / total:g} to {1 - 1 / total:g})")
+        config["train_frac"] = fraction
         config["eval_size"] = None if args.eval_size == "all" else args.eval_size or 100_000
-    if "image_size" in config:
-        check_vision_config(config)
+    if "image_size" in config:                     # vision: patches tile the image; a too long warmup is
+        if config["image_size"] % config["patch_size"]:   # shortened; ImageNet100's lr x batch / 512
+            raise UsageError(f"--image-size {config['image_size']} is not a multiple of the patch "
+                             f"size {config['patch_size']}")
+        if config["warmup_epochs"] >= config["epochs"]:
+            config.update(warmup_shortened_from=config["warmup_epochs"], warmup_epochs=config["epochs"] - 1)
+        if config["lr_base_size"]:
+            config["lr"] = config["lr"] * config["batch_size"] / config["lr_base_size"]
     if args.model == "timm":                       # maskprior.ViT's configs stay as they were
         config["model"] = "timm"
     if args.mask_from is not None:                 # the source run (the hash: --resume refuses a re-trained one)
@@ -983,29 +1020,6 @@ def make_config(family, task, settings, args):
                       mask_threshold=tau,
                       mask_density=maskprior.open_fraction(maskprior.learned_mask(attn, 1.0, tau, causal), causal))
     return config
-
-def check_train_frac(train_frac, task):
-    """--train-frac (else the paper's, Table "Arithmetic task setup"): one pair or more trains, one or
-    more is held out."""
-    if train_frac and train_frac >= 1:
-        raise UsageError(f"--train-frac must lie strictly between 0 and 1, got {train_frac:g}")
-    fraction = train_frac or tasks.ARITHMETIC_TRAIN_FRAC[task]
-    pairs = round(fraction * tasks.ALL_PAIRS)
-    if not 1 <= pairs < tasks.ALL_PAIRS:
-        raise UsageError(f"--train-frac {fraction:g} trains on {pairs:,} of the {tasks.ALL_PAIRS:,} "
-                         f"pairs, holds out {tasks.ALL_PAIRS - pairs:,}: both need one or more "
-                         f"(from {1 / tasks.ALL_PAIRS:g} to {1 - 1 / tasks.ALL_PAIRS:g})")
-    return fraction
-
-def check_vision_config(config):
-    """Patches tile the image; a too long warmup is shortened; ImageNet100's lr x batch / 512."""
-    if config["image_size"] % config["patch_size"]:
-        raise UsageError(f"--image-size {config['image_size']} is not a multiple of the patch "
-                         f"size {config['patch_size']}")
-    if config["warmup_epochs"] >= config["epochs"]:
-        config.update(warmup_shortened_from=config["warmup_epochs"], warmup_epochs=config["epochs"] - 1)
-    if config["lr_base_size"]:
-        config["lr"] = config["lr"] * config["batch_size"] / config["lr_base_size"]
 
 def train_all(args, stop):
     """Every run of the command, each in its locked folder, then a grid's tables (the grid's folder locked
@@ -1036,16 +1050,24 @@ def train_all(args, stop):
     with folder_lock(root) if grid and writer else contextlib.nullcontext():   # until its tables are written
         for run in runs:
             run.threads = threads
+            data = load_data(run)
+            run.fingerprint = data_fingerprint(data)
+            if run.resume and not grid and not os.path.isdir(run.folder):
+                raise UsageError(f"--resume: no checkpoint at {run.checkpoint}: run without --resume first")
             try:
-                result = train_one(run, device, writer, stop)
+                with folder_lock(run.folder) if writer else contextlib.nullcontext():
+                    result = run.resume and run.finished()   # a finished run is left as it is, every file
+                    if result and not grid:
+                        print(f"{run.name}: already finished, nothing to resume; {run.folder} is left as it was")
+                    elif not result:
+                        with subnormals_flushed(device):
+                            result = execute(run, data, distributed_setup(device), stop)
             except Diverged as err:
-                print(f"{run.task} / {run.init} / seed {run.seed}: stopped, {err}; what was saved is in "
-                      f"{run.folder}", file=sys.stderr)
+                print(f"{run.name}: stopped, {err}; what was saved is in {run.folder}", file=sys.stderr)
                 failed += 1
-                results += [r for r in [read_result(os.path.join(run.folder, "result.json"))] if r]
-                continue
+                result = read_result(os.path.join(run.folder, "result.json"))
             except (Interrupted, WriteError) as err:   # what to do next: read from what is on disk
-                err.advice = kept(run)
+                err.advice = run.kept()
                 raise
             if result is not None:                 # None: a torchrun rank other than 0; rank 0 reports
                 results.append(result)
@@ -1053,60 +1075,25 @@ def train_all(args, stop):
             dist.destroy_process_group()
         if grid and results:
             try:
-                write_json(os.path.join(root, "grid.json"), results)
-                write_tables(root, results)
+                write_tables(root, results, grid=True)
             except WriteError as err:
-                err.advice = kept(runs[-1])
+                err.advice = runs[-1].kept()
                 raise
     return 1 if failed else 0
 
-def train_one(run, device, writer, stop):
-    """One run of the command in its locked folder (torchrun: rank 0 locks and writes): its data and their
-    fingerprint, then execute, or with --resume a finished run's result.json as it is."""
-    data = load_data(run)
-    run.fingerprint = data_fingerprint(data)
-    if run.resume and not run.grid and not os.path.isdir(run.folder):
-        raise UsageError(f"--resume: no checkpoint at {run.checkpoint}: run without --resume first")
-    with folder_lock(run.folder) if writer else contextlib.nullcontext():
-        finished = run.resume and finished_run(run, run.fingerprint)
-        if finished:                               # left as it is, every file
-            if not run.grid:
-                print(f"{run.task} / {run.init} / seed {run.seed}: already finished, nothing to resume; "
-                      f"{run.folder} is left as it was")
-            return finished
-        with subnormals_flushed(device):
-            result = execute(run, data, distributed_setup(device), stop)
-    if result is not None:
-        print(tasks.summary_line(result), flush=True)
-        if not run.grid:
-            print(f"wrote {os.path.join(run.folder, 'result.json')}")
-    return result
-
-def kept(run):
-    """What is on disk for a run that stopped, and what to do: read from its folder."""
-    saved = None
-    if os.path.exists(run.checkpoint):
-        with contextlib.suppress(UsageError):      # damaged: as if there were none
-            saved = load_checkpoint(run.checkpoint)
-    if saved is not None:
-        state, cut = saved["state"], saved.get("partial")
-        unit = "iter" if run.family == "language" else "epoch"
-        at = position(unit, cut["round"] if cut else state["round"], state["step"])
-        return f"the checkpoint of {at} is kept in {run.folder}: rerun with --resume"
-    if run.grid:
-        return f"{run.folder} has no checkpoint yet and starts over: rerun with --resume"
-    return "no checkpoint was written, nothing to resume: rerun without --resume"
-
-def write_tables(root, results):
-    """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds."""
+def write_tables(root, results, grid=False):
+    """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds; a grid's
+    (grid) also grid.json, its runs' result.json in one list. The last line names every file written."""
     text, figures = tasks.result_tables(results, list(INITS))
+    files = {"grid.json": json_text(results)} if grid else {}
+    files.update({"table.md": text, **figures})
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as err:
         raise WriteError(root, err) from None
-    for name, content in {**figures, "table.md": text}.items():
+    for name, content in files.items():
         write_atomic(os.path.join(root, name), content)
-    print(f"\n{text}\nwrote {os.path.join(root, 'table.md')}")
+    print(f"\n{text}\nwrote {', '.join(files)} in {root}")
 
 def summarize(root):
     """--summarize DIR: the tables of every run below DIR; a run found twice (a copied folder) counts
@@ -1243,8 +1230,8 @@ def finite(obj, where=""):
         bad.update(more)
     return (clean if isinstance(obj, dict) else list(clean.values())), bad
 
-def write_json(path, obj):
-    write_atomic(path, json.dumps(finite(obj)[0], indent=2, allow_nan=False) + "\n")
+def json_text(obj):               # strict JSON (no Infinity, NaN): what result.json and grid.json hold
+    return json.dumps(finite(obj)[0], indent=2, allow_nan=False) + "\n"
 
 def save_checkpoint(path, state):  # torch.save through write_atomic: never half a checkpoint
     buffer = io.BytesIO()
@@ -1259,7 +1246,37 @@ def read_result(path, warn=True):
             result = json.load(f)
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
-        check_result(result)
+        # ValueError naming the first field that the tables could not read
+        for name in ("task", "init", "seed", "status", "config", "final"):
+            if name not in result:
+                raise ValueError(f"field {name} is missing")
+        def number(value, finite=True):              # inf and NaN are shown in tables, not in a setting
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                return False
+            return math.isfinite(value) or not finite
+        config, final, done = result["config"], result["final"], result["status"] == "done"
+        settings = config if isinstance(config, dict) else {}      # read below only if config passes
+        numbers = final if isinstance(final, dict) else {}
+        checks = [("task", result["task"] in tasks.FAMILY_OF, "a task of train.py"),
+                  ("init", result["init"] in INITS, "an init of train.py"),
+                  ("seed", isinstance(result["seed"], int) and number(result["seed"]) and result["seed"] >= 0,
+                   "a whole number >= 0"),
+                  ("status", result["status"] in ("done", "running", "diverged"), "done, running or diverged"),
+                  ("config", isinstance(config, dict), "an object"),
+                  ("final", isinstance(final, dict) or not done, "an object"),
+                  ("seconds", result.get("seconds") is None or number(result["seconds"]), "a number")]
+        for key in ("train_frac", "mask_magnitude", "mask_decay", "mask_lr", "mask_threshold", "epochs", "lr"):
+            checks.append((f"config.{key}", settings.get(key) is None or number(settings[key]), "a finite number"))
+        for key in ("mask_error", "mask_variant", "mask_from"):
+            checks.append((f"config.{key}", settings.get(key) is None or isinstance(settings[key], str), "text"))
+        for key in tasks.HEADER if done else ():     # a table's numbers: a number, inf or NaN, or null
+            checks.append((f"final.{key}", numbers.get(key) is None or number(numbers[key], False), "a number"))
+        for name, fine, expected in checks:
+            if not fine:
+                value = result
+                for part in name.split("."):
+                    value = value[part]
+                raise ValueError(f"field {name} is {json.dumps(value)[:40]}, not {expected}")
         if result["status"] == "done":
             tasks.summary_line(result)           # the fields a table reads are all there
             tasks.settings_of(result)
@@ -1269,51 +1286,6 @@ def read_result(path, warn=True):
             print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})",
                   file=sys.stderr)
         return None
-
-def check_result(result):
-    """ValueError naming the first field of a result.json that the tables could not read."""
-    for name in ("task", "init", "seed", "status", "config", "final"):
-        if name not in result:
-            raise ValueError(f"field {name} is missing")
-    def number(value, finite=True):              # inf and NaN are shown in tables, not in a setting
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return False
-        return math.isfinite(value) or not finite
-    config, final, done = result["config"], result["final"], result["status"] == "done"
-    settings = config if isinstance(config, dict) else {}      # read below only if config passes
-    numbers = final if isinstance(final, dict) else {}
-    checks = [("task", result["task"] in tasks.FAMILY_OF, "a task of train.py"),
-              ("init", result["init"] in INITS, "an init of train.py"),
-              ("seed", isinstance(result["seed"], int) and number(result["seed"]) and result["seed"] >= 0,
-               "a whole number >= 0"),
-              ("status", result["status"] in ("done", "running", "diverged"), "done, running or diverged"),
-              ("config", isinstance(config, dict), "an object"),
-              ("final", isinstance(final, dict) or not done, "an object"),
-              ("seconds", result.get("seconds") is None or number(result["seconds"]), "a number")]
-    for key in ("train_frac", "mask_magnitude", "mask_decay", "mask_lr", "mask_threshold", "epochs", "lr"):
-        checks.append((f"config.{key}", settings.get(key) is None or number(settings[key]), "a finite number"))
-    for key in ("mask_error", "mask_variant", "mask_from"):
-        checks.append((f"config.{key}", settings.get(key) is None or isinstance(settings[key], str), "text"))
-    for key in tasks.HEADER if done else ():     # a table's numbers: a number, inf or NaN, or null
-        checks.append((f"final.{key}", numbers.get(key) is None or number(numbers[key], False), "a number"))
-    for name, fine, expected in checks:
-        if not fine:
-            value = result
-            for part in name.split("."):
-                value = value[part]
-            raise ValueError(f"field {name} is {json.dumps(value)[:40]}, not {expected}")
-
-def finished_run(run, fingerprint):
-    """run.folder's result.json if it is this very run (task, init, seed, config, data), done; else None."""
-    path = os.path.join(run.folder, "result.json")
-    old = os.path.exists(path) and read_result(path, warn=False)
-    if not old or old["status"] != "done":
-        return None
-    if [old["task"], old["init"], old["seed"], old["config"]] != [run.task, run.init, run.seed, run.config]:
-        return None
-    if fingerprint is not None and old.get("data_fingerprint") != fingerprint:
-        return None
-    return old
 
 # --- One writer per folder: the lock, and what a folder may already hold ----------------------------
 RUN_FILES = ("result.json", "checkpoint.pt", "attention_before.pt", "attention_after.pt", "attention.svg")
@@ -1331,8 +1303,10 @@ def folder_lock(folder):
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise in_use(folder, fd) from None
+            except BlockingIOError:       # another process holds it: name its pid
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+                raise UsageError(f"{folder} is in use by another train.py run (pid {holder}): wait for it to end, "
+                                 f"or choose another --out") from None
             if not os.path.exists(path) or not os.path.samestat(os.fstat(fd), os.stat(path)):
                 os.close(fd)    # the holder before us removed it between our open and our lock
                 fd = None
@@ -1356,12 +1330,6 @@ def folder_lock(folder):
                 os.rmdir(folder)
         os.close(fd)
 
-def in_use(folder, fd):
-    """The UsageError for a folder whose lock (open as fd) another process holds, naming its pid."""
-    holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-    return UsageError(f"{folder} is in use by another train.py run (pid {holder}): wait for it to end, "
-                      f"or choose another --out")
-
 def check_folder(folder, run=None):
     """Before anything is written, one run per folder: UsageError when a live run holds folder's lock
     (probed, not taken), or folder holds another thing: for a grid's root (run None) a run's files; for a
@@ -1374,7 +1342,9 @@ def check_folder(folder, run=None):
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise in_use(folder, fd) from None
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            raise UsageError(f"{folder} is in use by another train.py run (pid {holder}): wait for it to end, "
+                             f"or choose another --out") from None
         finally:
             os.close(fd)
     found = [name for name in RUN_FILES if os.path.isfile(os.path.join(folder, name))]
@@ -1392,7 +1362,7 @@ def check_folder(folder, run=None):
         example = f", e.g. --out {os.path.join(folder, runs[0])}" if runs else ""
         raise UsageError(f"--out {folder} holds a grid: continue the grid with its own command (its --task, "
                          f"--init, --seeds), or name one run's folder{example}")
-    if not found or run.resume and ("checkpoint.pt" in found or finished_run(run, None)):
+    if not found or run.resume and ("checkpoint.pt" in found or run.finished()):
         return                        # --resume checks the checkpoint's config and data at its turn
     raise UsageError(f"--out {folder} already holds a run ({', '.join(found)}): choose another --out"
                      f"{'' if run.resume else ', or add --resume to continue or keep it'}")
@@ -1557,24 +1527,21 @@ def choose_threads(given, device):
     if given:
         return given, f"{given} thread{'s' * (given > 1)} (--threads)"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    busy = busy_cores(cores)
+    # The cores other jobs use now: /proc/stat's busy time over half a second (Linux); elsewhere the
+    # 1-minute load average, which lags (just after a job ends it still counts it).
+    try:
+        readings = []
+        for pause in (0.5, 0):
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:]]
+            readings.append((sum(fields), fields[3] + fields[4]))          # all, idle + iowait
+            time.sleep(pause)
+        (total, idle), (total2, idle2) = readings
+        busy = cores * (1 - (idle2 - idle) / max(total2 - total, 1))
+    except (OSError, ValueError, IndexError):
+        busy = os.getloadavg()[0]
     threads = max(1, min(torch.get_num_threads(), round(cores - busy)))
     return threads, f"{threads} thread{'s' * (threads > 1)} ({cores} cores, {busy:.1f} busy)"
-
-def busy_cores(cores, seconds=0.5):
-    """The cores other jobs use now: /proc/stat's busy time over half a second (Linux); elsewhere the
-    1-minute load average, which lags (just after a job ends it still counts it)."""
-    def times():
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-        return sum(fields), fields[3] + fields[4]          # all, idle + iowait
-    try:
-        total, idle = times()
-        time.sleep(seconds)
-        total2, idle2 = times()
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0]
-    return cores * (1 - (idle2 - idle) / max(total2 - total, 1))
 
 @contextlib.contextmanager
 def subnormals_flushed(device):
@@ -1616,9 +1583,12 @@ class Parser(argparse.ArgumentParser):
 
 FLOAT32_MAX = torch.finfo(torch.float32).max     # 3.4e38: a setting past it is inf inside the model
 
-def number(kind, strict=True):
-    """argparse type: kind(text) > 0 (>= 0 when not strict), finite in float32 (a whole number below 2^63)."""
+def number(kind, strict=True, words=()):
+    """argparse type: kind(text) > 0 (>= 0 when not strict), finite in float32 (a whole number below 2^63),
+    or one of words (--eval-size all)."""
     def parse(text):
+        if text in words:
+            return text
         try:
             value = kind(text)
         except ValueError:

@@ -205,7 +205,7 @@ def test_an_infinite_persistence_number_is_null_in_result_json_and_said_in_one_l
     for seed in (0, 1):
         result = strict_json(out / f"majority-mask-seed{seed}-mlr1e+30" / "result.json")
         assert result["final"]["mask_drift"] is None and "final.mask_drift" in result["not_finite"]
-        assert f"majority / mask / seed {seed}: not finite, stored as null: " in err
+        assert f"majority/mask/seed{seed}: not finite, stored as null: " in err
     strict_json(out / "grid.json")
     assert train.main(["--summarize", str(out)]) == 0
     row = next(r for r in (out / "table.md").read_text().split("## Persistence")[1].splitlines()
@@ -418,23 +418,34 @@ def test_a_log_gets_a_first_line_and_one_line_per_evaluation(tmp_path):
     assert "\r" not in proc.stdout + proc.stderr            # no bar
 
 
+def no_proc_stat(path):
+    raise OSError("no /proc/stat here")
+
+
 @pytest.mark.parametrize("cores, busy, threads", [(2, 0.1, 2), (2, 1.2, 1), (2, 6.7, 1), (8, 3.0, 5)])
 def test_threads_are_the_cores_other_jobs_leave_free(monkeypatch, cores, busy, threads):
+    """Without /proc/stat the busy cores are the 1-minute load average; the threads: the cores left,
+    at least one, at most torch's own default."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
-    monkeypatch.setattr(train, "busy_cores", lambda n: busy)
+    monkeypatch.setattr(train, "open", no_proc_stat, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (busy, 0.0, 0.0))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 8)       # torch's own default, the cap
     assert train.choose_threads(None, torch.device("cpu")) == (
         threads, f"{threads} thread{'s' * (threads > 1)} ({cores} cores, {busy:.1f} busy)")
     assert train.choose_threads(3, torch.device("cpu")) == (3, "3 threads (--threads)")
 
 
-def test_busy_cores_is_the_share_of_time_not_idle_over_the_sample(monkeypatch):
-    """Two readings of /proc/stat's cpu line (user nice system idle iowait ...): 1000 jiffies pass,
-    250 of them idle or waiting on I/O, so 3 of 4 cores are busy."""
+def test_busy_cores_are_the_share_of_time_not_idle_over_the_sample(monkeypatch):
+    """Two readings of /proc/stat's cpu line (user nice system idle iowait ...) half a second apart:
+    1000 jiffies pass, 250 of them idle or waiting on I/O, so 3 of 4 cores are busy and 1 is free."""
     readings = iter(["cpu  100 0 100 700 100 0 0\n", "cpu  500 0 450 900 150 0 0\n"])
+    pauses = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
     monkeypatch.setattr(train, "open", lambda path: io.StringIO(next(readings)), raising=False)
-    monkeypatch.setattr(train.time, "sleep", lambda seconds: None)
-    assert train.busy_cores(4) == pytest.approx(3.0)
+    monkeypatch.setattr(train.time, "sleep", pauses.append)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert train.choose_threads(None, torch.device("cpu")) == (1, "1 thread (4 cores, 3.0 busy)")
+    assert sum(pauses) == 0.5
 
 
 def test_resume_without_threads_keeps_the_checkpoints_thread_count(tmp_path, monkeypatch):

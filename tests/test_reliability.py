@@ -209,7 +209,7 @@ def test_resume_of_a_finished_run_says_so_and_leaves_every_file(tmp_path, capsys
     capsys.readouterr()
     assert train.main([*MAJORITY, "--out", str(out), "--resume"]) == 0
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[1:] == [f"majority / mask / seed 0: already finished, nothing to "
+    assert captured.out.splitlines()[1:] == [f"majority/mask/seed0: already finished, nothing to "
                                              f"resume; {out} is left as it was"] and captured.err == ""
     assert files_of(out) == before
 
