@@ -179,8 +179,8 @@ def test_grid_over_errors_and_mask_lr_records_them_and_draws_the_figure(tmp_path
     assert len(lines) == 2 + 3                  # accuracy: mask, mask-fixed; mass: + at init
     assert all(len(line.get("points").split()) == 2 for line in lines)
     labels = [t.text for t in svg.iter(f"{N_SVG}text")]
-    assert {"test acc (%)", "true prior mass", "edit of the prior (--mask-error)",
-            "mask, mask lr 0.03", "mask-fixed"} <= set(labels)
+    assert {"test acc (%)", "true prior mass final", "mask error", "none", "moved:1.0", "mask, mask lr 0.03 (1 seed)",
+            "mask-fixed, mask lr — (1 seed)", "at init (1 seed)"} <= set(labels)
 
 
 def test_the_command_line_records_the_error_and_the_mask_lr(tmp_path, run_cli):
@@ -190,7 +190,7 @@ def test_the_command_line_records_the_error_and_the_mask_lr(tmp_path, run_cli):
     result = json.loads((tmp_path / "result.json").read_text())
     assert (result["config"]["mask_error"], result["config"]["mask_lr"]) == ("moved:1.0", 0.03)
     assert result["final"]["true_prior_mass_init"] < result["final"]["prior_mass_init"]
-    assert "2parity / mask / seed 0 / prior moved:1.0:" in proc.stdout
+    assert "2parity/mask/seed0 (mask error moved:1.0, mask lr 0.03): train loss " in proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [
