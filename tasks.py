@@ -546,7 +546,7 @@ class Tokenizer:
     def __init__(self, gpt2=False, bpe_file=None):
         self.encoding, self.vocab_size, self.name = None, 256, "UTF-8 bytes"
         if gpt2:
-            self.encoding = self.gpt2(bpe_file)
+            self.encoding = self.load_gpt2(bpe_file)
             self.vocab_size, self.name = self.encoding.n_vocab, f"GPT-2 BPE ({bpe_file})"
     def encode(self, text):
         if self.encoding is None:
@@ -561,7 +561,7 @@ class Tokenizer:
                 pieces.append("\ufffd".encode())
         return b"".join(pieces).decode("utf-8", "replace")
     @staticmethod
-    def gpt2(bpe_file):
+    def load_gpt2(bpe_file):
         import tiktoken.load
         from tiktoken_ext.openai_public import r50k_pat_str
         if bpe_file is None:
@@ -607,7 +607,7 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
         n_val = n_test = int(len(tokens) * 0.05)
         n_train = len(tokens) - n_val - n_test
         return {"train": tokens[:n_train], "val": tokens[n_train:n_train + n_val], "test": tokens[n_train + n_val:],
-                "vocab_size": 256, "decode": tokenizer.decode, "test_is_val": False,
+                "vocab_size": tokenizer.vocab_size, "decode": tokenizer.decode, "test_is_val": False,
                 "sources": {"pydoc_data.topics": tokens}, "root": None}
     if name not in CORPUS_FILES:
         raise ValueError(f"unknown language task {name!r}")
@@ -694,7 +694,7 @@ PAPER_LM = (("default", "mask", "mimetic"), {
     "tinystories": [(10.42, 10.49), (10.40, 10.48), (10.64, 10.60)]})
 
 # === 5. Reports: table.md, a run's summary line, line charts, heat maps ===========================
-# Each quantity has one spelling, LABELS: the words of its key in result.json (or a history entry), in
+# Each quantity has one spelling, LABELS, the words of its key in result.json (or in a history entry): in
 # table.md's headers, the summary line, the charts' axes and, through main_metric, train.py's progress
 # line. A run is named task/init/seedN everywhere.
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
@@ -708,21 +708,20 @@ LABELS = {"train_loss": "train loss", "test_loss": "test loss", "test_acc": "tes
           "prior_mass_final": "prior mass final", "pattern_corr_init": "pattern corr init",
           "pattern_corr_final": "pattern corr final", "mask_drift": "mask drift",
           "true_prior_mass_init": "true prior mass init", "true_prior_mass_final": "true prior mass final"}
-# Each family's main number (the paper's): its key in a history entry and in "final".
+# Each family's main number, the paper's: its key in a history entry and in "final".
 MAIN_METRIC = {"boolean": ("test_acc", "test_acc"), "arithmetic": ("sample_seq_acc", "seq_acc"),
                "language": ("val_ppl", "val_ppl"), "vision": ("test_top1", "best_top1")}
-# Each family's numbers of "final" in its table and its runs' summary lines ("on_target": on_target's).
-NUMBERS = {"boolean": ("train_loss", "test_loss", "test_acc", "unseen_loss", "unseen_acc", "unseen_mse_to_mdi",
-                       "on_target"),
-           "arithmetic": ("seq_acc", "digit_acc", "test_loss", "train_loss"),
-           "language": ("val_ppl", "test_ppl", "tokens_per_second"),
-           "vision": ("best_top1", "top1", "test_loss", "images_per_second")}
-# Each family's table: its title, the paper's table and the keys of its numbers.
-TABLES = {"boolean": ("Boolean tasks (Section 5.1, Table 1)", PAPER_BOOLEAN, ("test_loss", "test_acc")),
-          "arithmetic": ("Arithmetic (Section 5.2)", PAPER_ARITHMETIC, ("seq_acc", "digit_acc", "test_loss")),
-          "language": ('Language (Appendix "Wiki-text and Tiny-stories")', PAPER_LM, ("val_ppl", "test_ppl")),
-          "vision": ("Vision (Section 5.3)", PAPER_VISION, ("best_top1",))}
-# Section 6.1's persistence numbers, one table for every run; with an edited or learned prior, also the
+# Each family's table: its title, the numbers of "final" it shows (so does a run's summary line;
+# "on_target": on_target's verdict), and the paper's table beside them with the keys of its numbers.
+TABLES = {"boolean": ("Boolean tasks (Section 5.1, Table 1)", ("train_loss", "test_loss", "test_acc", "unseen_loss",
+                      "unseen_acc", "unseen_mse_to_mdi", "on_target"), PAPER_BOOLEAN, ("test_loss", "test_acc")),
+          "arithmetic": ("Arithmetic (Section 5.2)", ("seq_acc", "digit_acc", "test_loss", "train_loss"),
+                         PAPER_ARITHMETIC, ("seq_acc", "digit_acc", "test_loss")),
+          "language": ('Language (Appendix "Wiki-text and Tiny-stories")', ("val_ppl", "test_ppl",
+                       "tokens_per_second"), PAPER_LM, ("val_ppl", "test_ppl")),
+          "vision": ("Vision (Section 5.3)", ("best_top1", "top1", "test_loss", "images_per_second"),
+                     PAPER_VISION, ("best_top1",))}
+# Section 6.1's persistence numbers, a table of every run; with an edited or learned prior, also the
 # attention mass on the task's exact (hand-made) pattern.
 PERSISTENCE = ("prior_mass_init", "prior_mass_final", "pattern_corr_init", "pattern_corr_final", "mask_drift")
 TRUE_MASS = ("true_prior_mass_init", "true_prior_mass_final")
@@ -797,12 +796,13 @@ def main_metric(task, final=False):
         key = "test_loss"
     return key, LABELS[key]
 
-def markdown_table(rows, keys, paper=None):
+def markdown_table(rows, keys, paper=None, paper_keys=()):
     """rows [(settings, runs)] as a table: the setting columns (the task and init, every setting that tells
     two rows of one task apart, and ALWAYS_SHOWN wherever a row sets it: such a row is not the paper's
     experiment), "seeds" (finished / all), mean ± std of each key over the finished seeds ("on target": of
-    the seeds that can be judged, those on the target), then paper's numbers ((table, keys)) beside its own
-    setting only (no edited or learned prior, its train frac), with what the runs changed of the preset."""
+    the seeds that can be judged, those on the target), then the paper's numbers, (its inits, {task:
+    numbers per init}), beside its own setting only (no edited or learned prior, its train frac), with what
+    the runs changed of the preset."""
     by_task = {}
     for s, _ in rows:
         by_task.setdefault(s["task"], []).append(s)
@@ -814,7 +814,7 @@ def markdown_table(rows, keys, paper=None):
             shown.append(column)
     header = [*shown, "seeds", *[LABELS.get(key, "on target") for key in keys]]
     if paper:
-        header.append("paper " + " / ".join(LABELS[key] for key in paper[1]))
+        header.append("paper " + " / ".join(LABELS[key] for key in paper_keys))
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for s, runs in rows:
         done = [r for r in runs if r["status"] == "done"]
@@ -826,23 +826,25 @@ def markdown_table(rows, keys, paper=None):
             else:
                 cells.append(mean_std([r["final"].get(key) for r in done]))
         if paper:
-            (inits, table), config, task = paper[0], runs[0]["config"], runs[0]["task"]
+            inits, table = paper
+            config, task = runs[0]["config"], runs[0]["task"]
             own = not (config.get("mask_error") or config.get("mask_from"))
-            numbers = None
+            numbers = [None]
             if own and config.get("train_frac") == ARITHMETIC_TRAIN_FRAC.get(task) and s["init"] in inits:
-                numbers = table.get(s["task"], [None] * len(inits))[inits.index(s["init"])]
-            changes = (done[0].get("preset_changes") or {}) if done and numbers else {}
+                numbers = table.get(s["task"], [numbers] * len(inits))[inits.index(s["init"])]
+            cells.append(" / ".join(fmt(number) for number in numbers))
+            changes = (done[0].get("preset_changes") or {}) if done and numbers != [None] else {}
             said = [f"{key.replace('_', ' ')} {ours}, not the preset's {theirs}"
                     for key, (ours, theirs) in sorted(changes.items())]
-            cell = " / ".join(fmt(number) for number in numbers or [None])
-            cells.append(f"{cell} (this run: {'; '.join(said)})" if said else cell)
+            if said:
+                cells[-1] += f" (this run: {'; '.join(said)})"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 def summary_line(result):
-    """A finished run in one line: its name (and the ALWAYS_SHOWN settings it sets), its family's NUMBERS
-    by their labels, the prior's mass, seconds, a language run's sample. KeyError for a result without
-    its family's numbers (not a result of train.py)."""
+    """A finished run in one line: its name (and the ALWAYS_SHOWN settings it sets), its family's numbers
+    (TABLES) by their labels, the prior's mass, seconds, a language run's sample. KeyError for a result
+    without its family's numbers (not a result of train.py)."""
     f, s, family = result["final"], settings_of(result), FAMILY_OF[result["task"]]
     name = f"{result['task']}/{result['init']}/seed{result['seed']}"
     given = [f"{column} {s[column]}" for column in ALWAYS_SHOWN if s[column] not in UNSET]
@@ -854,13 +856,13 @@ def summary_line(result):
     if family == "language" and f["test_is_val"]:
         notes["test_ppl"] = " (= val)"
     said = []
-    for key in NUMBERS[family]:
+    for key in TABLES[family][1]:
         if key == "on_target":
             said.append(f"on target {({True: 'yes', False: 'no', None: 'n/a'})[on_target(result)]}")
         else:
             said.append(f"{LABELS[key]} {fmt(f[key])}{notes.get(key, '')}")   # KeyError: not train.py's
-    if "warmup_shortened_from" in result["config"]:
-        config = result["config"]
+    config = result["config"]
+    if "warmup_shortened_from" in config:
         said.append(f"warmup shortened from {config['warmup_shortened_from']} to {config['warmup_epochs']} epochs")
     masses = ("prior_mass_init", "prior_mass_final")
     if s["mask error"] != "none" or s["mask from"] != "—":
@@ -881,26 +883,27 @@ def result_tables(results, init_order):
                 init_order.index(result["init"]), config.get("mask_from") or "", config.get("mask_threshold") or 0,
                 config.get("mask_lr") or 0, json.dumps(config, sort_keys=True), settings_of(result)["data"],
                 result["seed"])
-    groups = {}                                       # a table row per key: task, init, config, data
+    groups = {}                                       # a row per key: task, init, config, data
     for result in sorted(results, key=order):
         s = settings_of(result)
         key = (result["task"], result["init"], json.dumps(result["config"], sort_keys=True), s["data"])
         groups.setdefault(key, (s, []))[1].append(result)
     rows = list(groups.values())
     sections = []
-    for family, (title, *paper) in TABLES.items():
+    for family, (title, numbers, paper, paper_keys) in TABLES.items():
         ours = [(s, runs) for s, runs in rows if FAMILY_OF[runs[0]["task"]] == family]
         if ours:
-            sections.append(f"## {title}\n\n{markdown_table(ours, NUMBERS[family], paper)}\n")
+            sections.append(f"## {title}\n\n{markdown_table(ours, numbers, paper, paper_keys)}\n")
     persistence = PERSISTENCE
     if any(s["mask error"] != "none" or s["mask from"] != "—" for s, _ in rows):
         persistence += TRUE_MASS
     sections.append(f"## Persistence of the prior (Section 6.1)\n\n{markdown_table(rows, persistence)}\n")
-    arithmetic = [(s, runs) for s, runs in rows if FAMILY_OF[runs[0]["task"]] == "arithmetic" and s["mask from"] == "—"]
-    masks = [(s, runs) for s, runs in rows if s["init"] in ("mask", "mask-fixed") and s["mask decay"] == "0"
-             and s["mask from"] == "—" and FAMILY_OF[runs[0]["task"]] in ("boolean", "arithmetic")]
-    exact = [(s, runs) for s, runs in masks if FAMILY_OF[runs[0]["task"]] == "boolean"
-             and s["mask error"] == "none" and s["mask lr"] == "—"]
+    hand_made = [(s, runs) for s, runs in rows if s["mask from"] == "—"]           # no prior learned elsewhere
+    arithmetic = [(s, runs) for s, runs in hand_made if FAMILY_OF[runs[0]["task"]] == "arithmetic"]
+    masks = [(s, runs) for s, runs in hand_made if FAMILY_OF[runs[0]["task"]] in ("boolean", "arithmetic")
+             and s["init"] in ("mask", "mask-fixed") and s["mask decay"] == "0"]   # M holds it, undecayed
+    exact = [(s, runs) for s, runs in masks if runs[0]["task"] in BOOLEAN_TASKS and s["mask error"] == "none"
+             and s["mask lr"] == "—"]                                          # at the model's lr
     figures = {"curves.svg": figure(rows, init_order, None, ["train_loss", None], "Training curves"),
                "data_efficiency.svg": figure(arithmetic, init_order, "train frac", [None],
                                              "Held-out accuracy against the fraction of pairs trained on"),
@@ -910,20 +913,24 @@ def result_tables(results, init_order):
                                              "Accuracy and attention on the exact prior against its edit", ("A",))}
     return "\n".join(sections), {name: svg for name, svg in figures.items() if svg}
 
-# Line charts (curves.svg, the sweep figures). A panel is (title, x label, y label, x ticks, lines): x
-# ticks None for a number axis from 0 (epochs, iterations), else category names spaced evenly from end
-# to end, x then a category's index; lines {name: (init, {x: its values over the seeds})}. A line is the
-# seeds' mean, with a band from the lowest to the highest seed and a dot at each value (up to 30 of them),
-# in its init's colour (init None: grey, dotted), dashed by its place among the lines of its init; it is
-# broken where it has no value for a category between two it has (a missing value never passes silently).
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#17becf", "#bcbd22"]   # an init's colour: by its place in the order the caller gives
-DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
+def svg_document(width, height, parts):
+    """An SVG file of the parts, 11 px sans-serif on white."""
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+            f'font-size="11"><rect width="100%" height="100%" fill="white"/>' + "".join(parts) + "</svg>\n")
 
 def svg_text(x, y, content, **attributes):
     """<text> of the escaped content at (x, y), attributes by Python names (text_anchor: text-anchor)."""
     more = "".join(f' {key.replace("_", "-")}="{value}"' for key, value in attributes.items())
     return f'<text x="{x}" y="{y}"{more}>{escape(content)}</text>'
+
+# Line charts (curves.svg, the sweep figures): rows of panels, a panel (title, x label, y label, categories,
+# lines), lines {name: (init, {x: its values over the seeds})}, x one of the categories. A line is the
+# seeds' mean with a band from the lowest to the highest seed, and a dot at each mean (up to 30), in its
+# init's colour (init None: grey, dotted) and a dash by its place among the lines of its init. It is broken
+# where it has no value for a category between two it has: a missing value never passes unseen.
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#17becf", "#bcbd22"]   # an init's colour: by its place in the order the caller gives
+DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
 
 def figure(rows, init_order, column, keys, caption, panel_columns=()):
     """A figure of table rows [(settings, runs)]: a row of panels per key (None: the task's main number), a
@@ -974,15 +981,15 @@ def figure(rows, init_order, column, keys, caption, panel_columns=()):
         if panels:
             chart.append(panels)
     points = [len(by_x) for panels in chart for *_, lines in panels for _, by_x in lines.values()]
-    if not points or column and max(points) < 2:
+    if not points or (column and max(points) < 2):
         return None
     return line_chart(chart, init_order, caption)
 
 def chart_panel(panel, x0, y0, looks, width, height):
-    """A panel (title, x label, y label, categories, lines) at (x0, y0) as an SVG group: title, grey lines
-    at the ticks, axes, labels, lines (looks: {name: (colour, dash)}). x: the categories, evenly spaced,
-    every one labelled up to 8 (else every 2nd, 5th, 10th, ...). y: 0 to 100 for a "(%)" label, else the
-    values' range, on a log scale when they span a factor of ten; ticks at round numbers."""
+    """A panel at (x0, y0) as an SVG group: title, grey lines at the ticks, axes, labels, lines (looks:
+    {name: (colour, dash)}). x: the categories, evenly spaced, each labelled up to 8 (else every 2nd, 5th,
+    10th, ...). y: 0 to 100 for a "(%)" label, else the values' range, on a log scale when they are
+    positive and span a factor of ten; ticks at round numbers."""
     title, x_label, y_label, categories, lines = panel
     left, right, top, bottom = 64, width - 14, 24, height - 46
     points = {}                                       # name -> [(category's place, mean, lowest, highest)]
@@ -1002,7 +1009,7 @@ def chart_panel(panel, x0, y0, looks, width, height):
         lo, hi = min(ys) - pad, max(ys) + pad
         if min(ys) >= 0:
             lo = max(lo, 0.0)
-    if log:                                           # powers of ten, and 2 and 5 times them across 3 decades
+    if log:                                           # powers of ten (2 and 5 times them too, up to 3 decades)
         decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
         mantissas, stride = (1, 2, 5), math.ceil(len(decades) / 6)
         if len(decades) > 3:
@@ -1011,10 +1018,11 @@ def chart_panel(panel, x0, y0, looks, width, height):
     else:                                             # about five, 1, 2 or 5 x 10^k apart
         power = 10 ** math.floor(math.log10((hi - lo) / 5))
         step = next(m * power for m in (1, 2, 5, 10) if m * power >= (hi - lo) / 5 * 0.999)
-        y_ticks = [round(k * step, 10) for k in range(math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9) + 1)]
+        first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+        y_ticks = [round(k * step, 10) for k in range(first, last + 1)]
     scale = math.log10 if log else float
     every = next(m * 10 ** k for k in range(9) for m in (1, 2, 5) if 8 * m * 10 ** k >= len(categories))
-    labelled = [i for i in range(len(categories)) if (i + 1) % every == 0 or every == 1]
+    labelled = [i for i in range(len(categories)) if (i + 1) % every == 0]
     def px(i):                                        # the middle of the category's slot
         return left + (i + 0.5) * (right - left) / len(categories)
     def py(y):
@@ -1050,7 +1058,7 @@ def chart_panel(panel, x0, y0, looks, width, height):
 
 def line_chart(rows, init_order, caption, width=380, height=260):
     """The one line-chart writer: an SVG of rows of panels (see above) under the caption, a legend right of
-    the first row naming each line with its number of seeds."""
+    the first row naming each line with the number of seeds it is the mean of."""
     looks, seeds = {}, {}                             # line name -> (colour, dash); -> its seed counts
     for panels in rows:
         for *_, lines in panels:
@@ -1075,11 +1083,8 @@ def line_chart(rows, init_order, caption, width=380, height=260):
         legend.append(f"{name} ({count} seed{'s' * (high > 1)})")
         parts += [f'<path d="M{x},{46 + 18 * len(legend)}h26" stroke="{colour}" stroke-width="2" '
                   f'stroke-dasharray="{dash or "none"}"/>', svg_text(x + 32, 50 + 18 * len(legend), legend[-1])]
-    figure_width = max(x + 40 + 7 * max(len(text) for text in legend), 20 + 7 * len(caption))
-    figure_height = max(y, 70 + 18 * len(legend))
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{figure_width}" height="{figure_height}" '
-            f'font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>'
-            + "".join(parts) + "</svg>\n")
+    width = max(x + 40 + 7 * max(len(text) for text in legend), 20 + 7 * len(caption))
+    return svg_document(width, max(y, 70 + 18 * len(legend)), parts)
 
 # Heat maps (attention.svg, persistence_figure, learned_prior_figure): bands of blocks one under another, a
 # block a (rows, cols, n, n) grid of matrices, layers down and heads across, drawn as one PNG: each entry a
@@ -1129,9 +1134,7 @@ def heatmap_svg(bands, notes, gap=4, left=64):
             tallest = max(tallest, h)
         y, width = y + tallest + 66, max(width, x)
     parts += [svg_text(left, y + 16 * i, line) for i, line in enumerate(notes)]
-    width = max([width] + [left + 7 * len(line) for line in notes])
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 16 * len(notes)}" '
-            f'font-family="sans-serif" font-size="11">' + "".join(parts) + "</svg>\n")
+    return svg_document(max([width] + [left + 7 * len(line) for line in notes]), y + 16 * len(notes), parts)
 
 def attention_figure(snapshots, cls_token, causal=False):
     """A run's attention.svg: per snapshot (train.snapshot: "before", "after") the mean attention maps and a
