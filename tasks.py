@@ -1,21 +1,21 @@
 """Tasks and their metrics, the data side of every experiment in the paper, in its order, then reports:
 
-  1. Boolean GOTU tasks (Section 5.1, Table 1; Abbe et al. "Generalization on the Unseen").
+  1. Boolean GOTU tasks (Section 5.1, Table 1; Abbe et al. "Generalization on the Unseen"), and when a run
+     is on the target (on_target). threesym's accuracy (the sign of its continuous target) is ours: the
+     paper reports none for it.
   2. Three-digit arithmetic (Section 5.2, Table "Performance of arithmetic tasks").
-  3. Image classification (Section 5.3): CIFAR-10/100, ImageNet100 through torchvision.
-  4. Language modelling (Appendix "Wiki-text and Tiny-stories"), GPT-2 tokens through tiktoken.
-  5. Your own data: a folder of images (--task images), text files (--task text), and their checks.
-  6. Reports: result tables (table.md beside the paper's numbers, a run's summary line), line charts.
-  7. Pictures: heat maps of attention maps and mask biases (attention.svg, persistence, learned priors).
+  3. Image classification (Section 5.3): CIFAR-10/100 and ImageNet100 through torchvision, your own images.
+  4. Language modelling (Appendix "Wiki-text and Tiny-stories"): GPT-2 tokens through tiktoken, your own text.
+  5. Reports: table.md (ours beside the paper's numbers), a run's summary line, line charts, heat maps.
 Each loader returns its tensors or data sets and, under "sources", what it read (train.py fingerprints
 it). Reports read what result.json records. Imports torch and the standard library (torchvision, PIL,
 tiktoken only where needed), never train.py.
 
-The four loaders, boolean_dataset, arithmetic_dataset, lm_dataset and vision_dataset, cache what they
-return (@cached: functools.cache): the runs of one command share one copy, built or read once, and
-must not change it. A command starts with forget_data(), so that it reads every file afresh: a file
-changed between two commands of one process (tests call train.main many times) is seen, and --resume
-can refuse data that changed.
+The four loaders, boolean_dataset, arithmetic_dataset, vision_dataset and lm_dataset, cache what they
+return (functools.cache): the runs of one command share one copy, built or read once, and must not change
+it. A command starts with forget_data(), so that it reads every file afresh: a file changed between two
+commands of one process (tests call train.main many times) is seen, and --resume can refuse data that
+changed.
 """
 
 
@@ -35,6 +35,9 @@ from xml.sax.saxutils import escape
 import torch
 
 
+class DataError(Exception):
+    """A missing or unreadable dataset or tokenizer file; the message says what to put where."""
+
 def autocast(device):
     """bf16 autocast on CUDA, a no-op on the CPU: the evaluations here and train.py's steps."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -46,22 +49,8 @@ def evaluating(model):
     yield next(model.parameters()).device
     model.train()
 
-def paper_table(inits, rows):
-    """{(task, init): numbers} of a table of the paper written as {task: [its numbers per init]}."""
-    return {(t, i): cell for t, cells in rows.items() for i, cell in zip(inits, cells, strict=True)}
-
-class DataError(Exception):
-    """A missing or unreadable dataset or tokenizer file; the message says what to put where."""
-
-CACHED = []   # the loaders that keep what they return, until forget_data
-
-def cached(loader):
-    """The loader with functools.cache: one copy per arguments (see the top of this file)."""
-    CACHED.append(functools.cache(loader))
-    return CACHED[-1]
-
 def forget_data():
-    """Empty the loaders' caches: train.py calls it as each command starts."""
+    """Empty the loaders' caches (CACHED, see the top of this file): train.py calls it as a command starts."""
     for loader in CACHED:
         loader.cache_clear()
 
@@ -71,8 +60,9 @@ def forget_data():
 # f, the seen domain Omega_seen and the minimum-degree interpolator (MDI): the lowest-degree function
 # that agrees with f on Omega_seen, which a Transformer without the right prior learns instead of f.
 BOOLEAN_DIM = 15
-# Each task's name and the values f can take (accuracy rounds a prediction to the nearest one); threesym
-# is continuous: the paper reports no accuracy for it. A sum of 15 signs (cyclic3) is odd.
+# Each task's name and the values f can take: a prediction is right when its nearest possible value is
+# f's. threesym's f is continuous (and never 0): right when the prediction has f's sign. The paper
+# reports no accuracy for threesym; that one is ours. A sum of 15 signs (cyclic3) is odd.
 BOOLEAN_TASKS = {"2parity": (-1.0, 1.0), "majority": (-1.0, 1.0),
                  "cyclic3": tuple(float(v) for v in range(-BOOLEAN_DIM, BOOLEAN_DIM + 1, 2)),
                  "threesym": None}
@@ -93,40 +83,53 @@ def boolean_task(name, x):
     # threesym: f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0, unseen x0 x1 x2 = -1 (1/2); MDI x2 - 1.25 x0 + 1.5 x1
     return BooleanTask(x0 * x1 - 1.25 * x1 * x2 + 1.5 * x2 * x0, x0 * x1 * x2 == 1, x2 - 1.25 * x0 + 1.5 * x1)
 
-def boolean_cube(d=BOOLEAN_DIM):
-    """Every point of {-1, +1}^d, (2^d, d) float; row r holds the bits of r (bit i = column i)."""
-    bits = (torch.arange(2 ** d)[:, None] >> torch.arange(d)) & 1
-    return (2 * bits - 1).float()
-
 def boolean_tokens(x):
     """Bits {-1, +1} -> token ids {0, 1} for the embedding (one token per bit, as in GOTU)."""
     return ((x + 1) / 2).long()
 
-@cached
+@functools.cache
 def boolean_dataset(name):
-    """Train = every seen point; test = the whole cube. Returns a dict of tensors."""
-    cube = boolean_cube()
+    """Train = every seen point; test = the whole cube, (2^d, d) float, row r the bits of r (bit i in
+    column i). Returns a dict of tensors."""
+    bits = (torch.arange(2 ** BOOLEAN_DIM)[:, None] >> torch.arange(BOOLEAN_DIM)) & 1
+    cube = (2 * bits - 1).float()
     task = boolean_task(name, cube)
     return {"x_train": cube[task.seen], "y_train": task.target[task.seen],
             "x_test": cube, "y_test": task.target, "unseen": ~task.seen}
 
-def boolean_accuracy(pred, y, values):
-    """Percent of predictions whose nearest possible value (values) is the true one; None for a
-    continuous target (threesym) or no predictions."""
-    if values is None or len(pred) == 0:
-        return None
-    values = torch.tensor(values, dtype=pred.dtype, device=pred.device)
-    nearest = values[(pred[:, None] - values[None]).abs().argmin(1)]
-    return 100.0 * (nearest == y).float().mean().item()
-
 def boolean_metrics(name, pred, x):
-    """Table 1's MSE and accuracy on the cube and its unseen part, and the unseen MSE to the MDI."""
+    """Table 1's MSE and accuracy (%, right as BOOLEAN_TASKS says) on the cube and its unseen part, and
+    the unseen MSE to the MDI; pred and x: (P,) and (P, d)."""
     task, values = boolean_task(name, x), BOOLEAN_TASKS[name]
-    y, unseen, mdi = task.target, ~task.seen, task.mdi
-    return {"test_loss": ((pred - y) ** 2).mean().item(), "test_acc": boolean_accuracy(pred, y, values),
+    y, unseen = task.target, ~task.seen
+    if values is None:                                   # threesym: the sign (the MDI is -f where unseen)
+        right = torch.sign(pred) == torch.sign(y)
+    else:
+        values = torch.tensor(values, dtype=pred.dtype, device=pred.device)
+        right = values[(pred[:, None] - values).abs().argmin(1)] == y            # (P,)
+    return {"test_loss": ((pred - y) ** 2).mean().item(), "test_acc": 100.0 * right.float().mean().item(),
             "unseen_loss": ((pred[unseen] - y[unseen]) ** 2).mean().item(),
-            "unseen_acc": boolean_accuracy(pred[unseen], y[unseen], values),
-            "unseen_mse_to_mdi": ((pred[unseen] - mdi[unseen]) ** 2).mean().item()}
+            "unseen_acc": 100.0 * right[unseen].float().mean().item(),
+            "unseen_mse_to_mdi": ((pred[unseen] - task.mdi[unseen]) ** 2).mean().item()}
+
+# A run is on the target (its summary line, table.md, result.json's final["on_target"]) when it fits its
+# training set, training MSE below 1 % of the variance of f over the seen points (R^2 > 0.99: a constant
+# predictor, or a run cut short, does not count however its unseen points fall), and predicts at least
+# 99.5 % of the whole cube right. The MDI fits the seen points and misses the unseen ones: it is not.
+FIT_FRACTION = 0.01
+ON_TARGET_ACC = 99.5
+
+def on_target(result):
+    """True or False by the rule above, for a result whose "final" holds train_loss and test_acc; None
+    when it cannot be judged: not a Boolean task, or a number missing (a threesym result.json written
+    before threesym had an accuracy)."""
+    if result["task"] not in BOOLEAN_TASKS:
+        return None
+    loss, accuracy = result["final"].get("train_loss"), result["final"].get("test_acc")
+    if loss is None or accuracy is None:
+        return None
+    seen_variance = boolean_dataset(result["task"])["y_train"].var(unbiased=False).item()
+    return loss < FIT_FRACTION * seen_variance and accuracy >= ON_TARGET_ACC
 
 def fourier_coefficients(pred, x, variables=(0, 1, 2)):
     """hat f(S) = mean of f(x) prod_{i in S} x_i over x, for each monomial S of variables: "1", "x0x2"."""
@@ -142,8 +145,9 @@ def boolean_predictions(model, x, batch=8192):
                for i in range(0, len(x), batch)]
     return torch.cat(out)
 
-# The paper's Table 1 and Table "Ablation on mask initialization" (test loss, test acc %).
-PAPER_BOOLEAN = paper_table(("default", "structured-svd", "structured-opt", "mask", "mask-zero"), {
+# The paper's Table 1 and Table "Ablation on mask initialization": (its inits, {task: (test loss, test
+# acc %) per init}).
+PAPER_BOOLEAN = (("default", "structured-svd", "structured-opt", "mask", "mask-zero"), {
     "2parity": [(1.379, 75.00), (1.737, 75.00), (1.746, 75.00), (0.0029, 100.00), (1.38, 75.00)],
     "cyclic3": [(5.648, 87.45), (3.257, 87.48), (3.230, 87.47), (0.0034, 99.98), (2.53, 87.46)],
     "majority": [(0.509, 87.40), (0.516, 87.40), (0.495, 87.40), (0.0051, 100.00), (0.50, 87.4)],
@@ -167,38 +171,30 @@ PLACEHOLDER = 10                                                # token of an an
 ARITHMETIC_VOCAB = 11                                           # digits 0-9 and the placeholder
 ALL_PAIRS = 10 ** (2 * OPERAND_DIGITS)
 
-def digits(n, count):
-    """(P,) integers -> (P, count) decimal digits, least significant first."""
-    return torch.div(n[:, None], 10 ** torch.arange(count), rounding_mode="floor") % 10
-
-def arithmetic_split(train_frac, seed):
-    """(train ids, held-out ids): the first round(train_frac * 10^6) of a seeded permutation train."""
+@functools.cache
+def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
+    """The first round(train_frac * 10^6) pairs of a seeded permutation train, the rest are held out, of
+    which a seeded sample of eval_size (None: all) is evaluated: tokens "x_*" (P, 6 + K) and answer digits
+    "y_*" (P, K) in the layout above."""
     if not 0 < train_frac < 1:
         raise ValueError(f"train_frac must lie in (0, 1), got {train_frac}")
     perm = torch.randperm(ALL_PAIRS, generator=torch.Generator().manual_seed(seed))
     n_train = max(1, round(train_frac * ALL_PAIRS))
-    return perm[:n_train], perm[n_train:]
-
-def arithmetic_examples(task, ids):
-    """Pair ids (P,) -> input tokens (P, 6 + K) and answer digits (P, K), in the layout above."""
-    k = ARITHMETIC_TASKS[task]
-    a, b = ids // 1000, ids % 1000
-    value = a + b if task == "addition" else a * b
-    slots = torch.full((len(ids), k), PLACEHOLDER)
-    tokens = torch.cat([digits(a, OPERAND_DIGITS), digits(b, OPERAND_DIGITS), slots], 1)
-    return tokens, digits(value, k)
-
-@cached
-def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
-    """Train and evaluation tensors; evaluation: a seeded sample of eval_size held-out pairs (None: all)."""
-    train_ids, held_out = arithmetic_split(train_frac, seed)
+    held_out = perm[n_train:]
     if eval_size is not None and eval_size < len(held_out):
         pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed + 1))
         held_out = held_out[pick[:eval_size]]
-    x_train, y_train = arithmetic_examples(task, train_ids)
-    x_eval, y_eval = arithmetic_examples(task, held_out)
-    return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval,
-            "eval_pairs": len(held_out), "held_out_pairs": ALL_PAIRS - len(train_ids)}
+    k = ARITHMETIC_TASKS[task]
+    place = 10 ** torch.arange(k)                     # the 10^i digit of n is n // 10^i mod 10
+    data = {"eval_pairs": len(held_out), "held_out_pairs": ALL_PAIRS - n_train}
+    for split, ids in (("train", perm[:n_train]), ("eval", held_out)):
+        a, b = ids[:, None] // 1000, ids[:, None] % 1000                                  # (P, 1)
+        answer = a + b if task == "addition" else a * b
+        slots = torch.full((len(ids), k), PLACEHOLDER)
+        operands = [a // place[:OPERAND_DIGITS] % 10, b // place[:OPERAND_DIGITS] % 10]  # (P, 3) each
+        data[f"x_{split}"] = torch.cat([*operands, slots], 1)                           # (P, 6 + K)
+        data[f"y_{split}"] = answer // place % 10                                       # (P, K)
+    return data
 
 def arithmetic_metrics(logits, answers):
     """Table "Performance of arithmetic tasks": sequence (all digits right) and digit accuracy (%),
@@ -223,17 +219,18 @@ def arithmetic_logits(model, x, batch=512):
                 out.append(answer_logits(model, x[i:i + batch].to(device)).float().cpu())
     return torch.cat(out)
 
-# The paper's Table "Performance of arithmetic tasks" (seq acc %, digit acc %, loss) at ARITHMETIC_TRAIN_FRAC.
-PAPER_ARITHMETIC = paper_table(("default", "structured-svd", "structured-opt", "mask"), {
+# The paper's Table "Performance of arithmetic tasks" at ARITHMETIC_TRAIN_FRAC: (its inits, {task: (seq
+# acc %, digit acc %, test loss) per init}).
+PAPER_ARITHMETIC = (("default", "structured-svd", "structured-opt", "mask"), {
     "multiplication": [(5.01, 70.78, 2.27), (11.13, 74.57, 1.77), (27.82, 82.37, 0.85), (69.49, 94.13, 0.20)],
     "addition": [(1.19, 40.59, 4.51), (0.87, 38.56, 4.59), (3.39, 49.87, 3.40), (77.49, 93.86, 0.23)]})
 
 # === 3. Image classification (Section 5.3) ========================================================
 # Tables "Experimental setup for CIFAR10", "... for CIFAR100", "... for ImageNet100"; torchvision reads
-# the data and augments it. cifar10, cifar100: the python-pickle layout (CIFAR_LAYOUT) in --data-dir,
-# checked by torchvision's MD5 sums; imagenet100: an ImageFolder tree DATA/imagenet100/{train,val}/
-# <class>/<image> (e.g. https://huggingface.co/datasets/clane9/imagenet-100 as image files); images:
-# the user's own (image_folder_dataset). --download (CIFAR only) is opt-in; else missing data: DataError.
+# the data and augments it. cifar10, cifar100: the python-pickle layout (CIFAR_LAYOUT) in --data-dir, checked by
+# torchvision's MD5 sums; imagenet100: an ImageFolder tree DATA/imagenet100/{train,val}/<class>/<image>
+# (e.g. https://huggingface.co/datasets/clane9/imagenet-100 as image files); images: the user's own
+# (image_folder_dataset). --download (CIFAR only) is opt-in; else missing data: DataError.
 VISION_TASKS = ("cifar10", "cifar100", "imagenet100", "images")
 VISION_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet100": 100}
 CIFAR_LAYOUT = {  # folder torchvision expects under --data-dir, and the files in it
@@ -279,39 +276,11 @@ def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
         return images, torch.nn.functional.one_hot(labels, num_classes).float()
     return one_hot
 
-def cifar_split(name, data_dir, transform, train, download):
-    """torchvision's CIFAR10 / CIFAR100 split, or DataError naming the folder and layout."""
-    from torchvision import datasets
-    folder, files = CIFAR_LAYOUT[name]
-    path = os.path.join(data_dir, folder)
-    pretty, cls = ("CIFAR-10", datasets.CIFAR10) if name == "cifar10" else ("CIFAR-100", datasets.CIFAR100)
-    if not download and not all(os.path.isfile(os.path.join(path, f)) for f in files):
-        raise DataError(f"{pretty}: expected {path}/ holding {', '.join(files)} (the python "
-                        f"version, unpacked; --data-dir {data_dir}), or pass --download")
-    try:
-        return cls(data_dir, train=train, transform=transform, download=download)
-    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted" (MD5 mismatch)
-        raise DataError(f"{pretty} in {path} failed torchvision's MD5 check of its files ({err})")
-    except OSError as err:       # --download without a network
-        raise DataError(f"{pretty}: download into {path} failed ({err})")
-
-def imagenet100_split(data_dir, split, transform):
-    """One split of ImageNet100 as torchvision's ImageFolder, or DataError naming the folders."""
-    from torchvision import datasets
-    root = os.path.join(data_dir, IMAGENET100_FOLDER)
-    path = os.path.join(root, split)
-    if not os.path.isdir(path) or not any(os.scandir(path)):
-        raise DataError(f"ImageNet100: expected two folders, {root}/train and {root}/val, each "
-                        f"with one sub-folder of images per class ({path} is missing or empty); "
-                        f"--download cannot fetch it")
-    try:
-        return datasets.ImageFolder(path, transform=transform)
-    except (OSError, RuntimeError, ValueError) as err:   # e.g. class folders without images
-        raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
-
-@cached
+@functools.cache
 def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9, crop_scale=0.08):
-    """{"train", "test", "classes", "sources", "root"} (images: also "channels", "info")."""
+    """{"train", "test", "classes", "sources", "root"} (images: also "channels", "info"); DataError naming
+    the folder and the layout expected for missing or damaged data."""
+    from torchvision import datasets
     if name == "imagenet100" and download:
         raise DataError("ImageNet100 has no --download; build the ImageFolder tree "
                         f"{data_dir}/{IMAGENET100_FOLDER}/{{train,val}}/<class>/<image>")
@@ -319,20 +288,39 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
         if download:
             raise DataError(f"--task images has no --download; it reads your own images: {IMAGES_LAYOUT}")
         return image_folder_dataset(data_dir, image_size, randaugment_magnitude, crop_scale)
-    train_tf = vision_transform(name, image_size, True, randaugment_magnitude, crop_scale)
-    test_tf = vision_transform(name, image_size, False)
+    transforms = {"train": vision_transform(name, image_size, True, randaugment_magnitude, crop_scale),
+                  "test": vision_transform(name, image_size, False)}
+    data = {"classes": VISION_CLASSES[name], "root": data_dir, "sources": {}}
     if name == "imagenet100":
-        train, test = imagenet100_split(data_dir, "train", train_tf), imagenet100_split(data_dir, "val", test_tf)
-        sources = {f"{IMAGENET100_FOLDER}/train": [path for path, _ in train.samples],
-                   f"{IMAGENET100_FOLDER}/val": [path for path, _ in test.samples]}
-    else:
-        train = cifar_split(name, data_dir, train_tf, True, download)
-        test = cifar_split(name, data_dir, test_tf, False, False)
-        folder, files = CIFAR_LAYOUT[name]
-        sources = {folder: [os.path.join(data_dir, folder, f) for f in files]}
-    return {"train": train, "test": test, "classes": VISION_CLASSES[name], "sources": sources,
-            "root": data_dir}
-
+        root = os.path.join(data_dir, IMAGENET100_FOLDER)
+        for split, folder in (("train", "train"), ("test", "val")):
+            path = os.path.join(root, folder)
+            if not os.path.isdir(path) or not any(os.scandir(path)):
+                raise DataError(f"ImageNet100: expected two folders, {root}/train and {root}/val, each "
+                                f"with one sub-folder of images per class ({path} is missing or empty); "
+                                f"--download cannot fetch it")
+            try:
+                data[split] = datasets.ImageFolder(path, transform=transforms[split])
+            except (OSError, RuntimeError, ValueError) as err:   # e.g. class folders without images
+                raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
+            data["sources"][f"{IMAGENET100_FOLDER}/{folder}"] = [file for file, _ in data[split].samples]
+        return data
+    (folder, files), pretty = CIFAR_LAYOUT[name], f"CIFAR-{VISION_CLASSES[name]}"
+    path = os.path.join(data_dir, folder)
+    if not download and not all(os.path.isfile(os.path.join(path, f)) for f in files):
+        raise DataError(f"{pretty}: expected {path}/ holding {', '.join(files)} (the python "
+                        f"version, unpacked; --data-dir {data_dir}), or pass --download")
+    cifar = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    for split in ("train", "test"):
+        try:
+            data[split] = cifar(data_dir, train=split == "train", transform=transforms[split],
+                                download=download and split == "train")
+        except RuntimeError as err:  # torchvision: "Dataset not found or corrupted" (MD5 mismatch)
+            raise DataError(f"{pretty} in {path} failed torchvision's MD5 check of its files ({err})")
+        except OSError as err:       # --download without a network
+            raise DataError(f"{pretty}: download into {path} failed ({err})")
+    data["sources"][folder] = [os.path.join(path, f) for f in files]
+    return data
 
 def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
     """Training loader over this process's share of each shuffled epoch (a DistributedSampler, its own
@@ -362,235 +350,24 @@ def vision_scores(model, loader):
 # The paper's Table "Best Top-1 accuracy (%) on vision benchmarks that are all using ViT-T model"
 # (Section 5.3); mask-fixed from Appendix A.2's Table "Best Top-1 accuracy (%) on vision benchmarks.
 # Values in parentheses ...", which prints ImageNet100's mask init as 85.82 (Section 5.3: 85.92).
-PAPER_VISION = paper_table(("default", "mimetic", "impulse", "mask-fixed", "mask"), {
-    "cifar10": [94.20, 94.80, 95.12, 94.16, 95.66], "cifar100": [74.00, 76.80, 76.47, 78.77, 77.95],
-    "imagenet100": [83.38, 84.38, 83.16, 81.78, 85.92]})
+PAPER_VISION = (("default", "mimetic", "impulse", "mask-fixed", "mask"), {   # (best top-1 %,) per init
+    "cifar10": [(94.20,), (94.80,), (95.12,), (94.16,), (95.66,)],
+    "cifar100": [(74.00,), (76.80,), (76.47,), (78.77,), (77.95,)],
+    "imagenet100": [(83.38,), (84.38,), (83.16,), (81.78,), (85.92,)]})
 
-# === 4. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup") ========
-# Four corpora, dicts of 1-D int64 token tensors {"train", "val", "test"}; GPT-2 tokens but for lm and
-# text without --bpe-file (UTF-8 bytes, vocab 256). lm: pydoc_data.topics, English prose shipped with
-# Python (nothing to download); tinystories: the first 12k stories to train, 2k to validate (and test,
-# as in the paper); wikitext2: WikiText-2 raw; text: the user's own files (TEXT_FILES).
-LM_TASKS = ("lm", "tinystories", "wikitext2", "text")
-GPT2_VOCAB = 50257
-END_OF_TEXT = "<|endoftext|>"
-TINYSTORIES_FILES = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
-WIKITEXT2_FILES = tuple(f"wikitext-2-raw/wiki.{split}.raw" for split in ("train", "valid", "test"))
-BPE_HELP = ("GPT-2's ranks file: r50k_base.tiktoken (the same ids as 'gpt2'; sha256 306cd27f...dd930),"
-            " e.g. from a machine with internet: python -c \"import tiktoken; "
-            "tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR set, then copy the cached file")
-
-def embedded_corpus():
-    """pydoc_data.topics joined in key order: English technical prose from the standard library."""
-    import pydoc_data.topics
-    topics = pydoc_data.topics.topics
-    return "\n\n".join(topics[key] for key in sorted(topics))
-
-def byte_tokens(text):
-    """UTF-8 bytes as token ids 0..255 (the byte-level tokenizer of lm, and of text without --bpe-file)."""
-    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
-
-def decode_bytes(ids):
-    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
-def split_tokens(tokens, val_fraction=0.05, test_fraction=0.05):
-    """Contiguous train / val / test split of one token stream (last 10% held out)."""
-    n_val, n_test = int(len(tokens) * val_fraction), int(len(tokens) * test_fraction)
-    n_train = len(tokens) - n_val - n_test
-    return {"train": tokens[:n_train], "val": tokens[n_train:n_train + n_val],
-            "test": tokens[n_train + n_val:]}
-
-def gpt2_encoding(bpe_file=None):
-    """GPT-2's tokenizer through tiktoken, offline: from bpe_file (BPE_HELP) or TIKTOKEN_CACHE_DIR."""
-    import tiktoken.load
-    from tiktoken_ext.openai_public import r50k_pat_str
-    if bpe_file is None:
-        if not os.environ.get("TIKTOKEN_CACHE_DIR"):
-            raise DataError(f"no GPT-2 tokenizer: pass --bpe-file PATH or set TIKTOKEN_CACHE_DIR "
-                            f"to a cache that holds it ({BPE_HELP})")
-        try:
-            return tiktoken.get_encoding("gpt2")
-        except Exception as err:  # tiktoken would try to download what its cache lacks
-            raise DataError(f"TIKTOKEN_CACHE_DIR={os.environ['TIKTOKEN_CACHE_DIR']} does not hold "
-                            f"GPT-2's ranks ({type(err).__name__}); pass --bpe-file ({BPE_HELP})")
-    if os.path.isdir(bpe_file):
-        raise DataError(f"--bpe-file {bpe_file} is a folder: name the ranks file in it ({BPE_HELP})")
-    if not os.path.isfile(bpe_file):
-        raise DataError(f"--bpe-file {bpe_file}: no such file ({BPE_HELP})")
-    try:   # each line of a ranks file is "<base64 token> <rank>"
-        ranks = tiktoken.load.load_tiktoken_bpe(bpe_file)
-        if not ranks:
-            raise ValueError("it holds no ranks")
-        # tiktoken's Rust core panics on these instead of raising: check them first
-        if len(set(ranks.values())) != len(ranks) or max(ranks.values()) >= GPT2_VOCAB - 1:
-            raise ValueError(f"two tokens share a rank, or a rank is not below {GPT2_VOCAB - 1}")
-        missing = [b for b in range(256) if bytes([b]) not in ranks]
-        if missing:
-            raise ValueError(f"{len(missing)} of the 256 single bytes have no rank")
-        full = len(ranks) == GPT2_VOCAB - 1  # the real file; tests pass a tiny one
-        return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                                 special_tokens={END_OF_TEXT: GPT2_VOCAB - 1},
-                                 explicit_n_vocab=GPT2_VOCAB if full else None)
-    except (ValueError, OSError, UnicodeError, AssertionError) as err:
-        raise DataError(f"--bpe-file {bpe_file} is not a tiktoken ranks file ({str(err)[:80]}): "
-                        f"lines of '<base64 token> <rank>' are expected ({BPE_HELP})")
-
-def gpt2_decoder(encoding):
-    """ids -> text that never fails: an id a small ranks file lacks (a larger model's) is U+FFFD."""
-    def decode(ids):
-        pieces = []
-        for i in ids:
-            try:
-                pieces.append(encoding.decode_single_token_bytes(i))
-            except KeyError:
-                pieces.append("\ufffd".encode())
-        return b"".join(pieces).decode("utf-8", "replace")
-    return decode
-
-def read_text(data_dir, relative, what):
-    """The UTF-8 text of data_dir/relative, or DataError naming the file (what: whose file it is)."""
-    path = os.path.join(data_dir, relative)
-    if not os.path.isfile(path):
-        raise DataError(f"{what}: expected {path} (--data-dir {data_dir})")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"{what}: {path} cannot be read as UTF-8 text ({type(err).__name__})")
-
-def encode_documents(encoding, documents):
-    """GPT-2 ids of the documents, each followed by <|endoftext|>, as one stream."""
-    ids = [i for doc in documents for i in (*encoding.encode_ordinary(doc), encoding.eot_token)]
-    return torch.tensor(ids, dtype=torch.long)
-
-@cached
-def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
-    """{"train", "val", "test"} token streams, "vocab_size", "decode", "sources" (what was read)."""
-    if name == "lm":   # the corpus is Python's own: its source is the token stream
-        tokens = byte_tokens(embedded_corpus())
-        return {**split_tokens(tokens), "vocab_size": 256, "decode": decode_bytes,
-                "test_is_val": False, "sources": {"pydoc_data.topics": tokens}, "root": None}
-    if name == "text":
-        return text_dataset(data_dir, bpe_file)
-    if name == "tinystories":   # the first stories of each file, stories separated by <|endoftext|>
-        train_text = read_text(data_dir, TINYSTORIES_FILES[0], "TinyStories training stories")
-        val_text = read_text(data_dir, TINYSTORIES_FILES[1], "TinyStories validation stories")
-        train_docs = [s for s in map(str.strip, train_text.split(END_OF_TEXT)) if s][:train_stories]
-        val_docs = [s for s in map(str.strip, val_text.split(END_OF_TEXT)) if s][:val_stories]
-        enc, files = gpt2_encoding(bpe_file), TINYSTORIES_FILES
-        val = encode_documents(enc, val_docs)                    # also the test split
-        streams = [encode_documents(enc, train_docs), val, val]
-    elif name == "wikitext2":
-        texts = [read_text(data_dir, rel, f"WikiText-2 raw {split}") for rel, split in
-                 zip(WIKITEXT2_FILES, ("train", "validation", "test"))]
-        enc, files = gpt2_encoding(bpe_file), WIKITEXT2_FILES
-        streams = [torch.tensor(enc.encode_ordinary(t), dtype=torch.long) for t in texts]
-    else:
-        raise ValueError(f"unknown language task {name!r}")
-    return {**dict(zip(("train", "val", "test"), streams)), "vocab_size": enc.n_vocab,
-            "decode": gpt2_decoder(enc), "test_is_val": name == "tinystories", "root": data_dir,
-            "sources": corpus_sources(data_dir, [os.path.join(data_dir, f) for f in files], bpe_file)}
-
-def corpus_sources(data_dir, paths, bpe_file):
-    """{file below data_dir: its path (each once), "--bpe-file": the ranks file or None}."""
-    return {**{os.path.relpath(path, data_dir): path for path in dict.fromkeys(paths)}, "--bpe-file": bpe_file}
-
-def check_lm_splits(data, block_size):
-    """DataError for a context longer than a split (named by its file for --task text)."""
-    for split in ("train", "val", "test"):
-        if len(data[split]) > block_size + 1:
-            continue
-        name, more = f"the {split} split", ""
-        if "files" in data:
-            name, more = data["files"][split], ", or give it more text"
-        raise DataError(f"--block-size {block_size} needs more tokens than {name} holds "
-                        f"({len(data[split])}): choose a block size below {len(data[split]) - 1}{more}")
-
-def lm_batch(tokens, block_size, batch_size, generator):
-    """nanoGPT's get_batch: batch_size random windows; inputs (B, T) and next-token targets (B, T)."""
-    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator)
-    index = starts[:, None] + torch.arange(block_size)                      # (B, T)
-    return tokens[index], tokens[index + 1]
-
-def lm_windows(tokens, block_size):
-    """The whole split in consecutive windows, inputs (W, T) and targets (W, T), every token after
-    the first predicted once (targets of -100, which cross-entropy ignores, pad the last window)."""
-    n = len(tokens) - 1
-    windows = -(-n // block_size)
-    x = torch.zeros(windows * block_size, dtype=torch.long)
-    y = torch.full((windows * block_size,), -100, dtype=torch.long)
-    x[:n], y[:n] = tokens[:-1], tokens[1:]
-    return x.view(windows, block_size), y.view(windows, block_size)
-
-@torch.no_grad()
-def lm_loss(model, tokens, block_size, batch=64):
-    """Mean next-token cross-entropy over every token of a split (not a sample of batches)."""
-    with evaluating(model) as device:
-        x, y = lm_windows(tokens, block_size)
-        total, count = 0.0, 0
-        for i in range(0, len(x), batch):
-            with autocast(device):
-                logits = model(x[i:i + batch].to(device))
-            targets = y[i:i + batch].to(device)
-            total += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                                                       ignore_index=-100, reduction="sum").item()
-            count += (targets != -100).sum().item()
-    return total / count
-
-# The paper's Table "Perplexity (PPL) comparison" (val, test).
-PAPER_LM = paper_table(("default", "mask", "mimetic"), {
-    "wikitext2": [(172.78, 181.91), (166.76, 179.70), (178.34, 188.87)],
-    "tinystories": [(10.42, 10.49), (10.40, 10.48), (10.64, 10.60)]})
-
-
-# === 5. Your own data: a folder of images (--task images), text files (--task text) ==============
-# Both are checked up front: bad data (empty, binary, one class, an unreadable image, ...) is one
-# DataError naming the file, before anything trains.
-TEXT_FILES = ("train.txt", "valid.txt", "test.txt")    # --task text: the last one optional
-TEXT_LAYOUT = ("DIR/train.txt and DIR/valid.txt (DIR/test.txt optional), UTF-8 text; byte tokens, "
-               "or GPT-2's with --bpe-file")
-
-def text_dataset(data_dir, bpe_file=None):
-    """--task text (TEXT_FILES in data_dir); DataError for a missing, empty, binary or non-UTF-8 file."""
-    files = {split: os.path.join(data_dir, name) for split, name in zip(("train", "val", "test"), TEXT_FILES)}
-    if not os.path.exists(files["test"]):
-        files["test"] = files["val"]
-    texts = {}
-    for split, path in files.items():
-        texts[split] = read_text(data_dir, os.path.basename(path), "text")
-        if not texts[split].strip():
-            raise DataError(f"text: {path} is empty (or white space only)")
-        if "\0" in texts[split]:
-            raise DataError(f"text: {path} holds NUL bytes: a binary file (or UTF-16), not UTF-8 text")
-    if bpe_file is None:                   # UTF-8 bytes
-        streams = {split: byte_tokens(text) for split, text in texts.items()}
-        vocab, decode, tokenizer = 256, decode_bytes, "UTF-8 bytes"
-    else:                                  # GPT-2's tokens
-        encoding = gpt2_encoding(bpe_file)
-        streams = {split: torch.tensor(encoding.encode_ordinary(text), dtype=torch.long)
-                   for split, text in texts.items()}
-        vocab, decode, tokenizer = encoding.n_vocab, gpt2_decoder(encoding), f"GPT-2 BPE ({bpe_file})"
-    test_is_val = files["test"] == files["val"]
-    info = {"files": files, "tokenizer": tokenizer, "test_is_val": test_is_val,
-            "tokens": {split: len(tokens) for split, tokens in streams.items()}}
-    return {**streams, "vocab_size": vocab, "decode": decode, "test_is_val": test_is_val, "files": files,
-            "info": {"data": info}, "sources": corpus_sources(data_dir, files.values(), bpe_file),
-            "root": data_dir}
-
-# --task images (IMAGES_LAYOUT): classes sorted by name (label = position, as ImageFolder), hidden and
-# non-image files skipped. Each file is read once: a folder is entered once (a loop `ln -s . loop`, or a
-# second link to one folder, is walked once), a link back into the tree's own folders (another class, or
-# a folder above the class folder: `up -> ..`) is not followed, and no file may be in two classes, nor
-# both trained on and held out. Every header is read up front (PIL's Image.verify): a damaged file is
-# named before training, and the channels are 1 if all images are grey, else 3. The one-folder layout
-# holds out IMAGE_HOLD_OUT of each class by the fixed IMAGE_SPLIT_SEED (every init and seed sees the same
-# images). Images are resized to --image-size: the ViT's patch grid, hence the prior, must be fixed. Wide
-# images (16-bit, 32-bit integer, float) are scaled to 8 bits by one range for the whole tree (the
-# "wide_range" of result.json's "data"), never clipped.
+# --- Your own images: --task images (IMAGES_LAYOUT) ------------------------------------------------
+# Classes sorted by name (label = position, as ImageFolder), hidden and non-image files skipped. Each file
+# is read once: a folder is entered once (a loop `ln -s . loop`, or a second link to one folder, is walked
+# once), a link back into the tree's own folders (another class, or a folder above the class folder:
+# `up -> ..`) is not followed, and no file may be in two classes, nor both trained on and held out. Every
+# header is read up front (PIL's Image.verify): a damaged file is named before training, and the channels
+# are 1 if all images are grey, else 3. The one-folder layout holds out IMAGE_HOLD_OUT of each class by the
+# fixed IMAGE_SPLIT_SEED (every init and seed sees the same images). Images are resized to --image-size:
+# the ViT's patch grid, hence the prior, must be fixed. Wide images (16-bit, 32-bit integer, float) are
+# scaled to 8 bits by one range for the whole tree (the "wide_range" of result.json's "data"), never
+# clipped.
 IMAGES_LAYOUT = ("DIR/train/<class>/<image> and DIR/val/<class>/<image> (or validation/, test/), "
                  "or DIR/<class>/<image> with 10 % of each class held out")
-OWN_DATA_HELP = (f"your own data:\n  --task images --data-dir DIR  {IMAGES_LAYOUT}\n"
-                 f"  --task text --data-dir DIR    {TEXT_LAYOUT}")   # train.py --help, at the end
 IMAGE_EVAL_FOLDERS = ("val", "validation", "test")
 IMAGE_HOLD_OUT = 0.1
 IMAGE_SPLIT_SEED = 0
@@ -625,16 +402,18 @@ def identity(path):
     stat = os.stat(path)
     return stat.st_dev, stat.st_ino
 
-def image_files(folder, hint):
-    """{class: its image files, sorted} below folder/<class>/ (the train/ or val/ folder, or the one folder),
-    each file once; DataError for no folder, fewer than two classes, or a class without images."""
+def image_files(folder, role, first):
+    """{class: its image files, sorted} below folder/<class>/ (train/ or val/, or the one folder), each file
+    once; first: {identity: (role, class, path)} of the files found so far, in every folder. DataError for
+    no folder, fewer than two classes, a class without images, or a file in two classes or roles."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
     if not os.path.isdir(folder):
-        raise DataError(f"images: no folder {folder} ({hint})")
+        raise DataError(f"images: no folder {folder} (--data-dir DIR: {IMAGES_LAYOUT})")
     classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
     if len(classes) < 2:
         found = f"one class folder, {classes[0]}/" if classes else "no class folders"
-        raise DataError(f"images: {folder} holds {found}; a classifier needs two or more ({hint})")
+        raise DataError(f"images: {folder} holds {found}; a classifier needs two or more "
+                        f"(--data-dir DIR: {IMAGES_LAYOUT})")
     walked = set()                # folders not to enter (again): each class folder and every folder above one
     for name in classes:
         path = os.path.realpath(os.path.join(folder, name))
@@ -643,7 +422,7 @@ def image_files(folder, hint):
             path = os.path.dirname(path)
     files = {}
     for name in classes:
-        found = {}                                    # identity -> the first path to it, in name order
+        files[name] = []
         for parent, subfolders, names in os.walk(os.path.join(folder, name), followlinks=True):
             entered = []
             for sub in sorted(subfolders):
@@ -653,33 +432,8 @@ def image_files(folder, hint):
             subfolders[:] = entered
             for file in sorted(names):
                 path = os.path.join(parent, file)
-                if file.lower().endswith(IMG_EXTENSIONS) and not file.startswith(".") and os.path.isfile(path):
-                    found.setdefault(identity(path), path)
-        files[name] = sorted(found.values())
-        if not files[name]:
-            raise DataError(f"images: {os.path.join(folder, name)} holds no image files ({' '.join(IMG_EXTENSIONS)})")
-    return files
-
-def hold_out(files, folder):
-    """(train, held-out) {class: paths}: IMAGE_HOLD_OUT of each class (at least one image) held out."""
-    generator = torch.Generator().manual_seed(IMAGE_SPLIT_SEED)
-    train, held = {}, {}
-    for name, paths in files.items():
-        if len(paths) < 2:
-            raise DataError(f"images: {folder}/{name} holds one image; holding out 10 % of each "
-                            f"class (at least one image) needs two or more per class")
-        order = torch.randperm(len(paths), generator=generator).tolist()
-        count = max(1, round(IMAGE_HOLD_OUT * len(paths)))
-        held[name] = sorted(paths[i] for i in order[:count])
-        train[name] = sorted(paths[i] for i in order[count:])
-    return train, held
-
-def check_each_file_once(train, held):
-    """DataError naming a file in two classes, or both trained on and held out (the same file, by any path)."""
-    first = {}                                        # identity -> (role, class, path) where first found
-    for role, files in (("trained on", train), ("held out", held)):
-        for name, paths in files.items():
-            for path in paths:
+                if not file.lower().endswith(IMG_EXTENSIONS) or file.startswith(".") or not os.path.isfile(path):
+                    continue
                 other_role, other_name, other = first.setdefault(identity(path), (role, name, path))
                 if other_role != role:
                     raise DataError(f"images: {path} is held out and also trained on (as {other}): a file "
@@ -687,52 +441,62 @@ def check_each_file_once(train, held):
                 if other_name != name:
                     raise DataError(f"images: {path} is in class {name} and also in class {other_name} "
                                     f"(as {other}): a file may be in one class only")
-
-def image_header(path):
-    """(PIL mode, (width, height), the largest value of a wide image, else None) of an image file checked
-    by Image.verify, or DataError."""
-    from PIL import Image
-    try:
-        with Image.open(path) as image:
-            mode, size = image.mode, image.size
-            image.verify()
-        if mode not in WIDE_MODES:
-            return mode, size, None
-        with Image.open(path) as image:   # verify leaves the image unusable: opened again
-            return mode, size, (image.convert("F") if mode != "F" else image).getextrema()[1]
-    except Exception as err:   # PIL raises UnidentifiedImageError, SyntaxError, struct.error, ...
-        raise DataError(f"images: {path} is not a readable image ({type(err).__name__}): delete "
-                        f"or replace it")
+                if other == path:                     # not a second path to a file of this class
+                    files[name].append(path)
+        files[name].sort()
+        if not files[name]:
+            raise DataError(f"images: {os.path.join(folder, name)} holds no image files ({' '.join(IMG_EXTENSIONS)})")
+    return files
 
 def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_scale=0.08):
-    """--task images from the user's ImageFolder tree (IMAGES_LAYOUT); "info": result.json's "data"."""
-    hint = f"--data-dir DIR: {IMAGES_LAYOUT}"
-    train_dir = os.path.join(data_dir, "train")
+    """--task images from the user's tree (IMAGES_LAYOUT); "info": result.json's "data"."""
+    from PIL import Image
+    train_dir, first = os.path.join(data_dir, "train"), {}
     eval_name = next((n for n in IMAGE_EVAL_FOLDERS if os.path.isdir(os.path.join(data_dir, n))), None)
     if os.path.isdir(train_dir) and eval_name:
         eval_dir = os.path.join(data_dir, eval_name)
-        train, held = image_files(train_dir, hint), image_files(eval_dir, hint)
-        for have, lack, have_dir, lack_dir in ((train, held, train_dir, eval_dir),
-                                               (held, train, eval_dir, train_dir)):
-            missing = sorted(set(have) - set(lack))
-            if missing:
-                raise DataError(f"images: class {missing[0]} has a folder in {have_dir} but not in "
-                                f"{lack_dir}; both need the same class folders")
+        files = {"trained on": image_files(train_dir, "trained on", first),
+                 "held out": image_files(eval_dir, "held out", first)}
+        missing = sorted(set(files["trained on"]) ^ set(files["held out"]))     # a class in one folder only
+        if missing:
+            have, lack = (train_dir, eval_dir) if missing[0] in files["trained on"] else (eval_dir, train_dir)
+            raise DataError(f"images: class {missing[0]} has a folder in {have} but not in {lack}; both need the "
+                            f"same class folders")
         layout = {"layout": "train and eval folders", "train_folder": train_dir,
                   "eval_folder": eval_dir, "split_seed": None}
     elif os.path.isdir(train_dir):
         raise DataError(f"images: {train_dir} has no evaluation folder beside it (val/, "
                         f"validation/ or test/, with the same class folders)")
-    else:
-        train, held = hold_out(image_files(data_dir, hint), data_dir)
+    else:                         # one folder: IMAGE_HOLD_OUT of each class (at least one image) held out
+        generator = torch.Generator().manual_seed(IMAGE_SPLIT_SEED)
+        files = {"trained on": {}, "held out": {}}
+        for name, paths in image_files(data_dir, "trained on", first).items():
+            if len(paths) < 2:
+                raise DataError(f"images: {data_dir}/{name} holds one image; holding out 10 % of each "
+                                f"class (at least one image) needs two or more per class")
+            order = torch.randperm(len(paths), generator=generator).tolist()
+            count = max(1, round(IMAGE_HOLD_OUT * len(paths)))
+            files["held out"][name] = sorted(paths[i] for i in order[:count])
+            files["trained on"][name] = sorted(paths[i] for i in order[count:])
         layout = {"layout": "one folder, 10 % of each class held out", "train_folder": data_dir,
                   "eval_folder": data_dir, "split_seed": IMAGE_SPLIT_SEED}
-    check_each_file_once(train, held)
-    classes = sorted(train)
-    samples = {}                  # "train" and "test": [(path, label)]
-    for split, files in (("train", train), ("test", held)):
-        samples[split] = [(path, label) for label, name in enumerate(classes) for path in files[name]]
-    headers = [image_header(path) for split in ("train", "test") for path, _ in samples[split]]
+    classes = sorted(files["trained on"])
+    samples = {split: [(path, label) for label, name in enumerate(classes) for path in files[role][name]]
+               for split, role in (("train", "trained on"), ("test", "held out"))}
+    headers = []                  # (PIL mode, (width, height), the largest value of a wide image or None)
+    for path, _ in samples["train"] + samples["test"]:
+        try:
+            with Image.open(path) as image:
+                mode, size = image.mode, image.size
+                image.verify()
+            top = None
+            if mode in WIDE_MODES:
+                with Image.open(path) as image:   # verify leaves the image unusable: opened again
+                    top = (image.convert("F") if mode != "F" else image).getextrema()[1]
+        except Exception as err:   # PIL raises UnidentifiedImageError, SyntaxError, struct.error, ...
+            raise DataError(f"images: {path} is not a readable image ({type(err).__name__}): delete "
+                            f"or replace it")
+        headers.append((mode, size, top))
     channels = 1 if all(mode in GREY_MODES for mode, _, _ in headers) else 3
     wide = max((top for _, _, top in headers if top is not None), default=None)
     if wide is not None:          # the largest value, rounded up to 1 (floats in [0, 1]), 255 or 65535 if below
@@ -748,24 +512,225 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
             "source_size_min": [min(widths), min(heights)], "source_size_max": [max(widths), max(heights)],
             **({"wide_range": wide} if wide else {})}
     sources = {}                  # per class folder and role: a refusal of --resume names the folder that changed
-    for role, files, top in (("trained on", train, layout["train_folder"]), ("held out", held, layout["eval_folder"])):
-        for name, paths in files.items():   # "train/disc", "val/disc"; one folder: "disc (trained on)"
+    for role, top in (("trained on", layout["train_folder"]), ("held out", layout["eval_folder"])):
+        for name, paths in files[role].items():   # "train/disc", "val/disc"; one folder: "disc (trained on)"
             sources[f"{name} ({role})" if top == data_dir else f"{os.path.basename(top)}/{name}"] = paths
     return {**datasets, "classes": len(classes), "channels": channels, "info": {"data": info},
             "sources": sources, "root": data_dir}
 
-# === 6. Reports: result tables, ours beside the paper's numbers above (table.md) ==================
-# A table's row is one key: the runs of one task and init with one config (every key of result.json's
-# "config"; the seed is not one of them) on one data set, mean ± std over their seeds. Two configs or two
-# data sets are never averaged: they are rows of their own. A table's columns are the settings
-# (settings_of) that tell two rows of one task apart, and train frac, mask error, mask lr and prior
-# wherever a row sets them: such a row is not the paper's experiment, whatever the other rows are.
+# === 4. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup") ========
+# Four corpora, dicts of 1-D int64 token streams {"train", "val", "test"}. lm: pydoc_data.topics, English
+# prose shipped with Python (nothing to download), in UTF-8 bytes; tinystories: the first 12k stories to
+# train, 2k to validate (and test, as in the paper); wikitext2: WikiText-2 raw; text: the user's own files
+# (TEXT_FILES), in bytes or, with --bpe-file, GPT-2 tokens. The last three are read from --data-dir, every
+# file checked: a missing, unreadable, empty or binary one is one DataError naming it.
+LM_TASKS = ("lm", "tinystories", "wikitext2", "text")
+GPT2_VOCAB = 50257
+END_OF_TEXT = "<|endoftext|>"                          # GPT-2's last id, 50256, after each story
+TINYSTORIES_FILES = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
+WIKITEXT2_FILES = tuple(f"wikitext-2-raw/wiki.{split}.raw" for split in ("train", "valid", "test"))
+TEXT_FILES = ("train.txt", "valid.txt", "test.txt")    # --task text: the last one optional
+CORPUS_FILES = {"tinystories": (*TINYSTORIES_FILES, TINYSTORIES_FILES[1]),   # per split: train, val, test
+                "wikitext2": WIKITEXT2_FILES, "text": TEXT_FILES}
+BPE_HELP = ("GPT-2's ranks file: r50k_base.tiktoken (the same ids as 'gpt2'; sha256 306cd27f...dd930),"
+            " e.g. from a machine with internet: python -c \"import tiktoken; "
+            "tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR set, then copy the cached file")
+TEXT_LAYOUT = ("DIR/train.txt and DIR/valid.txt (DIR/test.txt optional), UTF-8 text; byte tokens, "
+               "or GPT-2's with --bpe-file")
+OWN_DATA_HELP = (f"your own data:\n  --task images --data-dir DIR  {IMAGES_LAYOUT}\n"
+                 f"  --task text --data-dir DIR    {TEXT_LAYOUT}")   # train.py --help, at the end
+
+class Tokenizer:
+    """UTF-8 bytes as ids 0..255, or (gpt2) GPT-2's BPE through tiktoken, offline, from bpe_file (BPE_HELP)
+    or TIKTOKEN_CACHE_DIR. encode: text -> (T,) int64 ids; decode: ids -> text, which never fails (an id
+    that a small ranks file lacks, a larger model's, is U+FFFD)."""
+    def __init__(self, gpt2=False, bpe_file=None):
+        self.encoding, self.vocab_size, self.name = None, 256, "UTF-8 bytes"
+        if gpt2:
+            self.encoding = self.load_gpt2(bpe_file)
+            self.vocab_size, self.name = self.encoding.n_vocab, f"GPT-2 BPE ({bpe_file})"
+    def encode(self, text):
+        if self.encoding is None:
+            return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
+        return torch.tensor(self.encoding.encode_ordinary(text), dtype=torch.long)
+    def decode(self, ids):
+        pieces = []
+        for i in ids:
+            try:
+                pieces.append(bytes([i]) if self.encoding is None else self.encoding.decode_single_token_bytes(i))
+            except KeyError:
+                pieces.append("\ufffd".encode())
+        return b"".join(pieces).decode("utf-8", "replace")
+    @staticmethod
+    def load_gpt2(bpe_file):
+        import tiktoken.load
+        from tiktoken_ext.openai_public import r50k_pat_str
+        if bpe_file is None:
+            if not os.environ.get("TIKTOKEN_CACHE_DIR"):
+                raise DataError(f"no GPT-2 tokenizer: pass --bpe-file PATH or set TIKTOKEN_CACHE_DIR "
+                                f"to a cache that holds it ({BPE_HELP})")
+            try:
+                return tiktoken.get_encoding("gpt2")
+            except Exception as err:  # tiktoken would try to download what its cache lacks
+                raise DataError(f"TIKTOKEN_CACHE_DIR={os.environ['TIKTOKEN_CACHE_DIR']} does not hold "
+                                f"GPT-2's ranks ({type(err).__name__}); pass --bpe-file ({BPE_HELP})")
+        if os.path.isdir(bpe_file):
+            raise DataError(f"--bpe-file {bpe_file} is a folder: name the ranks file in it ({BPE_HELP})")
+        if not os.path.isfile(bpe_file):
+            raise DataError(f"--bpe-file {bpe_file}: no such file ({BPE_HELP})")
+        try:   # each line of a ranks file is "<base64 token> <rank>"
+            ranks = tiktoken.load.load_tiktoken_bpe(bpe_file)
+            if not ranks:
+                raise ValueError("it holds no ranks")
+            # tiktoken's Rust core panics on these instead of raising: check them first
+            if len(set(ranks.values())) != len(ranks) or max(ranks.values()) >= GPT2_VOCAB - 1:
+                raise ValueError(f"two tokens share a rank, or a rank is not below {GPT2_VOCAB - 1}")
+            missing = [b for b in range(256) if bytes([b]) not in ranks]
+            if missing:
+                raise ValueError(f"{len(missing)} of the 256 single bytes have no rank")
+            full = len(ranks) == GPT2_VOCAB - 1  # the real file; tests pass a tiny one
+            return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                                     special_tokens={END_OF_TEXT: GPT2_VOCAB - 1},
+                                     explicit_n_vocab=GPT2_VOCAB if full else None)
+        except (ValueError, OSError, UnicodeError, AssertionError) as err:
+            raise DataError(f"--bpe-file {bpe_file} is not a tiktoken ranks file ({str(err)[:80]}): "
+                            f"lines of '<base64 token> <rank>' are expected ({BPE_HELP})")
+
+@functools.cache
+def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
+    """{"train", "val", "test"} token streams, "vocab_size", "decode", "test_is_val", "root" and "sources"
+    (what was read); --task text also "files" and "info" (result.json's "data")."""
+    if name == "lm":   # Python's own prose, its source the token stream; the last 5 % test, 5 % before it val
+        import pydoc_data.topics
+        topics = pydoc_data.topics.topics
+        tokenizer = Tokenizer()
+        tokens = tokenizer.encode("\n\n".join(topics[key] for key in sorted(topics)))
+        n_val = n_test = int(len(tokens) * 0.05)
+        n_train = len(tokens) - n_val - n_test
+        return {"train": tokens[:n_train], "val": tokens[n_train:n_train + n_val], "test": tokens[n_train + n_val:],
+                "vocab_size": tokenizer.vocab_size, "decode": tokenizer.decode, "test_is_val": False,
+                "sources": {"pydoc_data.topics": tokens}, "root": None}
+    if name not in CORPUS_FILES:
+        raise ValueError(f"unknown language task {name!r}")
+    files = {split: os.path.join(data_dir, file) for split, file in zip(("train", "val", "test"), CORPUS_FILES[name])}
+    if name == "text" and not os.path.exists(files["test"]):
+        files["test"] = files["val"]
+    texts = {}                                         # each file read once
+    for path in dict.fromkeys(files.values()):
+        if not os.path.isfile(path):
+            raise DataError(f"{name}: expected {path} (--data-dir {data_dir})")
+        try:
+            with open(path, encoding="utf-8") as f:
+                texts[path] = f.read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise DataError(f"{name}: {path} cannot be read as UTF-8 text ({type(err).__name__})")
+        if not texts[path].strip():
+            raise DataError(f"{name}: {path} is empty (or white space only)")
+        if "\0" in texts[path]:
+            raise DataError(f"{name}: {path} holds NUL bytes: a binary file (or UTF-16), not UTF-8 text")
+    tokenizer = Tokenizer(gpt2=name != "text" or bpe_file is not None, bpe_file=bpe_file)
+    streams = {}
+    for split, path in files.items():
+        if name == "tinystories":                      # the first stories, each followed by <|endoftext|>
+            count = train_stories if split == "train" else val_stories
+            stories = [s for s in map(str.strip, texts[path].split(END_OF_TEXT)) if s][:count]
+            ids = [i for story in stories for i in (*tokenizer.encoding.encode_ordinary(story), GPT2_VOCAB - 1)]
+            streams[split] = torch.tensor(ids, dtype=torch.long)
+        else:
+            streams[split] = tokenizer.encode(texts[path])
+    test_is_val = files["test"] == files["val"]
+    data = {**streams, "vocab_size": tokenizer.vocab_size, "decode": tokenizer.decode, "test_is_val": test_is_val,
+            "root": data_dir, "sources": {os.path.relpath(path, data_dir): path for path in texts}}
+    data["sources"]["--bpe-file"] = bpe_file
+    if name == "text":
+        tokens = {split: len(stream) for split, stream in streams.items()}
+        info = {"files": files, "tokenizer": tokenizer.name, "test_is_val": test_is_val, "tokens": tokens}
+        data.update(files=files, info={"data": info})
+    return data
+
+def check_lm_splits(data, block_size):
+    """DataError for a context longer than a split (named by its file for --task text)."""
+    for split in ("train", "val", "test"):
+        if len(data[split]) > block_size + 1:
+            continue
+        name, more = f"the {split} split", ""
+        if "files" in data:
+            name, more = data["files"][split], ", or give it more text"
+        raise DataError(f"--block-size {block_size} needs more tokens than {name} holds "
+                        f"({len(data[split])}): choose a block size below {len(data[split]) - 1}{more}")
+
+def lm_batch(tokens, block_size, batch_size, generator):
+    """nanoGPT's get_batch: batch_size random windows; inputs (B, T) and next-token targets (B, T)."""
+    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator)
+    index = starts[:, None] + torch.arange(block_size)                      # (B, T)
+    return tokens[index], tokens[index + 1]
+
+@torch.no_grad()
+def lm_loss(model, tokens, block_size, batch=64):
+    """Mean next-token cross-entropy over every token of a split (not a sample of batches): the split in
+    consecutive windows, every token after the first predicted once (targets of -100, which cross-entropy
+    ignores, pad the last window)."""
+    n = len(tokens) - 1
+    windows = -(-n // block_size)
+    x = torch.zeros(windows * block_size, dtype=torch.long)
+    y = torch.full((windows * block_size,), -100, dtype=torch.long)
+    x[:n], y[:n] = tokens[:-1], tokens[1:]
+    x, y = x.view(windows, block_size), y.view(windows, block_size)              # (W, T) each
+    total, count = 0.0, 0
+    with evaluating(model) as device:
+        for i in range(0, windows, batch):
+            with autocast(device):
+                logits = model(x[i:i + batch].to(device))
+            targets = y[i:i + batch].to(device)
+            total += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                                       ignore_index=-100, reduction="sum").item()
+            count += (targets != -100).sum().item()
+    return total / count
+
+CACHED = (boolean_dataset, arithmetic_dataset, vision_dataset, lm_dataset)   # the loaders, as functools.cache made them
+
+# The paper's Table "Perplexity (PPL) comparison": (its inits, {task: (val ppl, test ppl) per init}).
+PAPER_LM = (("default", "mask", "mimetic"), {
+    "wikitext2": [(172.78, 181.91), (166.76, 179.70), (178.34, 188.87)],
+    "tinystories": [(10.42, 10.49), (10.40, 10.48), (10.64, 10.60)]})
+
+# === 5. Reports: table.md, a run's summary line, line charts, heat maps ===========================
+# Each quantity has one spelling, LABELS, the words of its key in result.json (or in a history entry): in
+# table.md's headers, the summary line, the charts' axes and, through main_metric, train.py's progress
+# line. A run is named task/init/seedN everywhere.
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
-ALWAYS_SHOWN = ("train frac", "mask error", "mask lr", "prior")   # a column wherever a row sets it
+LABELS = {"train_loss": "train loss", "test_loss": "test loss", "test_acc": "test acc (%)",
+          "unseen_loss": "unseen loss", "unseen_acc": "unseen acc (%)", "unseen_mse_to_mdi": "unseen MSE to MDI",
+          "seq_acc": "seq acc (%)", "digit_acc": "digit acc (%)", "sample_seq_acc": "sample seq acc (%)",
+          "val_ppl": "val ppl", "test_ppl": "test ppl", "tokens_per_second": "train tokens/s",
+          "top1": "top-1 (%)", "best_top1": "best top-1 (%)", "test_top1": "test top-1 (%)",
+          "images_per_second": "train images/s", "prior_mass_init": "prior mass init",
+          "prior_mass_final": "prior mass final", "pattern_corr_init": "pattern corr init",
+          "pattern_corr_final": "pattern corr final", "mask_drift": "mask drift",
+          "true_prior_mass_init": "true prior mass init", "true_prior_mass_final": "true prior mass final"}
+# Each family's main number, the paper's: its key in a history entry and in "final".
+MAIN_METRIC = {"boolean": ("test_acc", "test_acc"), "arithmetic": ("sample_seq_acc", "seq_acc"),
+               "language": ("val_ppl", "val_ppl"), "vision": ("test_top1", "best_top1")}
+# Each family's table: its title, the numbers of "final" it shows (so does a run's summary line;
+# "on_target": on_target's verdict), and the paper's table beside them with the keys of its numbers.
+TABLES = {"boolean": ("Boolean tasks (Section 5.1, Table 1)", ("train_loss", "test_loss", "test_acc", "unseen_loss",
+                      "unseen_acc", "unseen_mse_to_mdi", "on_target"), PAPER_BOOLEAN, ("test_loss", "test_acc")),
+          "arithmetic": ("Arithmetic (Section 5.2)", ("seq_acc", "digit_acc", "test_loss", "train_loss"),
+                         PAPER_ARITHMETIC, ("seq_acc", "digit_acc", "test_loss")),
+          "language": ('Language (Appendix "Wiki-text and Tiny-stories")', ("val_ppl", "test_ppl",
+                       "tokens_per_second"), PAPER_LM, ("val_ppl", "test_ppl")),
+          "vision": ("Vision (Section 5.3)", ("best_top1", "top1", "test_loss", "images_per_second"),
+                     PAPER_VISION, ("best_top1",))}
+# Section 6.1's persistence numbers, a table of every run; with an edited or learned prior, also the
+# attention mass on the task's exact (hand-made) pattern.
+PERSISTENCE = ("prior_mass_init", "prior_mass_final", "pattern_corr_init", "pattern_corr_final", "mask_drift")
+TRUE_MASS = ("true_prior_mass_init", "true_prior_mass_final")
+ALWAYS_SHOWN = ("train frac", "mask error", "mask lr", "mask from")   # a column wherever a row sets it
+UNSET = ("—", "none")                                                # the text of a setting not given
 
 def fmt(value, digits=4):
-    """A number as tables print it: 4 significant digits, whole from 1000 on; None: "n/a"."""
+    """A number as reports print it: 4 significant digits, whole from 1000 on; None: "n/a"."""
     if value is None:
         return "n/a"
     if abs(value) < 1000:
@@ -789,559 +754,436 @@ def mean_std(values):
         text = "overflow"
     return text + note
 
-def setting_text(value):
-    """A setting as tables and legends write it: "—" for none, 0.001 as "0.001", anything else as str."""
-    if value is None:
-        return "—"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-def edit_order(error):
-    """(kind, fraction) of a mask error, its sort key: the exact prior (None) first."""
-    kind, _, fraction = (error or "").partition(":")
-    return kind, float(fraction or 0)
-
-def data_label(result):
-    """"<data folder> <8 hex of the fingerprint>" of a run on files (corpora, images), else None: generated
-    data (Boolean, arithmetic) follow from the task, the config and the seed."""
-    if FAMILY_OF[result["task"]] in ("boolean", "arithmetic") or not result.get("data_fingerprint"):
-        return None
-    digest = hashlib.sha256(json.dumps(result["data_fingerprint"], sort_keys=True).encode()).hexdigest()
-    folder = os.path.basename(os.path.normpath(result.get("data_dir") or ""))
-    return f"{folder} {digest[:8]}".strip()
-
 def settings_of(result):
-    """{column: value} of a run's settings but its seed, in table.md's order: the task (its mask variant
-    in brackets), train frac, init, the mask's settings (A: --mask-magnitude; prior: "<source run>, τ
-    <TAU>" of --mask-from, else None), data (data_label), then every other config key by its name."""
-    config = result["config"]
-    task, variant, source = result["task"], config.get("mask_variant"), config.get("mask_from")
-    settings = {"task": f"{task} ({variant})" if variant else task, "train frac": config.get("train_frac"),
-                "init": result["init"], "A": config.get("mask_magnitude"),
-                "mask decay": config.get("mask_decay") or 0.0, "mask error": config.get("mask_error"),
-                "mask lr": config.get("mask_lr"), "prior": None, "data": data_label(result)}
-    if source:                 # the learned prior's keys (mask_from_*, mask_density) follow from these two
-        settings["prior"] = f"{os.path.basename(os.path.abspath(source))}, τ {config['mask_threshold']:g}"
+    """{column: text} of a run's settings but its seed, in table.md's order: the task (its mask variant in
+    brackets), train frac, init, A (--mask-magnitude), mask decay, mask error ("none": the exact prior),
+    mask lr, mask from ("<source run>, τ <TAU>" of --mask-from), data ("<folder> <8 hex digits of the
+    fingerprint>" of a run on files; generated data follow from the task, the config and the seed), then
+    every other config key by its name. None is "—", a float {:g}. Raises on a result it cannot read."""
+    config, task = result["config"], result["task"]
+    values = {"task": task, "train frac": config.get("train_frac"), "init": result["init"],
+              "A": config.get("mask_magnitude"), "mask decay": config.get("mask_decay") or 0.0,
+              "mask error": config.get("mask_error") or "none", "mask lr": config.get("mask_lr"),
+              "mask from": None, "data": None}
+    if config.get("mask_variant"):
+        values["task"] = f"{task} ({config['mask_variant']})"
+    if config.get("mask_from"):   # the learned prior's other keys (mask_from_*, mask_density) follow from these
+        source = os.path.basename(os.path.abspath(config["mask_from"]))
+        values["mask from"] = f"{source}, τ {config['mask_threshold']:g}"
+    if FAMILY_OF[task] in ("language", "vision") and result.get("data_fingerprint"):
+        digest = hashlib.sha256(json.dumps(result["data_fingerprint"], sort_keys=True).encode()).hexdigest()
+        folder = os.path.basename(os.path.normpath(result.get("data_dir") or ""))
+        values["data"] = f"{folder} {digest[:8]}".strip()
     said = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_variant",
             "mask_threshold", "mask_density")
     for key, value in sorted(config.items()):
         if key not in said and not key.startswith("mask_from"):
-            settings[key.replace("_", " ")] = value
-    return settings
-
-def setting_texts(result):
-    """settings_of(result) as table.md and the chart legends write it; the prior: its source, "hand-made"
-    (the task's own, in M) or "—" (none); the mask error: "none" for the exact prior."""
-    texts = {column: setting_text(value) for column, value in settings_of(result).items()}
-    if result["config"].get("mask_error") is None:
-        texts["mask error"] = "none"
-    if not result["config"].get("mask_from"):   # a result.json written before "mask_prior": the mask inits
-        mask_prior = result.get("mask_prior", result["init"] in ("mask", "mask-fixed", "mask-hadamard"))
-        texts["prior"] = "hand-made" if mask_prior else "—"
+            values[key.replace("_", " ")] = value
+    texts = {}
+    for column, value in values.items():
+        texts[column] = str(value)
+        if value is None:
+            texts[column] = "—"
+        if isinstance(value, float):
+            texts[column] = f"{value:g}"
     return texts
 
-def group_runs(results, init_order):
-    """[(settings_of, its runs, seeds rising)] per key, in the tables' order: task, train frac, A,
-    mask decay, mask error, init, prior, mask lr, data, then the rest of the config."""
-    def order(result):
-        s = settings_of(result)
-        return (list(FAMILY_OF).index(result["task"]), s["train frac"] or 0, s["A"] or 0, s["mask decay"],
-                edit_order(s["mask error"]), init_order.index(result["init"]), s["prior"] or "",
-                s["mask lr"] or 0, s["data"] or "", json.dumps(result["config"], sort_keys=True), result["seed"])
-    groups = {}
-    for r in sorted(results, key=order):
-        key = (r["task"], r["init"], json.dumps(r["config"], sort_keys=True), data_label(r))   # the one key
-        groups.setdefault(key, []).append(r)
-    return [(settings_of(runs[0]), runs) for runs in groups.values()]
+def main_metric(task, final=False):
+    """(key, label) of the task's main number in a history entry, or in "final"; threesym's is its test
+    loss, the number the paper reports for it."""
+    in_history, in_final = MAIN_METRIC[FAMILY_OF[task]]
+    key = in_final if final else in_history
+    if task == "threesym":
+        key = "test_loss"
+    return key, LABELS[key]
 
-def varied(settings):
-    """The columns, in settings' order, whose value differs between two of these settings of one task."""
+def markdown_table(rows, keys, paper=None, paper_keys=()):
+    """rows [(settings, runs)] as a table: the setting columns (the task and init, every setting that tells
+    two rows of one task apart, and ALWAYS_SHOWN wherever a row sets it: such a row is not the paper's
+    experiment), "seeds" (finished / all), mean ± std of each key over the finished seeds ("on target": of
+    the seeds that can be judged, those on the target), then the paper's numbers, (its inits, {task:
+    numbers per init}), beside its own setting only (no edited or learned prior, its train frac), with what
+    the runs changed of the preset."""
     by_task = {}
-    for s in settings:
+    for s, _ in rows:
         by_task.setdefault(s["task"], []).append(s)
-    columns = dict.fromkeys(column for s in settings for column in s)
-    return [c for c in columns if any(len({json.dumps(s.get(c)) for s in same}) > 1 for same in by_task.values())]
-
-# Each family's columns: (header, key of "final": mean ± std over seeds, or a function (the finished
-# runs' result.json dicts, settings_of) -> text). The paper's numbers stand beside its own setting only,
-# with what a run changed of its preset (result.json's preset_changes) said beside them.
-def paper(table, i=None):
-    """A column of the paper's numbers from table (its i-th number per cell, if i is given)."""
-    def column(done, s):
-        own_setting = not (s["mask error"] or s["prior"]) and s["train frac"] == ARITHMETIC_TRAIN_FRAC.get(s["task"])
-        number = table.get((s["task"], s["init"])) if own_setting else None
-        cell = fmt(number[i] if number and i is not None else number)
-        changes = (done[0].get("preset_changes") or {}) if done and number else {}
-        said = [f"{key.replace('_', ' ')} {setting_text(ours)}, not the preset's {setting_text(theirs)}"
-                for key, (ours, theirs) in sorted(changes.items())]
-        return f"{cell} (this run: {'; '.join(said)})" if said else cell
-    return column
-
-def closer(final):
-    """A Boolean run's unseen predictions lie closer to the target than to the MDI (Section 5.1)."""
-    return final["unseen_loss"] < final["unseen_mse_to_mdi"]
-
-# A Boolean run fitted its training set when its training MSE is below 1 % of the variance of the target
-# over the seen points (R^2 > 0.99): a constant predictor (MSE = that variance) or a run cut short is not
-# counted as having learned the target, however its unseen predictions fall.
-FIT_FRACTION = 0.01
-
-def fitted(result):
-    seen_variance = boolean_dataset(result["task"])["y_train"].var(unbiased=False).item()
-    loss = result["final"].get("train_loss")
-    return loss is not None and loss < FIT_FRACTION * seen_variance
-
-def learned_target(done, s):
-    """Table 1's "target": the seeds that fit their training set and extrapolate nearer the target."""
-    return f"{sum(closer(r['final']) and fitted(r) for r in done)}/{len(done)}"
-
-def plain(*keys):
-    """Columns headed by their keys, spaced: "prior mass init" for prior_mass_init."""
-    return [(key.replace("_", " "), key) for key in keys]
-
-PRIOR_MASS_COLUMNS = plain("prior_mass_init", "prior_mass_final")
-PERSISTENCE_COLUMNS = PRIOR_MASS_COLUMNS + plain("pattern_corr_init", "pattern_corr_final", "mask_drift")
-# With an edited or learned prior: the attention mass on the task's exact pattern as well.
-TRUE_MASS_COLUMNS = plain("true_prior_mass_init", "true_prior_mass_final")
-BOOLEAN_COLUMNS = [
-    *plain("train_loss", "test_loss"), ("test acc (%)", "test_acc"),
-    ("unseen MSE to target", "unseen_loss"), ("unseen MSE to MDI", "unseen_mse_to_mdi"),
-    ("learned target", learned_target),
-    ("paper loss", paper(PAPER_BOOLEAN, 0)), ("paper acc (%)", paper(PAPER_BOOLEAN, 1))]
-ARITHMETIC_COLUMNS = [
-    ("seq acc (%)", "seq_acc"), ("digit acc (%)", "digit_acc"), *plain("test_loss", "train_loss"),
-    *PRIOR_MASS_COLUMNS, ("paper seq acc", paper(PAPER_ARITHMETIC, 0)),
-    ("paper digit acc", paper(PAPER_ARITHMETIC, 1)), ("paper loss", paper(PAPER_ARITHMETIC, 2))]
-LM_COLUMNS = [*plain("val_ppl", "test_ppl"), ("train tokens/s", "tokens_per_second"),
-              *plain("mask_drift"), ("paper val ppl", paper(PAPER_LM, 0)),
-              ("paper test ppl", paper(PAPER_LM, 1))]
-VISION_COLUMNS = [("best top-1 (%)", "best_top1"), ("final top-1 (%)", "top1"), *PRIOR_MASS_COLUMNS,
-                  *plain("mask_drift"), ("train images/s", "images_per_second"),
-                  ("paper best top-1 (%)", paper(PAPER_VISION))]
-HEADER = {key: header for columns in (BOOLEAN_COLUMNS, ARITHMETIC_COLUMNS, LM_COLUMNS, VISION_COLUMNS)
-          for header, key in columns if isinstance(key, str)}
-# The numbers summary_line prints of a run, in this order, named by their headers.
-SUMMARY = {"boolean": ("test_loss", "test_acc", "unseen_loss", "unseen_mse_to_mdi"),
-           "arithmetic": ("seq_acc", "digit_acc", "test_loss", "train_loss"),
-           "language": ("val_ppl", "test_ppl", "tokens_per_second"),
-           "vision": ("top1", "best_top1", "test_loss", "images_per_second")}
-
-def markdown_table(results, columns, init_order):
-    """A row per key, mean ± std over its seeds; the setting columns (see the top of this section),
-    "seeds" (finished / all), then the family's columns."""
-    rows = group_runs(results, init_order)
-    settings = [s for s, _ in rows]
-    apart = varied(settings)
-    every = dict.fromkeys(c for s in settings for c in s)     # every setting, in settings_of's order
-    shown = [c for c in every if c in ("task", "init") or c in apart
-             or c in ALWAYS_SHOWN and any(s[c] for s in settings)]
-    header = [*shown, "seeds", *[h for h, _ in columns]]
+    shown = []
+    for column in dict.fromkeys(c for s, _ in rows for c in s):     # every setting, in settings_of's order
+        differs = any(len({s.get(column) for s in same}) > 1 for same in by_task.values())
+        given = column in ALWAYS_SHOWN and any(s.get(column, "—") not in UNSET for s, _ in rows)
+        if column in ("task", "init") or differs or given:
+            shown.append(column)
+    header = [*shown, "seeds", *[LABELS.get(key, "on target") for key in keys]]
+    if paper:
+        header.append("paper " + " / ".join(LABELS[key] for key in paper_keys))
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for s, runs in rows:
         done = [r for r in runs if r["status"] == "done"]
-        texts = setting_texts(runs[0])
-        cells = [texts.get(c, "—") for c in shown] + [f"{len(done)}/{len(runs)}"]
-        for _, how in columns:
-            cells.append(how(done, s) if callable(how) else mean_std([r["final"].get(how) for r in done]))
+        cells = [s.get(column, "—") for column in shown] + [f"{len(done)}/{len(runs)}"]
+        for key in keys:
+            if key == "on_target":
+                judged = [verdict for verdict in map(on_target, done) if verdict is not None]
+                cells.append(f"{sum(judged)}/{len(judged)}" if judged else "n/a")
+            else:
+                cells.append(mean_std([r["final"].get(key) for r in done]))
+        if paper:
+            inits, table = paper
+            config, task = runs[0]["config"], runs[0]["task"]
+            own = not (config.get("mask_error") or config.get("mask_from"))
+            numbers = [None]
+            if own and config.get("train_frac") == ARITHMETIC_TRAIN_FRAC.get(task) and s["init"] in inits:
+                numbers = table.get(s["task"], [numbers] * len(inits))[inits.index(s["init"])]
+            cells.append(" / ".join(fmt(number) for number in numbers))
+            changes = (done[0].get("preset_changes") or {}) if done and numbers != [None] else {}
+            said = [f"{key.replace('_', ' ')} {ours}, not the preset's {theirs}"
+                    for key, (ours, theirs) in sorted(changes.items())]
+            if said:
+                cells[-1] += f" (this run: {'; '.join(said)})"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 def summary_line(result):
-    """A finished run in one line: its SUMMARY numbers by their headers, prior masses, seconds, sample."""
-    f, c, family = result["final"], result["config"], FAMILY_OF[result["task"]]
-    head = [result["task"], result["init"], f"seed {result['seed']}"]
-    if c.get("mask_error"):
-        head.append(f"prior {c['mask_error']}")
-    if c.get("mask_from"):
-        head.append(f"prior from {settings_of(result)['prior']}")
-    if family == "arithmetic":
-        head.append(f"train frac {c['train_frac']:g}")
+    """A finished run in one line: its name (and the ALWAYS_SHOWN settings it sets), its family's numbers
+    (TABLES) by their labels, the prior's mass, seconds, a language run's sample. KeyError for a result
+    without its family's numbers (not a result of train.py)."""
+    f, s, family = result["final"], settings_of(result), FAMILY_OF[result["task"]]
+    name = f"{result['task']}/{result['init']}/seed{result['seed']}"
+    given = [f"{column} {s[column]}" for column in ALWAYS_SHOWN if s[column] not in UNSET]
+    if given:
+        name += f" ({', '.join(given)})"
     notes = {}                                       # said after a number
-    if family == "boolean":
-        fit = "" if fitted(result) else "; the training set is not fitted"
-        notes["unseen_mse_to_mdi"] = f" (closer to the {'target' if closer(f) else 'MDI'}{fit})"
     if family == "arithmetic":
         notes["test_loss"] = f" on {result['eval_pairs']} held-out pairs"
     if family == "language" and f["test_is_val"]:
         notes["test_ppl"] = " (= val)"
     said = []
-    for key in SUMMARY[family]:
-        value = fmt(f[key])                          # KeyError: not a result of train.py
-        if f[key] is not None and "(%)" in HEADER[key]:
-            value = f"{f[key]:.2f}%"
-        said.append(f"{HEADER[key].replace(' (%)', '').removeprefix('final ')} {value}{notes.get(key, '')}")
-    if "warmup_shortened_from" in c:
-        said.append(f"warmup shortened from {c['warmup_shortened_from']} to {c['warmup_epochs']} epochs")
-    masses = ["prior_mass"] if f.get("prior_mass_init") is not None else []
-    if f.get("true_prior_mass_init") is not None and (c.get("mask_error") or c.get("mask_from")):
-        masses.append("true_prior_mass")
-    said += [f"{key.replace('_', ' ')} {f[key + '_init']:.2f} -> {f[key + '_final']:.2f}" for key in masses]
+    for key in TABLES[family][1]:
+        if key == "on_target":
+            said.append(f"on target {({True: 'yes', False: 'no', None: 'n/a'})[on_target(result)]}")
+        else:
+            said.append(f"{LABELS[key]} {fmt(f[key])}{notes.get(key, '')}")   # KeyError: not train.py's
+    config = result["config"]
+    if "warmup_shortened_from" in config:
+        said.append(f"warmup shortened from {config['warmup_shortened_from']} to {config['warmup_epochs']} epochs")
+    masses = ("prior_mass_init", "prior_mass_final")
+    if s["mask error"] != "none" or s["mask from"] != "—":
+        masses += TRUE_MASS
+    said += [f"{LABELS[key]} {fmt(f[key])}" for key in masses if f.get(key) is not None]
     sample = f"\n  sample: {f['sample'][:300]!r}" if "sample" in f else ""
-    return f"{' / '.join(head)}: {', '.join(said)}, {result['seconds']:.0f} s{sample}"
+    return f"{name}: {', '.join(said)}, {result['seconds']:.0f} s{sample}"
 
-# Line charts (line_chart): rows of Panels, a legend beside a row; a line = mean, band = range over seeds.
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#17becf", "#bcbd22"]   # an init's colour: by its place in the order the caller gives
-DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
+def result_tables(results, init_order):
+    """table.md's markdown, a table per family and one of the persistence numbers, and {file name: SVG}
+    of the figures the runs can draw: curves.svg, and where a setting was swept data_efficiency.svg (Figure
+    "Test sequence accuracy under varying training fractions"), mask_magnitude.svg and imperfect_prior.svg
+    (Appendix A.2, "Why Not Just Fix the Mask?": can a learnable mask correct an imperfect prior?)."""
+    def order(result):   # task, train frac, A, mask decay, mask error (exact first), init, prior, mask lr, ...
+        config = result["config"]
+        swept = [config.get(key) or 0 for key in ("train_frac", "mask_magnitude", "mask_decay")]
+        return (list(FAMILY_OF).index(result["task"]), swept, config.get("mask_error") or "",
+                init_order.index(result["init"]), config.get("mask_from") or "", config.get("mask_threshold") or 0,
+                config.get("mask_lr") or 0, json.dumps(config, sort_keys=True), settings_of(result)["data"],
+                result["seed"])
+    groups = {}                                       # a row per key: task, init, config, data
+    for result in sorted(results, key=order):
+        s = settings_of(result)
+        key = (result["task"], result["init"], json.dumps(result["config"], sort_keys=True), s["data"])
+        groups.setdefault(key, (s, []))[1].append(result)
+    rows = list(groups.values())
+    sections = []
+    for family, (title, numbers, paper, paper_keys) in TABLES.items():
+        ours = [(s, runs) for s, runs in rows if FAMILY_OF[runs[0]["task"]] == family]
+        if ours:
+            sections.append(f"## {title}\n\n{markdown_table(ours, numbers, paper, paper_keys)}\n")
+    persistence = PERSISTENCE
+    if any(s["mask error"] != "none" or s["mask from"] != "—" for s, _ in rows):
+        persistence += TRUE_MASS
+    sections.append(f"## Persistence of the prior (Section 6.1)\n\n{markdown_table(rows, persistence)}\n")
+    hand_made = [(s, runs) for s, runs in rows if s["mask from"] == "—"]           # no prior learned elsewhere
+    arithmetic = [(s, runs) for s, runs in hand_made if FAMILY_OF[runs[0]["task"]] == "arithmetic"]
+    masks = [(s, runs) for s, runs in hand_made if FAMILY_OF[runs[0]["task"]] in ("boolean", "arithmetic")
+             and s["init"] in ("mask", "mask-fixed") and s["mask decay"] == "0"]   # M holds it, undecayed
+    exact = [(s, runs) for s, runs in masks if runs[0]["task"] in BOOLEAN_TASKS and s["mask error"] == "none"
+             and s["mask lr"] == "—"]                                          # at the model's lr
+    figures = {"curves.svg": figure(rows, init_order, None, ["train_loss", None], "Training curves"),
+               "data_efficiency.svg": figure(arithmetic, init_order, "train frac", [None],
+                                             "Held-out accuracy against the fraction of pairs trained on"),
+               "mask_magnitude.svg": figure(exact, init_order, "A", [None, "mask_drift"],
+                                            "Accuracy and mask drift against the mask magnitude A"),
+               "imperfect_prior.svg": figure(masks, init_order, "mask error", [None, "true_prior_mass_final"],
+                                             "Accuracy and attention on the exact prior against its edit", ("A",))}
+    return "\n".join(sections), {name: svg for name, svg in figures.items() if svg}
 
-def colour(init, init_order):
-    return COLOURS[init_order.index(init) % len(COLOURS)]
-
-# lines [(label, colour, dash, [(x, mean, lowest, highest)])]; x: "linear" (from 0), "log" (ticks at
-# the data's x, written by tick) or category names (x indexes them, "\n" breaks one); y: (lo, hi) or
-# None (0 to 100 for a "(%)" label, else the data's range, log across a factor of ten).
-Panel = namedtuple("Panel", "lines x_label y_label title x y tick",
-                   defaults=("", "linear", None, "{:g}".format))
-
-def seed_band(by_x):
-    """{x: the seeds' values} -> [(x, mean, lowest, highest)], x rising: a line and its band."""
-    return [(x, statistics.fmean(v), min(v), max(v)) for x, v in sorted(by_x.items())]
-
-def bands(points):
-    """{panel: {line: seed_band}} of (panel, line, x, value) points, in their order; a value that is None
-    or not finite is left out."""
-    values = {}
-    for panel, line, x, value in points:
-        if value is not None and math.isfinite(value):
-            values.setdefault(panel, {}).setdefault(line, {}).setdefault(x, []).append(value)
-    return {panel: {line: seed_band(by_x) for line, by_x in lines.items()} for panel, lines in values.items()}
-
-def nice_ticks(lo, hi, log=False, whole=False):
-    """Round ticks in [lo, hi]: steps of 1, 2 or 5 x 10^k, about five (whole: steps >= 1, for epochs
-    and iterations); log: powers of ten (and 2, 5 times them across < 3 decades)."""
-    if log:
-        decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-        mantissas = (1,) if len(decades) > 3 else (1, 2, 5)
-        return [m * 10.0 ** k for k in decades for m in mantissas if lo <= m * 10.0 ** k <= hi]
-    raw = max((hi - lo) / 5, 1.0 if whole else 0.0) or 1.0
-    base = 10 ** math.floor(math.log10(raw))
-    step = next(m * base for m in (1, 2, 5, 10) if m * base >= raw * 0.999)
-    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
-    return [t for t in (round(k * step, 10) for k in range(first, last + 1)) if lo <= t <= hi]
-
-def pixel(value, lo, hi, start, end, log=False):
-    """The pixel of a value: [lo, hi] onto [start, end], on a linear or a log scale."""
-    f = math.log10 if log else float
-    return start + (f(value) - f(lo)) / ((f(hi) - f(lo)) or 1) * (end - start)
+def svg_document(width, height, parts):
+    """An SVG file of the parts, 11 px sans-serif on white."""
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+            f'font-size="11"><rect width="100%" height="100%" fill="white"/>' + "".join(parts) + "</svg>\n")
 
 def svg_text(x, y, content, **attributes):
     """<text> of the escaped content at (x, y), attributes by Python names (text_anchor: text-anchor)."""
     more = "".join(f' {key.replace("_", "-")}="{value}"' for key, value in attributes.items())
     return f'<text x="{x}" y="{y}"{more}>{escape(content)}</text>'
 
-def svg_file(width, height, parts, background=""):
-    """The SVG file of line_chart and heatmap_svg: the parts in 11 px sans-serif, on a background."""
-    fill = f'<rect width="100%" height="100%" fill="{background}"/>' if background else ""
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'font-family="sans-serif" font-size="11">{fill}' + "".join(parts) + "</svg>\n")
+# Line charts (curves.svg, the sweep figures): rows of panels, a panel (title, x label, y label, categories,
+# lines), lines {name: (init, {x: its values over the seeds})}, x one of the categories. A line is the
+# seeds' mean with a band from the lowest to the highest seed, and a dot at each mean (up to 30), in its
+# init's colour (init None: grey, dotted) and a dash by its place among the lines of its init. It is broken
+# where it has no value for a category between two it has: a missing value never passes unseen.
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#17becf", "#bcbd22"]   # an init's colour: by its place in the order the caller gives
+DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
 
-def stroke(colour, dash):
-    return f'stroke="{colour}" stroke-width="2" stroke-dasharray="{dash or "none"}"'
+def figure(rows, init_order, column, keys, caption, panel_columns=()):
+    """A figure of table rows [(settings, runs)]: a row of panels per key (None: the task's main number), a
+    panel per task (and per value of each of panel_columns), a line per init and the other settings that
+    tell the panel's rows apart. column: the setting a sweep varies, x its values in the rows' order (which
+    sorts them), y a number of "final"; None: training curves, x each epoch or iteration of result.json's
+    history (an entry that is no dict, or a value that is no number, left out: a file edited by hand). A
+    number after training (_final) is drawn beside its value at init: one grey line, the first row's at
+    each x (the same for mask and mask-fixed: one prior, one seed). None when no line has a point (a sweep:
+    two points)."""
+    def number(value):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    chart = []
+    for key in keys:
+        by_title = {}                                 # a panel's title -> its rows, all of one task
+        for s, runs in rows:
+            title = ", ".join([s["task"], *[f"{c} {s[c]}" for c in panel_columns]])
+            by_title.setdefault(title, []).append((s, runs))
+        panels = []
+        for title, ours in by_title.items():
+            task = ours[0][1][0]["task"]
+            y_key, y_label = main_metric(task, final=column is not None)
+            if key:
+                y_key, y_label = key, LABELS[key]
+            apart = [c for c in ours[0][0] if c not in ("task", "init", column)
+                     and len({s.get(c) for s, _ in ours}) > 1]
+            lines, x_label = {}, column or "epoch"
+            for s, runs in ours:
+                done = [r for r in runs if r["status"] == "done"]
+                name = ", ".join([s["init"], *[f"{c} {s.get(c, '—')}" for c in apart]])
+                by_x = lines.setdefault(name, (s["init"], {}))[1]
+                if column and y_key.endswith("_final"):
+                    at_init = lines.setdefault("at init", (None, {}))[1]
+                    at_init.setdefault(s[column], [r["final"].get(y_key.replace("_final", "_init")) for r in done])
+                if column:
+                    by_x[s[column]] = [r["final"].get(y_key) for r in done]
+                    continue
+                for entry in (e for r in done if isinstance(r.get("history"), list) for e in r["history"]):
+                    x = entry.get("iter", entry.get("epoch")) if isinstance(entry, dict) else None
+                    if number(x) and number(entry.get(y_key)):
+                        by_x.setdefault(x, []).append(entry[y_key])
+                    if number(x) and "iter" in entry:
+                        x_label = "iteration (optimizer steps)"
+            lines = {name: line for name, line in lines.items() if any(line[1].values())}
+            categories = sorted({x for _, by_x in lines.values() for x in by_x})
+            if column:
+                categories = list(dict.fromkeys(s[column] for s, _ in ours))
+            if lines:
+                panels.append((title, x_label, y_label, categories, lines))
+        if panels:
+            chart.append(panels)
+    points = [len(by_x) for panels in chart for *_, lines in panels for _, by_x in lines.values()]
+    if not points or (column and max(points) < 2):
+        return None
+    return line_chart(chart, init_order, caption)
 
-def chart_panel(p, x0, y0, width, height):
-    """A Panel at (x0, y0) as an SVG group: its title, axes, grey lines at the ticks, labels, lines."""
-    left, right, top, bottom = 64, width - 14, 24 if p.title else 8, height - 46
-    points = [point for *_, pts in p.lines for point in pts]
-    ys = [v for point in points for v in point[1:]]
-    percent = "(%)" in p.y_label
-    log = p.y is None and not percent and min(ys) > 0 and max(ys) >= 10 * min(ys)
-    if p.y:                                  # the y range: given, 0-100 %, a decade and more (log),
-        lo, hi = p.y                         # or the data's with a margin, from 0 if all are >= 0
-    elif percent:
-        lo, hi = 0.0, 100.0
-    elif log:
+def chart_panel(panel, x0, y0, looks, width, height):
+    """A panel at (x0, y0) as an SVG group: title, grey lines at the ticks, axes, labels, lines (looks:
+    {name: (colour, dash)}). x: the categories, evenly spaced, each labelled up to 8 (else every 2nd, 5th,
+    10th, ...). y: 0 to 100 for a "(%)" label, else the values' range, on a log scale when they are
+    positive and span a factor of ten; ticks at round numbers."""
+    title, x_label, y_label, categories, lines = panel
+    left, right, top, bottom = 64, width - 14, 24, height - 46
+    points = {}                                       # name -> [(category's place, mean, lowest, highest)]
+    for name, (_, by_x) in lines.items():
+        finite = {x: [v for v in values if v is not None and math.isfinite(v)] for x, values in by_x.items()}
+        points[name] = sorted((categories.index(x), statistics.fmean(v), min(v), max(v))
+                              for x, v in finite.items() if v)
+    ys = [y for pts in points.values() for _, *values in pts for y in values]
+    if not ys:
+        return ""
+    log = "(%)" not in y_label and min(ys) > 0 and max(ys) >= 10 * min(ys)
+    lo, hi = min(0.0, min(ys)), max(100.0, max(ys))
+    if log:
         lo, hi = min(ys) / 1.15, max(ys) * 1.15
-    else:
+    elif "(%)" not in y_label:                        # a margin, and from 0 if every value is >= 0
         pad = (max(ys) - min(ys)) * 0.06 or abs(max(ys)) * 0.1 or 1.0
         lo, hi = min(ys) - pad, max(ys) + pad
         if min(ys) >= 0:
             lo = max(lo, 0.0)
-    y_ticks = nice_ticks(lo, hi, log)
-    if isinstance(p.x, list):                # categories, evenly spaced
-        x_ticks, tick_texts = range(len(p.x)), p.x
-    else:                                    # log: the data's own x; linear: from 0
-        xs = sorted({x for x, *_ in points}) if p.x == "log" else [0, max(x for x, *_ in points) or 1]
-        x_ticks = xs if p.x == "log" else nice_ticks(0, xs[-1], whole=True)
-        tick_texts = [p.tick(x) for x in x_ticks]
-    def px(x):                               # a category's centre, or x on the panel's own range
-        if isinstance(p.x, list):
-            return left + (x + 0.5) / len(p.x) * (right - left)
-        return pixel(x, xs[0], xs[-1], left, right, p.x == "log")
+    if log:                                           # powers of ten (2 and 5 times them too, up to 3 decades)
+        decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+        mantissas, stride = (1, 2, 5), math.ceil(len(decades) / 6)
+        if len(decades) > 3:
+            mantissas = (1,)
+        y_ticks = [m * 10.0 ** k for k in decades[::stride] for m in mantissas if lo <= m * 10.0 ** k <= hi]
+    else:                                             # about five, 1, 2 or 5 x 10^k apart
+        power = 10 ** math.floor(math.log10((hi - lo) / 5))
+        step = next(m * power for m in (1, 2, 5, 10) if m * power >= (hi - lo) / 5 * 0.999)
+        first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+        y_ticks = [round(k * step, 10) for k in range(first, last + 1)]
+    scale = math.log10 if log else float
+    every = next(m * 10 ** k for k in range(9) for m in (1, 2, 5) if 8 * m * 10 ** k >= len(categories))
+    labelled = [i for i in range(len(categories)) if (i + 1) % every == 0]
+    def px(i):                                        # the middle of the category's slot
+        return left + (i + 0.5) * (right - left) / len(categories)
     def py(y):
-        return pixel(y, lo, hi, bottom, top, log)
-    def path(pts):                           # "x,y x,y ..." in pixels
-        return " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        return bottom - (scale(y) - scale(lo)) / (scale(hi) - scale(lo)) * (bottom - top)
     middle, centre = (top + bottom) / 2, (left + right) / 2
-    parts = [f'<g transform="translate({x0},{y0})">',
-             svg_text(centre, 16, p.title, text_anchor="middle", font_size=13)]
-    parts += [f'<path d="M{px(x):.1f},{top}V{bottom}" stroke="#e4e4e4"/>' for x in x_ticks]
+    parts = [f'<g transform="translate({x0},{y0})">', svg_text(centre, 16, title, text_anchor="middle", font_size=13)]
+    parts += [f'<path d="M{px(i):.1f},{top}V{bottom}" stroke="#e4e4e4"/>' for i in labelled]
     parts += [f'<path d="M{left},{py(y):.1f}H{right}" stroke="#e4e4e4"/>' for y in y_ticks]
     parts.append(f'<path d="M{left},{top}V{bottom}H{right}" fill="none" stroke="black"/>')
-    for x, text in zip(x_ticks, tick_texts):
-        spans = [f'<tspan x="{px(x):.1f}" dy="{12 * (i > 0)}">{escape(line)}</tspan>'
-                 for i, line in enumerate(text.split("\n"))]
-        parts.append(f'<text x="{px(x):.1f}" y="{bottom + 14}" text-anchor="middle">{"".join(spans)}</text>')
-    parts += [svg_text(left - 5, f"{py(y) + 4:.1f}", f"{y:g}".replace("e-0", "e-"), text_anchor="end")
-              for y in y_ticks]
-    parts += [svg_text(centre, bottom + 40, p.x_label, text_anchor="middle"),
-              svg_text(14, middle, p.y_label + (", log scale" if log else ""),
-                       transform=f"rotate(-90 14 {middle})", text_anchor="middle")]
-    for label, colour, dash, pts in p.lines:
-        if any(low != high for *_, low, high in pts):
-            outline = [(x, high) for x, *_, high in pts] + [(x, low) for x, _, low, _ in reversed(pts)]
-            parts.append(f'<polygon points="{path(outline)}" fill="{colour}" fill-opacity="0.18" stroke="none"/>')
-        parts.append(f'<polyline points="{path([(x, m) for x, m, *_ in pts])}" fill="none" '
-                     f'{stroke(colour, dash)}><title>{escape(label)}</title></polyline>')
-        parts += [f'<circle cx="{px(x):.1f}" cy="{py(m):.1f}" r="2.5" fill="{colour}"/>'
-                  for x, m, *_ in pts if len(pts) <= 30]   # every evaluation, and a line of one point
+    parts += [svg_text(f"{px(i):.1f}", bottom + 15, str(categories[i]), text_anchor="middle") for i in labelled]
+    parts += [svg_text(left - 5, f"{py(y) + 4:.1f}", f"{y:.10g}", text_anchor="end") for y in y_ticks]
+    parts += [svg_text(centre, bottom + 36, x_label, text_anchor="middle"),
+              svg_text(14, middle, y_label + ", log scale" * log, transform=f"rotate(-90 14 {middle})",
+                       text_anchor="middle")]
+    for name, pts in points.items():
+        colour, dash = looks[name]
+        pieces = [[]]                                 # broken where a category has no value
+        for point in pts:
+            if pieces[-1] and point[0] > pieces[-1][-1][0] + 1:
+                pieces.append([])
+            pieces[-1].append(point)
+        for piece in pieces:
+            if any(low != high for *_, low, high in piece):       # seeds that differ: their band
+                outline = [(x, high) for x, *_, high in piece] + [(x, low) for x, _, low, _ in reversed(piece)]
+                band = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in outline)
+                parts.append(f'<polygon points="{band}" fill="{colour}" fill-opacity="0.18" stroke="none"/>')
+            line = " ".join(f"{px(x):.1f},{py(mean):.1f}" for x, mean, *_ in piece)
+            parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2" '
+                         f'stroke-dasharray="{dash or "none"}"><title>{escape(name)}</title></polyline>')
+        parts += [f'<circle cx="{px(x):.1f}" cy="{py(mean):.1f}" r="2.5" fill="{colour}"/>'
+                  for x, mean, *_ in pts if len(pts) <= 30]
     return "".join(parts) + "</g>"
 
-def line_chart(rows, caption="", width=360, height=250):
-    """The one line-chart writer: an SVG of rows under a caption, each a heading ("" or (name, note)),
-    Panels side by side (None: a gap) and a legend (None or (title, [(colour, dash, text)])) right of it."""
-    parts, y, figure_width = [svg_text(10, 20, caption, font_size=13)], 34 if caption else 0, 0
-    for heading, panels, legend in rows:
-        if heading:
-            name, note = heading
-            parts += [svg_text(10, y + 14, name, font_size=14, font_weight="bold"),
-                      svg_text(18 + 9 * len(name), y + 14, note)]
-            y += 22
-        parts += [chart_panel(p, i * width, y, width, height) for i, p in enumerate(panels) if p]
-        x, (title, entries) = len(panels) * width + 6, legend or ("", [])
-        parts.append(svg_text(x, y + 18, title, font_size=12))
-        parts += [f'<path d="M{x},{y + 36 + 18 * i}h26" {stroke(colour, dash)}/>'
-                  + svg_text(x + 32, y + 40 + 18 * i, text) for i, (colour, dash, text) in enumerate(entries)]
-        figure_width = max(figure_width, x + 40 + 7 * max([len(text) for *_, text in entries], default=-6))
-        y += max(height, 44 + 18 * len(entries))
-    return svg_file(figure_width, y, parts, background="white")
+def line_chart(rows, init_order, caption, width=380, height=260):
+    """The one line-chart writer: an SVG of rows of panels (see above) under the caption, a legend right of
+    the first row naming each line with the number of seeds it is the mean of."""
+    looks, seeds = {}, {}                             # line name -> (colour, dash); -> its seed counts
+    for panels in rows:
+        for *_, lines in panels:
+            for name, (init, by_x) in lines.items():
+                if init is None:
+                    looks.setdefault(name, ("#999999", "2,2"))
+                elif name not in looks:
+                    colour = COLOURS[init_order.index(init) % len(COLOURS)]
+                    siblings = sum(c == colour for c, _ in looks.values())
+                    looks[name] = (colour, DASHES[siblings % len(DASHES)])
+                seeds.setdefault(name, set()).update(len(values) for values in by_x.values())
+    caption += ". Line: mean over the seeds, band: lowest to highest seed"
+    parts, y = [svg_text(10, 20, caption, font_size=13)], 34
+    for panels in rows:
+        parts += [chart_panel(panel, i * width, y, looks, width, height) for i, panel in enumerate(panels)]
+        y += height
+    x = max(len(panels) for panels in rows) * width + 6
+    legend = []
+    for name, (colour, dash) in looks.items():
+        low, high = min(seeds[name]), max(seeds[name])
+        count = f"{low}" if low == high else f"{low}-{high}"
+        legend.append(f"{name} ({count} seed{'s' * (high > 1)})")
+        parts += [f'<path d="M{x},{46 + 18 * len(legend)}h26" stroke="{colour}" stroke-width="2" '
+                  f'stroke-dasharray="{dash or "none"}"/>', svg_text(x + 32, 50 + 18 * len(legend), legend[-1])]
+    width = max(x + 40 + 7 * max(len(text) for text in legend), 20 + 7 * len(caption))
+    return svg_document(width, max(y, 70 + 18 * len(legend)), parts)
 
-# curves.svg: per task the training loss and the main metric against the epoch or iteration.
-LOSS_LABELS = {"boolean": "training loss (MSE)", "arithmetic": "training loss (cross-entropy / digit)",
-               "language": "training loss (cross-entropy / token)", "vision": "training loss (cross-entropy)"}
-
-def main_metric(task):
-    """(history key, axis label) of the task's main metric, as its table reports it."""
-    if FAMILY_OF[task] == "boolean" and BOOLEAN_TASKS[task] is None:     # threesym: no accuracy
-        return "test_loss", "test loss (MSE), whole cube"
-    return {"boolean": ("test_acc", "test accuracy (%), whole cube"),
-            "arithmetic": ("sample_seq_acc", "held-out seq acc (%), 10,000 pairs"),
-            "language": ("val_ppl", "validation perplexity"),
-            "vision": ("test_top1", "test top-1 accuracy (%)")}[FAMILY_OF[task]]
-
-def mean_band(histories, key):
-    """seed_band of key over the seeds' finite values, at each epoch or iteration where some have one."""
-    def is_number(value):            # a hand-edited history may hold anything
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    values = {}
-    for entry in (e for history in histories for e in history):
-        x, value = entry.get("iter", entry.get("epoch")), entry.get(key)
-        if is_number(x) and is_number(value):
-            values.setdefault(x, []).append(value)
-    return seed_band(values)
-
-def curves_svg(results, init_order):
-    """curves.svg: a row per task, a line per table row (a colour per init, a dash per setting of it)."""
-    drawable = [r for r in results if r["status"] == "done" and isinstance(r.get("history"), list)
-                and r["history"] and all(isinstance(e, dict) for e in r["history"])]
-    by_task, task_of = {}, {}                         # task label -> init -> its rows; label -> task
-    for s, runs in group_runs(drawable, init_order):
-        by_task.setdefault(s["task"], {}).setdefault(s["init"], []).append((s, runs))
-        task_of[s["task"]] = runs[0]["task"]
-    rows = []
-    for label, by_init in by_task.items():
-        inits = sorted(by_init, key=init_order.index)
-        apart = [c for c in varied([s for init in inits for s, _ in by_init[init]]) if c != "init"]
-        lines = []
-        for init in inits:
-            for i, (s, runs) in enumerate(by_init[init]):
-                texts = setting_texts(runs[0])
-                name = " ".join([init, *[f"{c} {texts.get(c, '—')}" for c in apart]])
-                lines.append((name, colour(init, init_order), DASHES[i % len(DASHES)], [r["history"] for r in runs]))
-        iterations = any("iter" in h[0] for *_, histories in lines for h in histories)
-        family, charts = FAMILY_OF[task_of[label]], []
-        for key, y_label in (("train_loss", LOSS_LABELS[family]), main_metric(task_of[label])):
-            drawn = [(name, hue, dash, mean_band(histories, key)) for name, hue, dash, histories in lines]
-            drawn = [line for line in drawn if line[3]]
-            if drawn:
-                charts.append(Panel(drawn, "iteration (optimizer steps)" if iterations else "epoch", y_label))
-        legend = [(hue, dash, f"{name} ({len(hs)} seed{'s' * (len(hs) > 1)})") for name, hue, dash, hs in lines]
-        rows.append(((label, f"{'Boolean' if family == 'boolean' else family} task"), charts, ("", legend)))
-    caption = ("Training curves (the histories in result.json): line = mean over seeds, shaded band = "
-               "lowest to highest seed")
-    return line_chart(rows, caption, width=380) if rows else None
-
-# The sweep figures: a number of the finished runs' "final" dicts against a swept setting.
-def accuracy(task):
-    """(key of "final", axis label) of a task's accuracy in the sweep figures (threesym: test loss)."""
-    if FAMILY_OF[task] == "arithmetic":
-        return "seq_acc", "held-out seq acc (%)"
-    return ("test_acc", "test acc (%)") if BOOLEAN_TASKS[task] else ("test_loss", "test loss")
-
-def percent(fraction):
-    return f"{100 * fraction:g}%"
-
-def sweep_figure(rows, init_order, column, x_label, keys, tick="{:g}".format):
-    """A row per key of "final" (None: the task's accuracy), a panel per task, a line per init,
-    against the setting column on a log axis; None unless a line has two values of it."""
-    figure, inits = [], [i for i in init_order if i in {s["init"] for s, _ in rows}]
-    for key in keys:
-        points = []                                   # (panel, line, x, y) of every finished run
-        for s, runs in rows:
-            task = runs[0]["task"]
-            for r in runs:
-                if r["status"] == "done" and s[column] is not None:
-                    points.append(((task, s["task"]), s["init"], s[column], r["final"].get(key or accuracy(task)[0])))
-        panels = []
-        for (task, title), lines in bands(points).items():
-            drawn = [(init, colour(init, init_order), "", pts) for init, pts in lines.items()]
-            panels.append(Panel(drawn, x_label, HEADER.get(key, key) if key else accuracy(task)[1], title, "log",
-                                tick=tick))
-        legend = ("", [(colour(init, init_order), "", init) for init in inits])
-        figure.append(("", panels, None if figure else legend))
-    swept = any(len(pts) > 1 for _, panels, _ in figure for p in panels for *_, pts in p.lines)
-    return line_chart(figure) if swept else None
-
-def imperfect_figure(rows, init_order):
-    """imperfect_prior.svg (Appendix "Why Not Just Fix the Mask?": can a learnable mask "refine or
-    correct imperfect initial patterns"?): per task and A the accuracy and true prior mass after
-    training against --mask-error, mask (a dash per mask lr) vs mask-fixed; grey: the mass at init."""
-    rows = [(s, runs) for s, runs in rows if s["init"] in ("mask", "mask-fixed")
-            and not (s["mask decay"] or s["prior"])
-            and FAMILY_OF[runs[0]["task"]] in ("boolean", "arithmetic")]      # the families --mask-error edits
-    if not any(s["mask error"] for s, _ in rows):
-        return None
-    edits = sorted({s["mask error"] for s, _ in rows}, key=edit_order)
-    mask_lrs = {s["mask lr"] for s, _ in rows if s["init"] == "mask"}
-    lrs = sorted(lr for lr in mask_lrs if lr is not None)
-    if None in mask_lrs:                              # the model's lr first
-        lrs.insert(0, None)
-    looks = {("mask", lr): (colour("mask", init_order), DASHES[i % len(DASHES)],
-                            f"mask, mask lr {'= lr' if lr is None else f'{lr:g}'}") for i, lr in enumerate(lrs)}
-    looks[("mask-fixed", None)] = (colour("mask-fixed", init_order), "", "mask-fixed")
-    looks["at init"] = ("#999999", "2,2", "at init (mask, mask-fixed)")
-    at_init, after, acc = [], [], []                  # (panel, line, x: the edit's place, y) per finished run
-    for s, runs in rows:
-        task, x = runs[0]["task"], edits.index(s["mask error"])
-        panel, line = (task, s["task"], s["A"]), (s["init"], s["mask lr"])
-        for f in [r["final"] for r in runs if r["status"] == "done"]:
-            at_init.append((panel, "at init", x, f.get("true_prior_mass_init", f.get("prior_mass_init"))))
-            after.append((panel, line, x, f.get("true_prior_mass_final", f.get("prior_mass_final"))))
-            acc.append((panel, line, x, f.get(accuracy(task)[0])))
-    mass = bands(at_init)                             # one grey line: mask's mass at init is mask-fixed's
-    for p, lines in bands(after).items():
-        mass.setdefault(p, {}).update(lines)          # drawn over the grey line
-    acc = bands(acc)
-    ticks = [f"{kind}\n{100 * p:g}%" if kind else "exact" for kind, p in map(edit_order, edits)]
-    figure = []
-    for a in sorted({a for *_, a in acc}, reverse=True):
-        for sweep in (acc, mass):
-            panels = []
-            for task, label in dict.fromkeys(p[:2] for p in acc):
-                lines = sweep.get((task, label, a))
-                if not lines:
-                    panels.append(None)               # a gap
-                    continue
-                y_label, y = accuracy(task)[1], None
-                if sweep is mass:                     # from the lowest mass's tenth (at most 0.9) to 1
-                    lowest = min(low for pts in lines.values() for _, _, low, _ in pts)
-                    y_label, y = "true prior mass", (min(0.9, math.floor(10 * lowest) / 10), 1.0)
-                drawn = [(looks[k][2], *looks[k][:2], pts) for k, pts in lines.items()]
-                panels.append(Panel(drawn, "edit of the prior (--mask-error)", y_label, f"{label}, A = {a:g}",
-                                    ticks, y))
-            figure.append(("", panels, None if figure else ("lines: mean over seeds", list(looks.values()))))
-    return line_chart(figure, width=400, height=270)
-
-def result_tables(results, init_order):
-    """table.md's markdown, per family its tables, and {file name: SVG} of the figures it can draw."""
-    families = {FAMILY_OF[r["task"]] for r in results}
-    edited = any(r["config"].get("mask_error") for r in results)
-    truth = TRUE_MASS_COLUMNS if edited or any(r["config"].get("mask_from") for r in results) else []
-    sections = []
-    for family, title, columns in (
-            ("boolean", "Results", BOOLEAN_COLUMNS),
-            ("boolean", "Persistence of the prior", PERSISTENCE_COLUMNS + truth),
-            ("language", "Perplexity", LM_COLUMNS), ("vision", "Best top-1 accuracy", VISION_COLUMNS + truth),
-            ("arithmetic", "Arithmetic", ARITHMETIC_COLUMNS + truth)):
-        if family in families:
-            table = markdown_table([r for r in results if FAMILY_OF[r["task"]] == family], columns, init_order)
-            sections.append(f"## {title}\n\n{table}\n")
-    rows = group_runs(results, init_order)
-    arithmetic = [(s, runs) for s, runs in rows if FAMILY_OF[runs[0]["task"]] == "arithmetic" and not s["prior"]]
-    # "Does the mask learn?" with the exact hand-made prior, at the model's lr, no decay on M
-    boolean = [(s, runs) for s, runs in rows if FAMILY_OF[runs[0]["task"]] == "boolean"]
-    masks = [(s, runs) for s, runs in boolean if s["init"] in ("mask", "mask-fixed")
-             and not (s["mask decay"] or s["mask error"] or s["mask lr"] or s["prior"])]
-    figures = {"curves.svg": curves_svg(results, init_order),
-               # Figure "Test sequence accuracy under varying training fractions"
-               "data_efficiency.svg": sweep_figure(arithmetic, init_order, "train frac", "train fraction",
-                                                   [None], percent),
-               # accuracy and mask drift against A, learnable vs fixed M (edited priors: the next one)
-               "mask_magnitude.svg": None if edited else sweep_figure(
-                   masks, init_order, "A", "mask magnitude A", [None, "mask_drift"]),
-               "imperfect_prior.svg": imperfect_figure(rows, init_order)}
-    return "\n".join(sections), {name: svg for name, svg in figures.items() if svg}
-
-# === 7. Pictures: heat maps of attention maps and mask biases (attention.svg, persistence figure) =
+# Heat maps (attention.svg, persistence_figure, learned_prior_figure): bands of blocks one under another, a
+# block a (rows, cols, n, n) grid of matrices, layers down and heads across, drawn as one PNG: each entry a
+# cell of 128 // n pixels coloured by viridis from lo (purple) to hi (yellow), panels 4 white pixels apart;
+# its title above, its colour bar and what the colours mean below.
 VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
-                       dtype=torch.float32) / 255    # five anchors of the viridis colour map
-
-def colormap(t):
-    """t in [0, 1], any shape -> RGB in [0, 1], shape t.shape + (3,); NaN is drawn as 0."""
-    pos = t.nan_to_num(0.0).clamp(0, 1) * (len(VIRIDIS) - 1)
-    lo = pos.floor().long().clamp(max=len(VIRIDIS) - 2)
-    frac = (pos - lo)[..., None]
-    return VIRIDIS[lo] * (1 - frac) + VIRIDIS[lo + 1] * frac
-
-def heatmap_png(grid, lo, hi, gap=4):
-    """PNG bytes of a (rows, cols, n, n) grid of matrices, lo purple to hi yellow, by make_grid."""
-    from torchvision.io import encode_png
-    from torchvision.utils import make_grid
-    cell = max(1, 128 // grid.shape[-1])
-    rgb = colormap((grid.detach().float().cpu() - lo) / (hi - lo))       # (R, C, n, n, 3)
-    rgb = rgb.repeat_interleave(cell, 2).repeat_interleave(cell, 3)       # (R, C, n*cell, n*cell, 3)
-    image = make_grid(rgb.flatten(0, 1).permute(0, 3, 1, 2), nrow=grid.shape[1], padding=gap, pad_value=1.0)
-    with warnings.catch_warnings():   # torchvision 0.29 marks its image codecs as deprecated
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return bytes(encode_png((image * 255).round().to(torch.uint8)).tolist())
+                       dtype=torch.float32) / 255    # five anchors of viridis; linear between two
+PANEL_NOTE = "In each panel row = query, column = key"
+BLOCKS_NOTE = f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
+COLOURS_NOTE = "Colours: purple = the left end of the bar under the block, yellow = "
 
 def heatmap_svg(bands, notes, gap=4, left=64):
-    """The one heat-map writer: bands of blocks (title, grid (R, C, n, n), lo, hi, meaning) one under
-    another, a block's panels layers down and heads across, over a colour bar lo to hi; notes below."""
+    """The one heat-map writer: bands of blocks (title, grid (R, C, n, n), lo, hi, meaning); notes below."""
+    from torchvision.io import encode_png
+    from torchvision.utils import make_grid
     stops = "".join(f'<stop offset="{i / 4}" stop-color="rgb{tuple(int(255 * c) for c in rgb.tolist())}"/>'
-                    for i, rgb in enumerate(VIRIDIS))   # colormap's anchors, linearly between
+                    for i, rgb in enumerate(VIRIDIS))
     parts, y, width = [f'<defs><linearGradient id="viridis">{stops}</linearGradient></defs>'], 0, 0
     for band in bands:
         y, x, tallest = y + 44, left, 0
         for title, grid, lo, hi, meaning in band:
             rows, cols, n, _ = grid.shape
-            side = max(1, 128 // n) * n                           # one panel's pixels
-            w, h = cols * (side + gap) + gap, rows * (side + gap) + gap
-            centres = [gap + i * (side + gap) + side / 2 for i in range(max(rows, cols))]   # of the i-th panel
-            png = base64.b64encode(heatmap_png(grid, lo, hi, gap)).decode()
+            cell = max(1, 128 // n)
+            # where each value lies among the anchors (NaN at lo), then between its two nearest anchors
+            place = ((grid.detach().float().cpu() - lo) / (hi - lo)).nan_to_num(0.0).clamp(0, 1) * (len(VIRIDIS) - 1)
+            below = place.floor().long().clamp(max=len(VIRIDIS) - 2)
+            mix = (place - below)[..., None]
+            rgb = VIRIDIS[below] * (1 - mix) + VIRIDIS[below + 1] * mix                  # (R, C, n, n, 3)
+            rgb = rgb.repeat_interleave(cell, 2).repeat_interleave(cell, 3)              # (R, C, n cell, n cell, 3)
+            image = make_grid(rgb.flatten(0, 1).permute(0, 3, 1, 2), nrow=cols, padding=gap, pad_value=1.0)
+            with warnings.catch_warnings():   # torchvision 0.29 marks its image codecs as deprecated
+                warnings.simplefilter("ignore", DeprecationWarning)
+                png = bytes(encode_png((image * 255).round().to(torch.uint8)).tolist())
+            h, w = image.shape[1:]
+            centres = [gap + i * (n * cell + gap) + n * cell / 2 for i in range(max(rows, cols))]   # of panel i
             parts += [svg_text(x, y - 24, title, font_size=13),
-                      f'<image x="{x}" y="{y}" width="{w}" height="{h}" href="data:image/png;base64,{png}"/>']
+                      f'<image x="{x}" y="{y}" width="{w}" height="{h}" '
+                      f'href="data:image/png;base64,{base64.b64encode(png).decode()}"/>']
             parts += [svg_text(x + centres[c], y - 6, f"head {c + 1}", text_anchor="middle") for c in range(cols)]
             if x == left:
                 parts += [svg_text(left - 6, y + centres[r], f"layer {r + 1}", text_anchor="end") for r in range(rows)]
             bar = min(w, 200)                                        # under the block: the colour bar
             parts += [f'<rect x="{x}" y="{y + h + 8}" width="{bar}" height="10" fill="url(#viridis)"/>',
-                      svg_text(x, y + h + 30, fmt(lo, 3)),
-                      svg_text(x + bar, y + h + 30, fmt(hi, 3), text_anchor="end"),
+                      svg_text(x, y + h + 30, fmt(lo, 3)), svg_text(x + bar, y + h + 30, fmt(hi, 3), text_anchor="end"),
                       svg_text(x, y + h + 44, meaning)]
             x += max(w, 7 * len(title), 6 * len(meaning)) + 32     # room for the texts too
             tallest = max(tallest, h)
         y, width = y + tallest + 66, max(width, x)
     parts += [svg_text(left, y + 16 * i, line) for i, line in enumerate(notes)]
-    return svg_file(width, y + 16 * len(notes), parts)
+    return svg_document(max([width] + [left + 7 * len(line) for line in notes]), y + 16 * len(notes), parts)
 
-PANEL_NOTE = "In each panel row = query, column = key"
-BLOCKS_NOTE = f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
-COLOURS_NOTE = "Colours: purple = the left end of the bar under the block, yellow = "
+def attention_figure(snapshots, cls_token, causal=False):
+    """A run's attention.svg: per snapshot (train.snapshot: "before", "after") the mean attention maps and a
+    mask's bias, each kind on one colour range for every snapshot (attention from 0, a bias up to 0, an
+    open entry); for a ViT a second band (Appendix "Attention Map For Image Classification"): the first
+    test image's centre patch's attention and bias on the patch grid. None when there is nothing to draw."""
+    kinds = [(False, "attn", "mean attention", "mean attention weight"),
+             (False, "bias", "mask bias log σ(s M)", "bias added to the logits"),
+             (True, "attn", "test image 1, centre patch: attention", "attention weight on each patch"),
+             (True, "bias", "centre patch: mask bias", "bias on each patch")]
+    blocks = {}                                       # (centre, when, key) -> block
+    for centre, key, what, meaning in kinds:
+        maps = {}
+        for when, snapshot in snapshots.items():
+            source = snapshot.get("centre", {}) if centre else snapshot
+            if source.get(key) is not None:
+                maps[when] = source[key].float()
+        if not maps:
+            continue
+        values = torch.stack(list(maps.values()))
+        values = values[values.isfinite()] if values.isfinite().any() else torch.zeros(1)
+        lo, hi = 0.0, max(values.max().item(), 1e-6)
+        if key == "bias":
+            lo, hi = min(values.min().item(), -1e-6), 0.0
+        for when, matrices in maps.items():
+            blocks[centre, when, key] = (f"{what}, {when} training", matrices, lo, hi, meaning)
+    bands = []
+    for centre in (False, True):                      # per snapshot, its attention and then its bias
+        band = [blocks[centre, when, key] for when in snapshots for key in ("attn", "bias")
+                if (centre, when, key) in blocks]
+        if band:
+            bands.append(band)
+    notes = [f"{BLOCKS_NOTE}{'; position 0 is CLS' if cls_token else ''}."]
+    if causal:
+        notes.append("Causal: above the diagonal (key after query) the hard mask hides every key, "
+                     "whatever the bias there.")
+    if bands[1:]:
+        notes.append("Centre patch: its row of the map, CLS left out, laid out on the patch grid.")
+    notes.append(f"{COLOURS_NOTE}the right end.")
+    return heatmap_svg(bands, notes) if bands else None
 
 def persistence_figure(runs):
     """Figure "Comparison of attention patterns before and after training", per (label, run folder)."""
-    blocks = [(f"{label}, {when} training", torch.load(f"{folder}/attention_{when}.pt")["attn"],
+    blocks = [(f"{label}, {when} training", torch.load(os.path.join(folder, f"attention_{when}.pt"))["attn"],
                0, 1, "mean attention weight") for label, folder in runs for when in ("before", "after")]
-    return heatmap_svg([blocks], [f"{PANEL_NOTE}; token 0 is CLS."])
+    return heatmap_svg([blocks], [f"{BLOCKS_NOTE}; token 0 is CLS."])
 
 def learned_prior_figure(runs):
     """Priors side by side, per (label, run folder) of a mask init: its bias log sigmoid(s M) at init."""
@@ -1353,44 +1195,3 @@ def learned_prior_figure(runs):
         blocks.append((f"{label}: log σ(s M) at init", bias, min(bias.min().item(), -1e-6), 0.0,
                        "bias added to the logits"))
     return heatmap_svg([blocks], [f"{BLOCKS_NOTE}.", f"{COLOURS_NOTE}0 (an open entry)."])
-
-def snapshot_blocks(snapshots, key, what, meaning, centre=False):
-    """{when: heat-map block} of each snapshot's key ("attn" or "bias"; centre: of its "centre" entry)
-    that has one, on one colour range: attention from 0, a bias up to 0 (an open entry)."""
-    maps = {}
-    for when, snapshot in snapshots.items():
-        source = snapshot.get("centre", {}) if centre else snapshot
-        if source.get(key) is not None:
-            maps[when] = source[key].float()
-    if not maps:
-        return {}
-    values = torch.stack(list(maps.values()))
-    values = values[values.isfinite()] if values.isfinite().any() else torch.zeros(1)
-    if "attention" in meaning:
-        lo, hi = 0.0, max(values.max().item(), 1e-6)
-    else:
-        lo, hi = min(values.min().item(), -1e-6), 0.0
-    return {when: (f"{what}, {when} training", m, lo, hi, meaning) for when, m in maps.items()}
-
-def attention_figure(snapshots, cls_token, causal=False):
-    """A run's attention.svg: per snapshot (train.snapshot) the mean attention maps and a mask's bias;
-    for a ViT a second band (Appendix "Attention Map For Image Classification"): the first test image's
-    centre patch's attention and bias on the patch grid. None when there is nothing to draw."""
-    whole = [snapshot_blocks(snapshots, "attn", "mean attention", "mean attention weight"),
-             snapshot_blocks(snapshots, "bias", "mask bias log σ(s M)", "bias added to the logits")]
-    centre = [snapshot_blocks(snapshots, "attn", "test image 1, centre patch: attention",
-                              "attention weight on each patch", centre=True),
-              snapshot_blocks(snapshots, "bias", "centre patch: mask bias", "bias on each patch", centre=True)]
-    bands = []
-    for pair in (whole, centre):              # per snapshot, its attention and then its bias
-        band = [blocks[when] for when in snapshots for blocks in pair if when in blocks]
-        if band:
-            bands.append(band)
-    notes = [f"{BLOCKS_NOTE}{'; position 0 is CLS' if cls_token else ''}."]
-    if causal:
-        notes.append("Causal: above the diagonal (key after query) the hard mask hides every key, "
-                     "whatever the bias there.")
-    if centre[0]:
-        notes.append("Centre patch: its row of the map, CLS left out, laid out on the patch grid.")
-    notes.append(f"{COLOURS_NOTE}the right end.")
-    return heatmap_svg(bands, notes) if bands else None

@@ -609,15 +609,12 @@ def train(run, exp, net, state, place, stop):
         if evaluated:
             entry.update(exp.evaluate())               # e.g. Table 1's accuracy on the whole cube
             # A line a log keeps, above the bar: "majority/mask/seed0 epoch 5/10: train loss 0.0123, test
-            # accuracy 87.50 %, 12 s" (seconds since this process began the run).
+            # acc (%) 87.5, 12 s" (seconds since this process began the run), in tasks.LABELS' words.
             key, label = tasks.main_metric(run.task)
-            metric = tasks.fmt(entry.get(key))
-            if entry.get(key) is not None and "(%)" in label:
-                metric = f"{entry[key]:.2f} %"
             last = exp.steps if exp.unit == "iter" else exp.rounds
             if rank == 0:
                 bar.write(f"{run.name} {exp.unit} {entry[exp.unit]}/{last}: train loss "
-                          f"{tasks.fmt(entry['train_loss'])}, {label.split(' (')[0].split(',')[0]} {metric}, "
+                          f"{tasks.fmt(entry['train_loss'])}, {label} {tasks.fmt(entry.get(key))}, "
                           f"{time.time() - started:.0f} s")
                 sys.stdout.flush()
         state["round"] = r
@@ -721,6 +718,9 @@ def execute(run, data, place, stop):
     after = picture(run, exp, place, {"before": state["before"]}, "after")   # does the prior persist?
     result["final"] = {**exp.final(state, world),
                        **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
+    verdict = tasks.on_target(result)           # the Boolean tasks: fitted, and at the target's accuracy
+    if verdict is not None:
+        result["final"]["on_target"] = verdict
     result.update(status="done", seconds=time.time() - start)
     result, not_finite = finite(result)         # result.json is strict JSON: null, and a note
     if not_finite:
@@ -1269,7 +1269,7 @@ def read_result(path, warn=True):
             checks.append((f"config.{key}", settings.get(key) is None or number(settings[key]), "a finite number"))
         for key in ("mask_error", "mask_variant", "mask_from"):
             checks.append((f"config.{key}", settings.get(key) is None or isinstance(settings[key], str), "text"))
-        for key in tasks.HEADER if done else ():     # a table's numbers: a number, inf or NaN, or null
+        for key in tasks.LABELS if done else ():     # a table's numbers: a number, inf or NaN, or null
             checks.append((f"final.{key}", numbers.get(key) is None or number(numbers[key], False), "a number"))
         for name, fine, expected in checks:
             if not fine:

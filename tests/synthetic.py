@@ -176,9 +176,11 @@ def write_image_tree(root, classes=SHAPES, per_class=10, size=32, mode="L", layo
 
 def write_text_files(root, train_chars=4000, valid_chars=1000, test_chars=0):
     """train.txt, valid.txt (and test.txt when test_chars > 0) for --task text: consecutive
-    pieces of English prose from Python's own pydoc_data.topics (tasks.embedded_corpus)."""
-    from tasks import TEXT_FILES, embedded_corpus
-    text, start = embedded_corpus(), 0
+    pieces of English prose from Python's own pydoc_data.topics (the corpus of tasks.lm_dataset("lm"))."""
+    import pydoc_data.topics
+    from tasks import TEXT_FILES
+    topics = pydoc_data.topics.topics
+    text, start = "\n\n".join(topics[key] for key in sorted(topics)), 0   # as tasks.lm_dataset("lm") joins it
     os.makedirs(root, exist_ok=True)
     for name, count in zip(TEXT_FILES, (train_chars, valid_chars, test_chars)):
         if count:

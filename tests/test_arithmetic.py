@@ -18,29 +18,52 @@ TINY = ["--layers", "2", "--dim", "16", "--epochs", "1", "--eval-size", "500", "
 
 # ---- data --------------------------------------------------------------------------------------
 
+def pair_ids(tokens):
+    """The pair id 1000 a + b of each row of operand tokens (P, 6 + K), digits least significant first."""
+    return sum(tokens[:, i] * 10 ** i for i in range(3)) * 1000 + sum(tokens[:, 3 + i] * 10 ** i for i in range(3))
+
+
 @settings(deadline=None, max_examples=30)
-@given(st.lists(st.integers(0, 10 ** 6 - 1), min_size=1, max_size=20),
-       st.sampled_from(list(tasks.ARITHMETIC_TASKS)))
-def test_examples_spell_operands_and_answer_least_significant_first(ids, task):
-    tokens, answers = tasks.arithmetic_examples(task, torch.tensor(ids))
+@given(st.integers(0, 10 ** 6 - 1), st.sampled_from(list(tasks.ARITHMETIC_TASKS)))
+def test_examples_spell_operands_and_answer_least_significant_first(pair, task):
+    """Every pair is a row of the data set (train or held out, all of them evaluated): found by its id,
+    its tokens and answer digits spelled as the layout says."""
+    data = tasks.arithmetic_dataset(task, 0.004, seed=3, eval_size=None)
+    tokens, answers = torch.cat([data["x_train"], data["x_eval"]]), torch.cat([data["y_train"], data["y_eval"]])
     k = tasks.ARITHMETIC_TASKS[task]
-    assert tokens.shape == (len(ids), 6 + k) and answers.shape == (len(ids), k)
-    for pair, row, answer in zip(ids, tokens.tolist(), answers.tolist()):
-        a, b = divmod(pair, 1000)
-        value = a + b if task == "addition" else a * b
-        assert "".join(map(str, row[:3]))[::-1] == f"{a:03d}"
-        assert "".join(map(str, row[3:6]))[::-1] == f"{b:03d}"
-        assert row[6:] == [tasks.PLACEHOLDER] * k
-        assert "".join(map(str, answer))[::-1] == f"{value:0{k}d}"
+    assert tokens.shape == (10 ** 6, 6 + k) and answers.shape == (10 ** 6, k)
+    row = (pair_ids(tokens) == pair).nonzero()[:, 0]
+    assert len(row) == 1
+    a, b = divmod(pair, 1000)
+    value = a + b if task == "addition" else a * b
+    row, answer = tokens[row[0]].tolist(), answers[row[0]].tolist()
+    assert "".join(map(str, row[:3]))[::-1] == f"{a:03d}"
+    assert "".join(map(str, row[3:6]))[::-1] == f"{b:03d}"
+    assert row[6:] == [tasks.PLACEHOLDER] * k
+    assert "".join(map(str, answer))[::-1] == f"{value:0{k}d}"
+
+
+def test_every_answer_is_its_pairs_sum_or_product():
+    for task in tasks.ARITHMETIC_TASKS:
+        data = tasks.arithmetic_dataset(task, 0.004, seed=3, eval_size=None)
+        for x, y in ((data["x_train"], data["y_train"]), (data["x_eval"], data["y_eval"])):
+            a, b = pair_ids(x) // 1000, pair_ids(x) % 1000
+            value = sum(y[:, i] * 10 ** i for i in range(y.shape[1]))
+            assert torch.equal(value, a + b if task == "addition" else a * b)
+            assert (x[:, 6:] == tasks.PLACEHOLDER).all()
 
 
 def test_split_is_seeded_disjoint_and_complete():
-    train_ids, held_out = tasks.arithmetic_split(0.004, seed=3)
-    assert len(train_ids) == 4000 and len(held_out) == 996_000
+    data = tasks.arithmetic_dataset("addition", 0.004, seed=3, eval_size=None)
+    train_ids, held_out = pair_ids(data["x_train"]), pair_ids(data["x_eval"])
+    assert len(train_ids) == 4000 and len(held_out) == 996_000 == data["held_out_pairs"] == data["eval_pairs"]
     assert torch.cat([train_ids, held_out]).sort().values.equal(torch.arange(10 ** 6))
-    again, _ = tasks.arithmetic_split(0.004, seed=3)
-    other, _ = tasks.arithmetic_split(0.004, seed=4)
-    assert again.equal(train_ids) and not other.equal(train_ids)
+    again = tasks.arithmetic_dataset("addition", 0.004, seed=3, eval_size=1000)
+    other = tasks.arithmetic_dataset("addition", 0.004, seed=4, eval_size=1000)
+    assert again["x_train"].equal(data["x_train"]) and not other["x_train"].equal(data["x_train"])
+    assert again["y_train"].equal(data["y_train"])
+    with pytest.raises(ValueError, match="train_frac must lie in"):
+        tasks.arithmetic_dataset("addition", 1.0, seed=3)
 
 
 def test_evaluation_sample_is_fixed_and_held_out():
@@ -48,9 +71,7 @@ def test_evaluation_sample_is_fixed_and_held_out():
     again = tasks.arithmetic_dataset("addition", 0.01, seed=1, eval_size=5000)
     assert data["x_eval"].shape == (5000, 10) and data["x_eval"].equal(again["x_eval"])
     assert data["held_out_pairs"] == 990_000 and data["eval_pairs"] == 5000
-    pair_id = lambda x: sum(x[:, i] * 10 ** i for i in range(3)) * 1000 + \
-        sum(x[:, 3 + i] * 10 ** i for i in range(3))
-    assert not set(pair_id(data["x_eval"]).tolist()) & set(pair_id(data["x_train"]).tolist())
+    assert not set(pair_ids(data["x_eval"]).tolist()) & set(pair_ids(data["x_train"]).tolist())
     every = tasks.arithmetic_dataset("addition", 0.5, seed=1, eval_size=None)
     assert every["eval_pairs"] == len(every["x_eval"]) == 500_000
 
@@ -168,8 +189,9 @@ def test_sweep_writes_the_data_efficiency_table_and_picture(tmp_path, run_cli):
     assert names == [f"multiplication-{i}-seed0-frac{f}" for i in ("default", "mask")
                      for f in ("0.001", "0.002")]
     table = (tmp_path / "table.md").read_text()
-    assert "## Arithmetic\n\n| task | train frac | init | seeds | seq acc (%) |" in table
-    rows = [line.split(" | ")[:4] for line in table.splitlines() if line.startswith("| multiplication")]
+    assert "## Arithmetic (Section 5.2)\n\n| task | train frac | init | seeds | seq acc (%) |" in table
+    rows = [line.split(" | ")[:4] for line in table.split("## Persistence")[0].splitlines()
+            if line.startswith("| multiplication")]
     assert rows == [["| multiplication", f, i, "1/1"] for f in ("0.001", "0.002")
                     for i in ("default", "mask")]
     svg = ET.parse(tmp_path / "data_efficiency.svg").getroot()
@@ -179,23 +201,28 @@ def test_sweep_writes_the_data_efficiency_table_and_picture(tmp_path, run_cli):
 
 def test_each_data_efficiency_panel_spans_its_own_train_fractions():
     # the two panels of Figure "Test sequence accuracy under varying training fractions": addition
-    # and multiplication are swept over different fractions, each panel's axis holds only its own
+    # and multiplication are swept over different fractions, each panel's axis holds only its own,
+    # in rising order, one evenly spaced slot each, and each line has a dot at each of its fractions
     curves = {"addition": {"default": [(0.001, 1.0), (0.01, 99.0)], "mask": [(0.001, 95.0), (0.01, 100.0)]},
-              "multiplication": {"default": [(0.01, 0.0), (0.03, 1.0), (0.1, 40.0)]}}
+              "multiplication": {"default": [(0.1, 40.0), (0.01, 0.0), (0.03, 1.0)]}}
     results = [{"task": task, "init": init, "seed": 0, "status": "done", "config": {"train_frac": x},
                 "final": {"seq_acc": y}} for task, lines in curves.items() for init, pts in lines.items()
                for x, y in pts]
     svg = ET.fromstring(tasks.result_tables(results, ["default", "mask"])[1]["data_efficiency.svg"])
     ns = "{http://www.w3.org/2000/svg}"
     for panel, (task, lines) in zip(svg.findall(f"{ns}g"), curves.items()):
-        ticks = {t.text for t in panel.findall(f".//{ns}tspan")}
-        assert ticks == {f"{100 * x:g}%" for pts in lines.values() for x, _ in pts}, task
-        xs = [float(p.split(",")[0]) for line in panel.findall(f"{ns}polyline")
-              for p in line.get("points").split()]
-        # the axes, d="M<left>,<top>V<bottom>H<right>": the lines span the x axis from end to end
+        fractions = sorted({x for pts in lines.values() for x, _ in pts})
+        ticks = [t.text for t in panel.findall(f"{ns}text") if t.text in {"0.001", "0.01", "0.03", "0.1"}]
+        assert ticks == [f"{x:g}" for x in fractions], task
+        # the axes, d="M<left>,<top>V<bottom>H<right>": the i-th fraction in the middle of the i-th slot
         axis = next(p.get("d") for p in panel.findall(f"{ns}path") if p.get("stroke") == "black")
         left, right = float(axis[1:].split(",")[0]), float(axis.split("H")[1])
-        assert min(xs) == pytest.approx(left) and max(xs) == pytest.approx(right), task
+        slots = [left + (i + 0.5) * (right - left) / len(fractions) for i in range(len(fractions))]
+        for line in panel.findall(f"{ns}polyline"):
+            xs = [float(p.split(",")[0]) for p in line.get("points").split()]
+            assert xs == pytest.approx(slots, abs=0.05), task     # pixels to 0.1
+        dots = sorted({float(c.get("cx")) for c in panel.findall(f"{ns}circle")})
+        assert dots == pytest.approx(slots, abs=0.05), task
 
 
 @pytest.mark.parametrize("args, message", [

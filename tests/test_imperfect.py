@@ -179,8 +179,30 @@ def test_grid_over_errors_and_mask_lr_records_them_and_draws_the_figure(tmp_path
     assert len(lines) == 2 + 3                  # accuracy: mask, mask-fixed; mass: + at init
     assert all(len(line.get("points").split()) == 2 for line in lines)
     labels = [t.text for t in svg.iter(f"{N_SVG}text")]
-    assert {"test acc (%)", "true prior mass", "edit of the prior (--mask-error)",
-            "mask, mask lr 0.03", "mask-fixed"} <= set(labels)
+    assert {"test acc (%)", "true prior mass final", "mask error", "none", "moved:1.0", "mask, mask lr 0.03 (1 seed)",
+            "mask-fixed, mask lr — (1 seed)", "at init (1 seed)"} <= set(labels)
+
+
+def test_the_figure_marks_every_value_and_breaks_a_line_where_an_edit_is_missing():
+    """imperfect_prior.svg of one seed a cell: mask at the four edits, mask-fixed without "extra".
+    Every value gets a dot; mask-fixed's line stops at "none" and starts again at "missing", never
+    joining "none" to "missing" across the edit it lacks; the legend says each line is one seed."""
+    edits = [None, "extra:0.5", "missing:1.0", "moved:1.0"]
+    def run(init, error, accuracy):
+        return {"task": "majority", "init": init, "seed": 0, "status": "done",
+                "config": {"mask_error": error, "mask_magnitude": 10.0, "mask_decay": 0.0},
+                "final": {"test_acc": accuracy, "true_prior_mass_init": 0.9, "true_prior_mass_final": 0.8}}
+    results = [run("mask", error, 100.0 - 10 * i) for i, error in enumerate(edits)]
+    results += [run("mask-fixed", error, 90.0 - 10 * i) for i, error in enumerate(edits) if error != "extra:0.5"]
+    svg = ET.fromstring(tasks.result_tables(results, list(train.INITS))[1]["imperfect_prior.svg"])
+    accuracy = svg.findall(f"{N_SVG}g")[0]                      # the first panel: test acc
+    lines = [(l.find(f"{N_SVG}title").text, len(l.get("points").split())) for l in accuracy.iter(f"{N_SVG}polyline")]
+    assert lines == [("mask", 4), ("mask-fixed", 1), ("mask-fixed", 2)]
+    assert len(accuracy.findall(f"{N_SVG}circle")) == 4 + 3
+    ticks = [t.text for t in accuracy.iter(f"{N_SVG}text") if t.text in ("none", *edits[1:])]
+    assert ticks == ["none", "extra:0.5", "missing:1.0", "moved:1.0"]
+    texts = {t.text for t in svg.iter(f"{N_SVG}text")}
+    assert {"mask (1 seed)", "mask-fixed (1 seed)", "at init (1 seed)"} <= texts
 
 
 def test_the_command_line_records_the_error_and_the_mask_lr(tmp_path, run_cli):
@@ -190,7 +212,7 @@ def test_the_command_line_records_the_error_and_the_mask_lr(tmp_path, run_cli):
     result = json.loads((tmp_path / "result.json").read_text())
     assert (result["config"]["mask_error"], result["config"]["mask_lr"]) == ("moved:1.0", 0.03)
     assert result["final"]["true_prior_mass_init"] < result["final"]["prior_mass_init"]
-    assert "2parity / mask / seed 0 / prior moved:1.0:" in proc.stdout
+    assert "2parity/mask/seed0 (mask error moved:1.0, mask lr 0.03): train loss " in proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [

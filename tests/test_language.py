@@ -40,7 +40,7 @@ def lm_model(init, vocab_size, layers, heads, block_size, dim):
              "--block-size", str(block_size), "--dim", str(dim)]
     tokens = torch.randint(0, vocab_size, (4 * block_size,))
     data = {"train": tokens, "val": tokens, "test": tokens, "vocab_size": vocab_size,
-            "decode": tasks.decode_bytes, "test_is_val": False}
+            "decode": tasks.Tokenizer().decode, "test_is_val": False}
     torch.manual_seed(0)
     return experiment(*flags, data=data, dropout=0.0).model
 
@@ -64,21 +64,42 @@ def test_gpt_is_causal_and_trains(init):
 
 
 def test_embedded_corpus_and_byte_tokens():
-    text = tasks.embedded_corpus()
+    """lm: pydoc_data.topics joined in key order, its UTF-8 bytes, the last 5 % test, 5 % before it val."""
+    import pydoc_data.topics
+    topics = pydoc_data.topics.topics
+    text = "\n\n".join(topics[key] for key in sorted(topics))
     assert len(text) > 400_000 and "lambda" in text
     data = tasks.lm_dataset("lm")
     assert data["vocab_size"] == 256 and not data["test_is_val"]
-    total = sum(len(data[s]) for s in ("train", "val", "test"))
-    assert total == len(text.encode("utf-8"))
-    assert tasks.decode_bytes(data["train"][:200].tolist()) == text.encode()[:200].decode()
+    stream = torch.cat([data[s] for s in ("train", "val", "test")])
+    assert stream.tolist() == list(text.encode("utf-8"))
+    assert len(data["val"]) == len(data["test"]) == int(0.05 * len(stream))
+    assert data["decode"](data["train"][:200].tolist()) == text.encode()[:200].decode()
+    assert data["decode"](list("é".encode()) + [0xE9]) == "é\ufffd"         # a stray byte: U+FFFD
+
+
+class NextToken(torch.nn.Module):
+    """A language model that predicts token + 1 (logits 50 there, 0 elsewhere) and records its inputs."""
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size, self.seen, self.weight = vocab_size, [], torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        self.seen.append(x.clone())
+        return 50.0 * F.one_hot((x + 1) % self.vocab_size, self.vocab_size).float()
 
 
 def test_windows_predict_every_token_once_and_batches_are_shifted():
-    tokens = torch.arange(23)
-    x, y = tasks.lm_windows(tokens, 5)
-    assert x.shape == (5, 5)
-    assert sorted(y[y != -100].tolist()) == list(range(1, 23))
-    torch.testing.assert_close(y[y != -100], x[y != -100] + 1)
+    """lm_loss reads the split in consecutive windows of 5 (the last padded): every token but the last
+    is an input once, in order, and every target is the next token (the loss of predicting token + 1 is 0)."""
+    tokens = torch.arange(1, 24)                   # 23 tokens; padding is token 0
+    model = NextToken(30)
+    assert tasks.lm_loss(model, tokens, 5, batch=2) == pytest.approx(0.0, abs=1e-12)
+    inputs = torch.cat(model.seen)                 # (5, 5): windows in batches of 2
+    assert inputs.shape == (5, 5)
+    assert inputs.flatten().tolist() == list(range(1, 23)) + [0] * 3
+    backwards = tokens.flip(0)                     # every target is token - 1: each costs 50
+    assert tasks.lm_loss(NextToken(30), backwards, 5) == pytest.approx(50.0, rel=1e-4)
     bx, by = tasks.lm_batch(tokens, 5, 7, torch.Generator().manual_seed(0))
     assert bx.shape == by.shape == (7, 5)
     torch.testing.assert_close(by, bx + 1)
@@ -98,7 +119,7 @@ def test_whole_split_loss_equals_the_mean_over_every_token():
 
 def test_tiny_tiktoken_encoding_and_tinystories_files(tmp_path):
     bpe = write_tiny_ranks(tmp_path / "tiny.tiktoken")
-    enc = tasks.gpt2_encoding(bpe)
+    enc = tasks.Tokenizer(gpt2=True, bpe_file=bpe).encoding
     assert enc.encode_ordinary("Hi there") == list(b"Hi there") and enc.eot_token == 50256
     stories = [f"Once upon a time there was a cat number {i}." for i in range(30)]
     (tmp_path / tasks.TINYSTORIES_FILES[0]).write_text("\n<|endoftext|>\n".join(stories))
@@ -124,13 +145,13 @@ def test_missing_files_are_one_clear_message(tmp_path):
     with pytest.raises(tasks.DataError, match="wiki.train.raw"):
         tasks.lm_dataset("wikitext2", str(tmp_path), None)
     with pytest.raises(tasks.DataError, match="--bpe-file"):
-        tasks.gpt2_encoding(str(tmp_path / "missing.tiktoken"))
+        tasks.Tokenizer(gpt2=True, bpe_file=str(tmp_path / "missing.tiktoken"))
 
 
 def test_lm_run_writes_perplexities_sample_and_mask_pictures(tmp_path, run_cli, attention_svg):
     proc = run_cli("--task", "lm", "--init", "mask", "--out", str(tmp_path), *TINY_LM)
     assert proc.returncode == 0, proc.stderr
-    assert "lm / mask / seed 0: val ppl" in proc.stdout and "sample:" in proc.stdout
+    assert "lm/mask/seed0: val ppl" in proc.stdout and "sample:" in proc.stdout
     result = json.loads((tmp_path / "result.json").read_text())
     final = result["final"]
     assert final["val_ppl"] == pytest.approx(math.exp(final["val_loss"]))
@@ -228,7 +249,7 @@ def test_torchrun_two_cpu_processes_with_gloo(tmp_path):
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     proc = torchrun(os.path.join(ROOT, "train.py"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("lm / mask / seed 0: val ppl") == 1      # rank 0 reports, once
+    assert proc.stdout.count("lm/mask/seed0: val ppl") == 1      # rank 0 reports, once
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["world_size"] == 2 and [h["iter"] for h in result["history"]] == [4, 8]
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)

@@ -346,14 +346,16 @@ def test_a_tau_sweep_sits_beside_the_default_and_hand_made_runs(source, tmp_path
                for f in learned[::2]]
     assert density[0] > density[1] > density[2]
     assert train.main(["--summarize", root]) == 0
-    table = (tmp_path / "table.md").read_text().split("## Arithmetic")[1]
+    table, persistence = (tmp_path / "table.md").read_text().split("## Arithmetic (Section 5.2)")[1].split(
+        "## Persistence of the prior")
     rows = [line.split(" | ")[2:5] for line in table.splitlines() if line.startswith("| addition")]
-    assert rows == [["default", "—", "2/2"], ["mask", "hand-made", "2/2"],
+    assert rows == [["default", "—", "2/2"], ["mask", "—", "2/2"],
                     *[["mask", f"{name}, τ {t}", "2/2"] for t in ("0.5", "1", "2")]]
     header = next(line for line in table.splitlines() if line.startswith("| task"))
-    assert "| task | train frac | init | prior | seeds |" in header and "true prior mass final" in header
-    assert "paper seq acc" in header
-    assert f"/ prior from {name}, τ 2 /" in capsys.readouterr().out
+    assert "| task | train frac | init | mask from | seeds |" in header
+    assert "paper seq acc (%) / digit acc (%) / test loss" in header
+    assert "true prior mass final" in next(line for line in persistence.splitlines() if line.startswith("| task"))
+    assert f"addition/mask/seed1 (train frac 0.001, mask from {name}, τ 2): seq acc (%) " in capsys.readouterr().out
 
 
 def test_a_gpt_learns_its_prior_from_a_default_gpt(lm_source, tmp_path):

@@ -292,46 +292,53 @@ def points(element):
     return [tuple(map(float, p.split(","))) for p in element.get("points").split()]
 
 
+def curves(results):
+    """curves.svg of these results as the tables draw it, parsed; None when there is none."""
+    svg = tasks.result_tables(results, list(train.INITS))[1].get("curves.svg")
+    return svg and ET.fromstring(svg)
+
+
 def test_curves_svg_one_line_per_init_and_chart_with_a_band_for_several_seeds():
     """majority: default with 3 seeds, mask with 1; lm: mask with 2, plus a diverged run that is
-    left out. Per task two charts (training loss, main metric), each with one mean line per init;
-    a band only around the lines of several seeds, enclosing their mean; labelled axes; a legend."""
+    left out. A row of panels per number, training loss and then the main number, a panel per task,
+    each with one mean line per init; a band only around the lines of several seeds, enclosing their
+    mean; labelled axes; a legend that says how many seeds each line is the mean of (mask: 1 seed on
+    majority, 2 on lm)."""
     results = [fake_result("majority", "default", s, boolean_history(s)) for s in range(3)]
     results += [fake_result("majority", "mask", 0, boolean_history(5))]
     results += [fake_result("lm", "mask", s, [{"iter": 10 * i, "train_loss": 3.0 - i / 10 + s,
                                                 "val_loss": 1.0, "val_ppl": 30.0 - i + s}
                                                for i in range(1, 6)]) for s in range(2)]
     results += [fake_result("lm", "default", 0, [{"iter": 10, "train_loss": 3.0}], "diverged")]
-    root = ET.fromstring(tasks.curves_svg(results, list(train.INITS)))
+    root = curves(results)
     lines = [(l.find(f"{SVG}title").text, points(l)) for l in root.iter(f"{SVG}polyline")]
-    assert [title for title, _ in lines] == ["default", "mask"] * 2 + ["mask"] * 2
-    assert [len(p) for _, p in lines] == [4, 4, 2, 2, 5, 5]   # every epoch; every evaluation
+    assert [title for title, _ in lines] == ["default", "mask", "mask"] * 2
+    assert [len(p) for _, p in lines] == [4, 4, 5, 2, 2, 5]   # every epoch; every evaluation
     bands = [points(p) for p in root.iter(f"{SVG}polygon")]
     assert len(bands) == 4                                     # majority default x 2, lm mask x 2
-    for band, (_, line) in zip(bands, [lines[0], lines[2], lines[4], lines[5]]):
+    for band, (_, line) in zip(bands, [lines[0], lines[2], lines[3], lines[5]]):
         for x, y in line:
             ys = [by for bx, by in band if abs(bx - x) < 0.05]
             assert len(ys) == 2 and min(ys) <= y <= max(ys)
     texts = [t.text for t in root.iter(f"{SVG}text")]
-    for label in ("epoch", "iteration (optimizer steps)", "training loss (MSE), log scale",
-                  "test accuracy (%), whole cube", "validation perplexity",
-                  "training loss (cross-entropy / token)", "default (3 seeds)", "mask (1 seed)",
-                  "mask (2 seeds)", "majority", "lm"):
+    for label in ("epoch", "iteration (optimizer steps)", "train loss, log scale", "test acc (%)",
+                  "val ppl", "train loss", "default (3 seeds)", "mask (1-2 seeds)",
+                  "majority", "lm"):
         assert label in texts, label
 
 
 def test_curves_svg_threesym_draws_test_loss_and_sweeps_get_a_line_each():
-    """threesym has no accuracy: its metric chart is the test loss. Two mask magnitudes are two
-    lines, labelled by A, the same colour, different dashes."""
+    """threesym's main number is its test loss (the paper's). Two mask magnitudes are two lines,
+    named by A, the same colour, different dashes."""
     results = [fake_result("threesym", "mask", 0, boolean_history(a)) for a in (1, 2)]
     for r, a in zip(results, (1.0, 2.0)):
         r["config"]["mask_magnitude"] = a
-    root = ET.fromstring(tasks.curves_svg(results, list(train.INITS)))
+    root = curves(results)
     lines = list(root.iter(f"{SVG}polyline"))
-    assert [l.find(f"{SVG}title").text for l in lines] == ["mask A 1", "mask A 2"] * 2
+    assert [l.find(f"{SVG}title").text for l in lines] == ["mask, A 1", "mask, A 2"] * 2
     assert lines[0].get("stroke") == lines[1].get("stroke")
     assert lines[0].get("stroke-dasharray") != lines[1].get("stroke-dasharray")
-    assert "test loss (MSE), whole cube" in [t.text for t in root.iter(f"{SVG}text")]
+    assert "test loss" in [t.text for t in root.iter(f"{SVG}text")]
 
 
 def test_curves_svg_leaves_out_histories_it_cannot_draw():
@@ -340,28 +347,53 @@ def test_curves_svg_leaves_out_histories_it_cannot_draw():
     good = fake_result("majority", "mask", 0, boolean_history(0))
     bad = [fake_result("majority", "default", s, h) for s, h in enumerate(
         ["text", [1, 2], [{"epoch": "one", "train_loss": "low", "test_acc": True}], None])]
-    root = ET.fromstring(tasks.curves_svg([good, *bad], list(train.INITS)))
+    root = curves([good, *bad])
     assert [l.find(f"{SVG}title").text for l in root.iter(f"{SVG}polyline")] == ["mask", "mask"]
-    assert tasks.curves_svg(bad[:2], list(train.INITS)) is None
+    assert curves(bad[:2]) is None
 
 
-def test_mean_band_is_the_mean_min_and_max_over_seeds_at_each_x():
-    histories = [[{"epoch": 1, "m": 1.0}, {"epoch": 2, "m": 4.0}],
-                 [{"epoch": 1, "m": 3.0}, {"epoch": 2}, {"epoch": 3, "m": float("nan")}]]
-    assert tasks.mean_band(histories, "m") == [(1, 2.0, 1.0, 3.0), (2, 4.0, 4.0, 4.0)]
+def test_a_line_is_the_mean_over_seeds_in_a_band_from_the_lowest_to_the_highest():
+    """Two seeds: train loss 1 and 3 at epoch 1 (mean 2, the middle of its band), 4 and none at epoch
+    2 (no band there), NaN at epoch 3 (left out: no point at epoch 3)."""
+    histories = [[{"epoch": 1, "train_loss": 1.0}, {"epoch": 2, "train_loss": 4.0}],
+                 [{"epoch": 1, "train_loss": 3.0}, {"epoch": 2}, {"epoch": 3, "train_loss": float("nan")}]]
+    root = curves([fake_result("majority", "mask", s, h) for s, h in enumerate(histories)])
+    [line] = [points(l) for l in root.iter(f"{SVG}polyline")]
+    [band] = [points(p) for p in root.iter(f"{SVG}polygon")]
+    x_ticks = [t.text for t in root.find(f"{SVG}g").iter(f"{SVG}text") if t.get("text-anchor") == "middle"
+               and t.text.isdigit()]
+    assert len(line) == 2 and x_ticks == ["1", "2"]
+    (x1, mean1), (x2, mean2) = line
+    at_1 = sorted(y for x, y in band if abs(x - x1) < 0.05)
+    assert len(at_1) == 2 and mean1 == pytest.approx((at_1[0] + at_1[1]) / 2, abs=0.1)
+    assert [y for x, y in band if abs(x - x2) < 0.05] == [mean2, mean2]
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.floats(-1e4, 1e4), st.floats(1e-3, 1e4), st.booleans())
-def test_nice_ticks_are_evenly_spaced_round_values_inside_the_range(lo, span, log):
+def test_y_ticks_are_evenly_spaced_round_values_inside_the_axis(lo, span, log):
+    """A run whose train loss goes from lo to hi: the y axis's ticks are round numbers, in order, inside
+    the axis; evenly spaced on a linear axis, 1, 2 or 5 times a power of ten on a log one (the axis of
+    positive values across a factor of ten and more)."""
     if log:
         lo, hi = abs(lo) + 1e-3, (abs(lo) + 1e-3) * (10 + span)
     else:
         hi = lo + span
-    ticks = tasks.nice_ticks(lo, hi, log)
-    assert len(ticks) >= 2 and all(lo <= t <= hi for t in ticks) and ticks == sorted(ticks)
-    mantissas = {float(re.sub(r"e.*", "", f"{abs(t):e}")) for t in ticks if t}
-    assert mantissas <= {1.0, 2.0, 5.0} if log else len(ticks) <= 11
-    if not log:
+    root = curves([fake_result("majority", "mask", 0, [{"epoch": 1, "train_loss": lo},
+                                                       {"epoch": 2, "train_loss": hi}])])
+    panel = root.find(f"{SVG}g")
+    axis = next(p.get("d") for p in panel.iter(f"{SVG}path") if p.get("stroke") == "black")
+    top, bottom = float(axis.split(",")[1].split("V")[0]), float(axis.split("V")[1].split("H")[0])
+    labels = [t for t in panel.iter(f"{SVG}text") if t.get("text-anchor") == "end"]
+    ticks = [float(t.text) for t in labels]
+    pixels = [float(t.get("y")) - 4 for t in labels]
+    assert 2 <= len(ticks) <= 11 and ticks == sorted(ticks)
+    assert all(top - 0.05 <= p <= bottom + 0.05 for p in pixels)
+    assert all(pixels[i] > pixels[i + 1] for i in range(len(pixels) - 1))     # higher values higher up
+    log_axis = "train loss, log scale" in [t.text for t in panel.iter(f"{SVG}text")]
+    assert log_axis == (lo > 0 and hi >= 10 * lo)
+    if log_axis:
+        assert {float(re.sub(r"e.*", "", f"{t:e}")) for t in ticks} <= {1.0, 2.0, 5.0}
+    else:
         steps = [b - a for a, b in zip(ticks, ticks[1:])]
         assert max(steps) - min(steps) <= 1e-4 * max(steps)

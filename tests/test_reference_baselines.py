@@ -302,7 +302,8 @@ def receptive_fields(masks):
 def cyclic3_monomials(d=15):
     """The monomials S with a nonzero Fourier coefficient in the cyclic3 target, computed on the
     whole cube from tasks.py's definition, hat f(S) = mean f(x) prod_{i in S} x_i (degree 3)."""
-    cube = tasks.boolean_cube(d)
+    cube = tasks.boolean_dataset("cyclic3")["x_test"]
+    assert cube.shape == (2 ** d, d)
     f = tasks.boolean_task("cyclic3", cube).target
     return {frozenset(s) for s in itertools.combinations(range(d), 3)
             if abs((f * cube[:, list(s)].prod(1)).mean()) > 0.5}

@@ -264,11 +264,11 @@ def test_summarize_shows_each_config_as_its_own_row_and_counts_a_copy_once(tmp_p
                    f"{tmp_path / 'e2' / 'result.json'} again (same task, init, seed, config and "
                    f"data): counted once\n")
     table = (tmp_path / "table.md").read_text()
-    assert table.startswith("## Results\n\n| task | init | epochs | seeds | train loss |")
+    assert table.startswith("## Boolean tasks (Section 5.1, Table 1)\n\n| task | init | epochs | seeds | train loss |")
     rows = [row.split(" | ")[:4] for row in table.splitlines() if row.startswith("| majority")]
     assert rows == [["| majority", "mask", "1", "1/1"], ["| majority", "mask", "2", "2/2"]] * 2
     curves = (tmp_path / "curves.svg").read_text()
-    assert "mask epochs 1 (1 seed)" in curves and "mask epochs 2 (2 seeds)" in curves
+    assert "mask, epochs 1 (1 seed)" in curves and "mask, epochs 2 (2 seeds)" in curves
 
 
 def test_summarize_of_a_path_that_does_not_exist_is_one_line(tmp_path, capsys):

@@ -180,7 +180,7 @@ def test_every_init_trains_through_the_cli(cifar_dir, skip_md5, tmp_path, capsys
     for init in inits:
         folder = tmp_path / f"cifar10-{init}-seed0"
         result = json.loads((folder / "result.json").read_text())
-        assert result["status"] == "done" and f"cifar10 / {init} / seed 0: top-1" in out
+        assert result["status"] == "done" and f"cifar10/{init}/seed0: best top-1 (%) " in out
         final = finals[init] = result["final"]
         assert 0 <= final["top1"] <= 100 and final["best_top1"] >= final["top1"]
         assert [h["epoch"] for h in result["history"]] == [1, 2]
@@ -209,7 +209,7 @@ def test_every_init_trains_through_the_cli(cifar_dir, skip_md5, tmp_path, capsys
         finals["default"]["prior_mass_init"]
     assert finals["mask-fixed"]["mask_drift"] == 0 and finals["mask"]["mask_drift"] > 0
     table = (tmp_path / "table.md").read_text()
-    assert "## Best top-1 accuracy" in table and "| cifar10 | impulse | 1/1 |" in table and "95.12" in table
+    assert "## Vision (Section 5.3)" in table and "| cifar10 | impulse | 1/1 |" in table and "| 95.12" in table
 
 
 def test_missing_dataset_is_one_line_and_exit_2(tmp_path, run_cli):
@@ -348,7 +348,7 @@ def test_torchrun_two_cpu_processes_with_gloo(cifar_dir, tmp_path):
          cifar_dir, "--out", str(out), "--threads", "1", *TINY],
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("cifar10 / mask / seed 0: top-1") == 1       # rank 0 reports, once
+    assert proc.stdout.count("cifar10/mask/seed0: best top-1") == 1       # rank 0 reports, once
     result = json.loads((out / "result.json").read_text())
     assert result["world_size"] == 2 and [h["epoch"] for h in result["history"]] == [1, 2]
     assert 0 <= result["final"]["top1"] <= 100 and (out / "attention.svg").exists()
