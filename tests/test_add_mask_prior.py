@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import torchvision
 
 import maskprior
-from conftest import ROOT
+from helpers import ROOT, random_masks, split_heads
 
 # The section whose code blocks test_readme_snippets_run executes: the README's, and a draft of it
 # beside the README where one is being written.
@@ -66,11 +66,6 @@ MODELS = {  # name: (build(seed), tokens N, batch_first, model input of batch B)
 }
 
 
-def random_masks(n, seed=1):
-    """(layers, heads, n, n) mask logits of all sizes, so rows mix open and closed entries."""
-    return 3 * torch.randn(LAYERS, HEADS, n, n, generator=torch.Generator().manual_seed(seed))
-
-
 def written_out(attn, x, mask, batch_first, logit_extra=None):
     """softmax(Q K^T / sqrt(d) + log sigmoid(M) [+ logit_extra]) V, then W_O, from attn's own
     in_proj / out_proj weights. Returns the output (in x's layout) and p (B, H, N, N)."""
@@ -79,12 +74,12 @@ def written_out(attn, x, mask, batch_first, logit_extra=None):
     B, N, E = x.shape
     d = E // attn.num_heads
     q, k, v = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
-    split = lambda t: t.view(B, N, attn.num_heads, d).transpose(1, 2)   # (B, H, N, d)
-    logits = split(q) @ split(k).transpose(-1, -2) / math.sqrt(d) + F.logsigmoid(mask)
+    q, k, v = (split_heads(t, attn.num_heads) for t in (q, k, v))       # (B, H, N, d)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(d) + F.logsigmoid(mask)
     if logit_extra is not None:
         logits = logits + logit_extra
     p = logits.softmax(dim=-1)                                           # (B, H, N, N)
-    y = attn.out_proj((p @ split(v)).transpose(1, 2).reshape(B, N, E))
+    y = attn.out_proj((p @ v).transpose(1, 2).reshape(B, N, E))
     return (y if batch_first else y.transpose(0, 1)), p
 
 
@@ -111,7 +106,7 @@ def test_open_mask_leaves_the_model_unchanged(name, training):
 def test_patched_module_computes_the_section_4_1_attention(name, training):
     build, n, batch_first, _ = MODELS[name]
     model = build().double().train(training)
-    masks = random_masks(n)
+    masks = random_masks(LAYERS, HEADS, n)
     attn = maskprior.add_mask_prior(model, masks)[1]                     # the second layer's
     x = torch.randn((3, n, WIDTH) if batch_first else (n, 3, WIDTH), dtype=torch.float64)
     expected, p = written_out(attn, x, masks[1].double(), batch_first)
@@ -127,7 +122,7 @@ def test_caller_masks_and_unbatched_input_combine_with_the_prior():
     """A Boolean causal attn_mask with is_causal=True and a Boolean key_padding_mask are added to
     log sigmoid(M) as -inf entries; an unbatched (N, E) input gets the prior too."""
     model = encoder(batch_first=True).double()
-    masks = random_masks(ENCODER_TOKENS)
+    masks = random_masks(LAYERS, HEADS, ENCODER_TOKENS)
     attn = maskprior.add_mask_prior(model, masks)[0]
     n = ENCODER_TOKENS
     x = torch.randn(3, n, WIDTH, dtype=torch.float64)
@@ -150,7 +145,7 @@ def test_caller_masks_and_unbatched_input_combine_with_the_prior():
 def test_shorter_input_uses_the_top_left_block_of_the_mask():
     """4 of the mask's 6 positions: log sigmoid(M[:, :4, :4]), as MaskedSelfAttention takes it."""
     model = encoder(batch_first=True).double()
-    masks = random_masks(ENCODER_TOKENS)
+    masks = random_masks(LAYERS, HEADS, ENCODER_TOKENS)
     attn = maskprior.add_mask_prior(model, masks)[0]
     x = torch.randn(3, 4, WIDTH, dtype=torch.float64)
     y, _ = attn(x, x, x, need_weights=False)
@@ -164,7 +159,7 @@ def test_prior_acts_in_train_and_in_eval_mode(name):
     build, n, _, make_input = MODELS[name]
     model = build()
     reference = copy.deepcopy(model).eval()
-    maskprior.add_mask_prior(model, random_masks(n))
+    maskprior.add_mask_prior(model, random_masks(LAYERS, HEADS, n))
     x = make_input(3)
     trained_path = model.train()(x)
     with torch.no_grad():
@@ -178,7 +173,7 @@ def test_encoder_padding_mask_in_eval_mode_matches_train_mode():
     """nn.TransformerEncoder would turn a padded batch into nested tensors in eval mode; the
     patched encoder keeps dense tensors and gives the train-mode output."""
     model = encoder(batch_first=True)
-    maskprior.add_mask_prior(model, random_masks(ENCODER_TOKENS))
+    maskprior.add_mask_prior(model, random_masks(LAYERS, HEADS, ENCODER_TOKENS))
     x = torch.randn(3, ENCODER_TOKENS, WIDTH)
     padding = torch.zeros(3, ENCODER_TOKENS, dtype=torch.bool)
     padding[0, -2:] = True
@@ -199,7 +194,7 @@ def test_gradient_reaches_a_learnable_mask_and_not_a_fixed_one(name):
     x = make_input(2)
     for mode in ("learnable", "fixed"):
         model = build()
-        patched = maskprior.add_mask_prior(model, random_masks(n), mode=mode)
+        patched = maskprior.add_mask_prior(model, random_masks(LAYERS, HEADS, n), mode=mode)
         model(x).square().sum().backward()
         for attn in patched:
             assert isinstance(attn.mask, nn.Parameter)
@@ -214,7 +209,7 @@ def test_gradient_reaches_a_learnable_mask_and_not_a_fixed_one(name):
 def test_a_few_steps_train_the_patched_model_end_to_end(name):
     build, n, _, make_input = MODELS[name]
     model = build()
-    masks = maskprior.impulse_mask(LAYERS, HEADS, 4) if name == "vit" else random_masks(n)
+    masks = maskprior.impulse_mask(LAYERS, HEADS, 4) if name == "vit" else random_masks(LAYERS, HEADS, n)
     patched = maskprior.add_mask_prior(model, masks)
     x = make_input(8)
     target = torch.randn(model(x).shape, generator=torch.Generator().manual_seed(2))
@@ -234,7 +229,7 @@ def test_a_few_steps_train_the_patched_model_end_to_end(name):
 def test_state_dict_round_trip_into_a_fresh_patched_model(name):
     build, n, _, make_input = MODELS[name]
     model = build(seed=0)
-    maskprior.add_mask_prior(model, random_masks(n, seed=1))
+    maskprior.add_mask_prior(model, random_masks(LAYERS, HEADS, n, seed=1))
     state = model.state_dict()
     mask_keys = [key for key in state if key.endswith(".mask")]
     assert len(mask_keys) == LAYERS
@@ -266,7 +261,7 @@ def test_wrong_sequence_length_is_refused_at_forward_time():
     with pytest.raises(ValueError, match=message):
         model(torch.randn(1, 3, 32, 32))
     model = encoder(batch_first=False)
-    maskprior.add_mask_prior(model, random_masks(ENCODER_TOKENS))
+    maskprior.add_mask_prior(model, random_masks(LAYERS, HEADS, ENCODER_TOKENS))
     with pytest.raises(ValueError, match=r"layers\.0\.self_attn.*at most 6.*got position 6"):
         model(torch.randn(7, 2, WIDTH))                                   # (N, B, E)
 

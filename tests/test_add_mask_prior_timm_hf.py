@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import transformers as T
 
 import maskprior
-from conftest import ROOT
+from helpers import ROOT, random_masks, split_heads
 
 WIDTH, LAYERS, VOCAB = 32, 2, 64
 TEXT_N, TEXT_LEN = 8, 6              # M covers 8 tokens; inputs of 6 use its top-left 6 x 6 block
@@ -173,11 +173,6 @@ def constant(heads, n, value=maskprior.OPEN):
     return torch.full((heads, n, n), value)
 
 
-def random_masks(heads, n, seed=1):
-    """(layers, heads, n, n) mask logits of all sizes, so rows mix open and closed entries."""
-    return 3 * torch.randn(LAYERS, heads, n, n, generator=torch.Generator().manual_seed(seed))
-
-
 def band(heads, n):
     """(heads, n, n): +10 where |i - j| <= 1 (open), -10 elsewhere (closed)."""
     i = torch.arange(n)
@@ -197,8 +192,8 @@ def timm_written_out(attn, x, mask, extra=0.0):
     [+ extra]) V, then proj. x (B, n, C), mask (H, N, N). Returns the output (B, n, C) and p
     (B, H, n, n)."""
     B, n, C = x.shape
-    q, k, v = F.linear(x, attn.qkv.weight, attn.qkv.bias).view(B, n, 3, attn.num_heads, -1).permute(
-        2, 0, 3, 1, 4)                                                     # (B, H, n, d) each
+    q, k, v = (split_heads(t, attn.num_heads)
+               for t in F.linear(x, attn.qkv.weight, attn.qkv.bias).chunk(3, dim=-1))   # (B, H, n, d) each
     logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + F.logsigmoid(mask[:, :n, :n]) + extra
     p = logits.softmax(dim=-1)
     return attn.proj((p @ v).transpose(1, 2).reshape(B, n, C)), p
@@ -218,7 +213,7 @@ def test_constant_mask_leaves_every_family_unchanged_and_a_random_one_does_not(n
     stock = build(name)
     constant_prior, random_prior = copy.deepcopy(stock), copy.deepcopy(stock)
     maskprior.add_mask_prior(constant_prior, constant(heads, n))
-    maskprior.add_mask_prior(random_prior, random_masks(heads, n))
+    maskprior.add_mask_prior(random_prior, random_masks(LAYERS, heads, n))
     inputs = make_inputs(3)
     with torch.no_grad():
         expected = real_tokens(stock, inputs)
@@ -258,7 +253,7 @@ def test_patched_layer_computes_the_section_4_1_attention(name):
     _, heads, n, make_inputs, _ = FAMILIES[name]
     model = build(name)
     stock_layer = None
-    masks = random_masks(heads, n)
+    masks = random_masks(LAYERS, heads, n)
     if name != "timm_vit":
         stock = copy.deepcopy(model)
         stock.set_attn_implementation("eager")
@@ -308,7 +303,7 @@ def test_bert_padding_mask_holds_and_a_shorter_input_uses_the_top_left_block():
     """A sequence padded from 4 to 6 tokens: no attention on the padding, and its 4 tokens come out
     as the same sequence alone (length 4: M's top-left 4 x 4 block)."""
     model = build("bert")
-    maskprior.add_mask_prior(model, random_masks(2, TEXT_N))
+    maskprior.add_mask_prior(model, random_masks(LAYERS, 2, TEXT_N))
     ids = torch.randint(1, VOCAB, (1, TEXT_LEN))
     padding = torch.tensor([[1, 1, 1, 1, 0, 0]])
     with torch.no_grad():
@@ -323,7 +318,7 @@ def test_timm_caller_mask_and_is_causal_add_to_the_prior():
     """timm's Attention called with is_causal=True, or with a Boolean attn_mask (True = may attend,
     SDPA's meaning) on both its paths: the written-out attention plus the causal or caller's -inf."""
     model = build("timm_vit").double()
-    masks = random_masks(2, IMAGE_N).double()
+    masks = random_masks(LAYERS, 2, IMAGE_N).double()
     attn = maskprior.add_mask_prior(model, masks)[0]
     x = torch.randn(2, 5, WIDTH, dtype=torch.float64)
     causal = torch.ones(5, 5, dtype=torch.bool).tril()                  # True = may attend
@@ -353,7 +348,7 @@ def test_siglip_pooling_head_is_refused_and_its_encoder_takes_the_prior():
     stock = build().eval()
     constant_prior, random_prior = copy.deepcopy(stock), copy.deepcopy(stock)
     maskprior.add_mask_prior(constant_prior.encoder, constant(2, IMAGE_N - 1))
-    maskprior.add_mask_prior(random_prior.encoder, random_masks(2, IMAGE_N - 1))
+    maskprior.add_mask_prior(random_prior.encoder, random_masks(LAYERS, 2, IMAGE_N - 1))
     with torch.no_grad():
         expected = run(stock, inputs)
         torch.testing.assert_close(run(constant_prior, inputs), expected, rtol=1e-4, atol=1e-5)
@@ -368,7 +363,7 @@ def test_siglip_pooling_head_is_refused_and_its_encoder_takes_the_prior():
 def test_one_step_with_param_groups_trains_every_layers_mask(name):
     _, heads, n, make_inputs, _ = FAMILIES[name]
     model = build(name).train()
-    masks = random_masks(heads, n)
+    masks = random_masks(LAYERS, heads, n)
     patched = maskprior.add_mask_prior(model, masks)
     optimizer = torch.optim.AdamW(maskprior.param_groups(model, weight_decay=0.05), lr=1e-2)
     run(model, make_inputs(2)).square().mean().backward()
@@ -382,7 +377,7 @@ def test_one_step_with_param_groups_trains_every_layers_mask(name):
 def test_fixed_mode_leaves_m_frozen(name):
     _, heads, n, make_inputs, _ = FAMILIES[name]
     model = build(name).train()
-    masks = random_masks(heads, n)
+    masks = random_masks(LAYERS, heads, n)
     patched = maskprior.add_mask_prior(model, masks, mode="fixed")
     optimizer = torch.optim.AdamW(maskprior.param_groups(model, 0.05, mask_decay=0.5), lr=1e-2)
     run(model, make_inputs(2)).square().mean().backward()
@@ -396,7 +391,7 @@ def test_fixed_mode_leaves_m_frozen(name):
 def test_state_dict_round_trip_into_a_fresh_patched_model(name):
     _, heads, n, make_inputs, _ = FAMILIES[name]
     model = build(name, seed=0)
-    maskprior.add_mask_prior(model, random_masks(heads, n))
+    maskprior.add_mask_prior(model, random_masks(LAYERS, heads, n))
     state = model.state_dict()
     assert len([key for key in state if key.endswith(".mask")]) == LAYERS
     fresh = build(name, seed=5)
@@ -415,7 +410,7 @@ def test_param_groups_hold_each_parameter_once_and_decay_m_by_mask_decay_alone(n
     leaves M where it was."""
     _, heads, n, _, _ = FAMILIES[name]
     model = build(name)
-    patched = maskprior.add_mask_prior(model, random_masks(heads, n))
+    patched = maskprior.add_mask_prior(model, random_masks(LAYERS, heads, n))
     groups = maskprior.param_groups(model, weight_decay=0.5)
     ids = [id(p) for g in groups for p in g["params"]]
     assert sorted(ids) == sorted(id(p) for p in model.parameters())

@@ -1,7 +1,6 @@
 """Three-digit arithmetic (Section 5.2): the data against its definition, the digit-structure
 masks against the roles they document, the metrics against hand counts, and the CLI run, sweep
 and data-efficiency picture."""
-import json
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -11,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 import maskprior
 import tasks
 import train
+from helpers import result_of
 
 TINY = ["--layers", "2", "--dim", "16", "--epochs", "1", "--eval-size", "500", "--threads", "1",
         "--no-progress"]
@@ -160,7 +160,7 @@ def test_cli_run_writes_the_table_fields(tmp_path, init, run_cli, attention_svg)
     proc = run_cli("--task", "addition", "--init", init, "--train-frac", "0.001", "--out",
                    str(out), *TINY)
     assert proc.returncode == 0, proc.stderr
-    result = json.loads((out / "result.json").read_text())
+    result = result_of(out)
     final = result["final"]
     assert result["status"] == "done" and result["train_pairs"] == 1000
     assert result["eval_pairs"] == 500 and result["config"]["train_frac"] == 0.001

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import maskprior
-from helpers import mimetic_noise
+from helpers import mimetic_noise, qkv_weights
 
 
 def boolean_model(dim=64, heads=3, depth=4, seed=0):
@@ -56,8 +56,7 @@ def test_mimetic_heads_are_identity_like_at_the_paper_shape():
     draws = torch.Generator().manual_seed(4)
     eye = torch.eye(64)
     for attn in maskprior.attention_modules(model):
-        inner = attn.heads * attn.head_dim
-        w_q, w_k = attn.qkv.weight.detach()[:inner], attn.qkv.weight.detach()[inner:2 * inner]
+        w_q, w_k, _ = qkv_weights(attn)
         for h in range(3):
             u, s, vh = torch.linalg.svd(0.7 * mimetic_noise(64, draws) + 0.7 * eye)
             best_rank_21 = u[:, :21] @ torch.diag(s[:21]) @ vh[:21]

@@ -9,8 +9,7 @@ import torch
 import maskprior
 import tasks
 import train
-from conftest import BOOLEAN_TINY as TINY, kill_then_resume
-from helpers import experiment, runs_of
+from helpers import BOOLEAN_TINY as TINY, experiment, kill_then_resume, result_of, runs_of
 
 
 def test_short_run_writes_a_valid_result(tmp_path, run_cli, attention_svg):
@@ -18,7 +17,7 @@ def test_short_run_writes_a_valid_result(tmp_path, run_cli, attention_svg):
     proc = run_cli("--task", "majority", "--init", "mask", "--out", str(out), *TINY)
     assert proc.returncode == 0, proc.stderr
     assert "majority/mask/seed0: train loss" in proc.stdout and ", on target no, " in proc.stdout
-    result = json.loads((out / "result.json").read_text())
+    result = result_of(out)
     assert {"task", "init", "seed", "config", "seconds", "final", "history"} <= set(result)
     assert (result["task"], result["init"], result["seed"], result["status"]) == ("majority", "mask", 0, "done")
     final = result["final"]
@@ -48,7 +47,7 @@ def test_threesym_reports_its_sign_accuracy_and_default_has_no_mask_pictures(tmp
                                                                               attention_svg):
     proc = run_cli("--task", "threesym", "--init", "default", "--out", str(tmp_path), *TINY)
     assert proc.returncode == 0, proc.stderr
-    result = json.loads((tmp_path / "result.json").read_text())
+    result = result_of(tmp_path)
     final = result["final"]                    # the accuracy is ours (the paper reports none for threesym)
     assert 0 <= final["unseen_acc"] <= 100 and 0 <= final["test_acc"] <= 100
     assert isinstance(final["test_acc"], float) and "test_acc" in result["history"][-1]
@@ -61,7 +60,8 @@ def test_grid_prints_a_markdown_table_with_mean_and_std(tmp_path, run_cli):
                    "--out", str(tmp_path), *TINY)
     assert proc.returncode == 0, proc.stderr
     table = (tmp_path / "table.md").read_text()
-    assert table.startswith("## Boolean tasks (Section 5.1, Table 1)\n\n| task | init | seeds | train loss | test loss")
+    assert table.startswith("## Boolean tasks (Section 5.1, Table 1)\n\n"
+                            "| task | init | seeds | train loss | test loss")
     results = table.split("## Persistence of the prior")[0]
     rows = [line for line in results.splitlines() if line.startswith("| 2parity")]
     assert len(rows) == 2 and all("| 2/2 |" in row and "±" in row for row in rows)
@@ -155,7 +155,7 @@ def test_nan_loss_stops_the_run_with_a_message_and_keeps_the_result(tmp_path, mo
     assert code == 1
     err = capsys.readouterr().err
     assert "loss became nan at step 4 (epoch 1)" in err and str(tmp_path) in err
-    result = json.loads((tmp_path / "result.json").read_text())
+    result = result_of(tmp_path)
     assert result["status"] == "diverged" and "nan" in result["error"]
     _, titles, _ = attention_svg(tmp_path)                         # the prior before training
     assert titles == ["mean attention, before training", "mask bias log σ(s M), before training"]
@@ -166,7 +166,7 @@ def test_same_seed_same_result_other_seed_other_result(tmp_path):
     for seed, name in ((0, "a"), (0, "b"), (1, "c")):
         assert train.main(["--task", "majority", "--init", "mask", "--seed", str(seed),
                            "--out", str(tmp_path / name), *TINY]) == 0
-        finals.append(json.loads((tmp_path / name / "result.json").read_text())["final"])
+        finals.append(result_of(tmp_path / name)["final"])
     assert finals[0] == finals[1]
     assert finals[0]["test_loss"] != finals[2]["test_loss"]
 
@@ -305,7 +305,8 @@ def test_heatmap_png_holds_each_entry_as_a_block_of_its_colour_and_white_gutters
     place = (grid - lo) / (hi - lo) * 4                                # where each value lies among the anchors
     below = place.floor().long().clamp(max=3)
     mix = (place - below)[..., None]
-    expected = ((VIRIDIS[below] * (1 - mix) + VIRIDIS[below + 1] * mix) * 255).round().to(torch.uint8)  # (R, C, n, n, 3)
+    # the colour each entry should have, (R, C, n, n, 3)
+    expected = ((VIRIDIS[below] * (1 - mix) + VIRIDIS[below + 1] * mix) * 255).round().to(torch.uint8)
     for r in range(rows):
         for c in range(cols):
             top, left = pad + r * (n * cell + pad), pad + c * (n * cell + pad)
@@ -329,14 +330,14 @@ def test_mask_magnitude_sets_the_prior_and_a_sweep_writes_its_table_and_figure(t
     pattern = maskprior.boolean_mask("majority", 1, 2)                            # (1, 2, 16, 16), +-10
     for magnitude in (2, 5):
         folder = tmp_path / f"majority-mask-seed0-A{magnitude}"
-        assert json.loads((folder / "result.json").read_text())["config"]["mask_magnitude"] == magnitude
+        assert result_of(folder)["config"]["mask_magnitude"] == magnitude
         before = torch.load(folder / "attention_before.pt", weights_only=False)
         assert set(before) == {"attn", "bias"} and before["attn"].shape == (1, 2, 16, 16)
         expected = torch.nn.functional.logsigmoid(magnitude * pattern.sign())
         torch.testing.assert_close(before["bias"], expected)
         after = torch.load(folder / "attention_after.pt", weights_only=False)
         assert not torch.equal(after["bias"], before["bias"])          # the mask trained
-    config = json.loads((tmp_path / "majority-mask-seed0-A2" / "result.json").read_text())["config"]
+    config = result_of(tmp_path / "majority-mask-seed0-A2")["config"]
     assert config["mask_magnitude"] == 2.0 and isinstance(config["mask_magnitude"], float)
     table = (tmp_path / "table.md").read_text()
     assert table.startswith("## Boolean tasks (Section 5.1, Table 1)\n\n| task | init | A | seeds | train loss |")
@@ -384,6 +385,5 @@ def test_a_killed_grid_resumes_keeping_its_finished_runs(tmp_path, monkeypatch, 
     assert train.main([*args, "--out", str(tmp_path / "killed"), "--resume"]) == 0
     assert finished.stat().st_mtime_ns == written_at
     for name in ("majority-default-seed0", "majority-mask-seed0", "majority-mask-zero-seed0"):
-        whole, resumed = (json.loads((tmp_path / grid / name / "result.json").read_text())
-                          for grid in ("whole", "killed"))
+        whole, resumed = (result_of(tmp_path / grid / name) for grid in ("whole", "killed"))
         assert resumed["final"] == whole["final"], name

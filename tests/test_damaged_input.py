@@ -12,34 +12,11 @@ import torch
 import maskprior
 import tasks
 import train
-from conftest import BOOLEAN_TINY as TINY
+from helpers import BOOLEAN_TINY as TINY, files_of, one_line, random_bytes, result_of
 from synthetic import write_tiny_ranks
 
 TINY_LM = ["--iters", "2", "--layers", "1", "--heads", "2", "--dim", "8", "--block-size", "8",
            "--batch-size", "2", "--no-progress"]
-
-
-def files_of(folder):
-    """{relative path: (bytes, mtime in ns)} of every file below folder."""
-    found = {}
-    for parent, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(parent, name)
-            with open(path, "rb") as f:
-                found[os.path.relpath(path, folder)] = (f.read(), os.stat(path).st_mtime_ns)
-    return found
-
-
-def one_line(err):
-    """The single line of stderr (fails if there are more, or a traceback)."""
-    assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
-
-
-def random_bytes(count, seed=0):
-    return bytes(torch.randint(0, 256, (count,), generator=torch.Generator().manual_seed(seed)).tolist())
 
 
 # ------------------------------------------------------------------------------------------
@@ -98,7 +75,7 @@ def test_the_tiny_ranks_file_itself_is_accepted_and_the_run_finishes(stories_dir
     proc = run_cli("--task", "tinystories", "--data-dir", str(stories_dir), "--bpe-file", bpe,
                       "--out", str(out), *TINY_LM)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((out / "result.json").read_text())
+    result = result_of(out)
     assert result["config"]["block_size"] == 8 and isinstance(result["final"]["sample"], str)
 
 

@@ -2,7 +2,6 @@
 fraction its kind says and nothing else, train.py's --mask-error / --mask-lr reach the prior and
 M's optimizer group, and the true prior mass is measured on the exact pattern."""
 import argparse
-import json
 import math
 import xml.etree.ElementTree as ET
 
@@ -13,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 import maskprior
 import tasks
 import train
-from helpers import BOOLEAN_TINY as TINY, experiment
+from helpers import BOOLEAN_TINY as TINY, experiment, result_of
 
 # (pattern, whether position 0 is the CLS token): every Boolean and arithmetic prior
 PATTERNS = {**{t: (maskprior.boolean_mask(t, 4, 3), True) for t in maskprior.BOOLEAN_MASKS},
@@ -158,9 +157,8 @@ def test_grid_over_errors_and_mask_lr_records_them_and_draws_the_figure(tmp_path
     folders = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
     assert folders == ["2parity-mask-fixed-seed0", "2parity-mask-fixed-seed0-err-moved1",
                        "2parity-mask-seed0-err-moved1-mlr0.03", "2parity-mask-seed0-mlr0.03"]
-    read = lambda name: json.loads((tmp_path / name / "result.json").read_text())
     for name in folders:
-        config, final = read(name)["config"], read(name)["final"]
+        config, final = result_of(tmp_path / name)["config"], result_of(tmp_path / name)["final"]
         assert config["mask_error"] == ("moved:1.0" if "err" in name else None)
         assert config["mask_lr"] == (0.03 if "mlr" in name else None)
         for when in ("init", "final"):
@@ -209,7 +207,7 @@ def test_the_command_line_records_the_error_and_the_mask_lr(tmp_path, run_cli):
     proc = run_cli("--task", "2parity", "--init", "mask", "--mask-error", "moved:1.0", "--mask-lr",
                    "0.03", "--seed", "0", "--threads", "1", "--out", str(tmp_path), *TINY)
     assert proc.returncode == 0, proc.stderr
-    result = json.loads((tmp_path / "result.json").read_text())
+    result = result_of(tmp_path)
     assert (result["config"]["mask_error"], result["config"]["mask_lr"]) == ("moved:1.0", 0.03)
     assert result["final"]["true_prior_mass_init"] < result["final"]["prior_mass_init"]
     assert "2parity/mask/seed0 (mask error moved:1.0, mask lr 0.03): train loss " in proc.stdout

@@ -1,6 +1,5 @@
 """The GPT with a causal relative-distance mask prior, the language data, and language runs:
 offline corpus, a tiny tiktoken encoding, whole-split perplexity, checkpoint and --resume."""
-import json
 import math
 import os
 import subprocess
@@ -13,8 +12,7 @@ import torch.nn.functional as F
 import maskprior
 import tasks
 import train
-from conftest import ROOT, interrupt_then_resume, kill_then_resume, same_weights
-from helpers import experiment
+from helpers import ROOT, experiment, interrupt_then_resume, kill_then_resume, result_of, same_weights
 from synthetic import write_tiny_ranks
 
 TINY_LM = ["--iters", "8", "--eval-every", "4", "--layers", "1", "--heads", "2", "--dim", "16",
@@ -152,7 +150,7 @@ def test_lm_run_writes_perplexities_sample_and_mask_pictures(tmp_path, run_cli, 
     proc = run_cli("--task", "lm", "--init", "mask", "--out", str(tmp_path), *TINY_LM)
     assert proc.returncode == 0, proc.stderr
     assert "lm/mask/seed0: val ppl" in proc.stdout and "sample:" in proc.stdout
-    result = json.loads((tmp_path / "result.json").read_text())
+    result = result_of(tmp_path)
     final = result["final"]
     assert final["val_ppl"] == pytest.approx(math.exp(final["val_loss"]))
     assert final["test_ppl"] == pytest.approx(math.exp(final["test_loss"]))
@@ -250,7 +248,7 @@ def test_torchrun_two_cpu_processes_with_gloo(tmp_path):
     proc = torchrun(os.path.join(ROOT, "train.py"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("lm/mask/seed0: val ppl") == 1      # rank 0 reports, once
-    result = json.loads((tmp_path / "result.json").read_text())
+    result = result_of(tmp_path)
     assert result["world_size"] == 2 and [h["iter"] for h in result["history"]] == [4, 8]
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
     assert len(saved["rng"]) == 2                    # every rank's RNGs: torch's, the windows'
@@ -266,7 +264,7 @@ def test_torchrun_two_cpu_processes_with_gloo(tmp_path):
     assert (partial["round"], partial["done"], [len(r["losses"]) for r in partial["ranks"]]) == (2, 2, [2, 2])
     proc = torchrun(str(launcher), stopped, "--resume")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    resumed = json.loads((stopped / "result.json").read_text())
+    resumed = result_of(stopped)
     assert resumed["history"] == result["history"] and resumed["final"]["val_loss"] == result["final"]["val_loss"]
     weights = [torch.load(out / "checkpoint.pt", weights_only=False)["model"] for out in (tmp_path, stopped)]
     assert same_weights(*weights)

@@ -17,8 +17,7 @@ from hypothesis import given, settings, strategies as st
 import maskprior
 import tasks
 import train
-from conftest import kill_then_resume
-from helpers import experiment
+from helpers import experiment, files_of, kill_then_resume, one_line, result_of
 from synthetic import SHAPES, write_image_tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -139,11 +138,6 @@ def source_attention(folder):
     return torch.load(folder / "attention_after.pt", weights_only=True)["attn"]
 
 
-def files_of(folder):
-    """{name: bytes} of every file in folder."""
-    return {name: (folder / name).read_bytes() for name in sorted(os.listdir(folder))}
-
-
 def target(source_dir, *extra):
     """train.main's arguments of a tiny learned-prior addition run at 0.1 % of the pairs."""
     return ["--task", "addition", "--init", "mask", "--train-frac", "0.001", *TINY,
@@ -166,7 +160,7 @@ def damaged(kind, src, folder):
     elif kind == "result.json damaged":
         (folder / "result.json").write_text('{"task": "addition", "init"')
     elif kind == "not finished":
-        result = json.loads((folder / "result.json").read_text())
+        result = result_of(folder)
         (folder / "result.json").write_text(json.dumps({**result, "status": "running", "final": None}))
     elif kind == "no attention_after.pt":
         attention.unlink()
@@ -202,9 +196,7 @@ REFUSALS = {
 def refused(args, capsys):
     """train.main(args) exits 2 with one line on stderr; returns that line."""
     assert train.main(args) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err.strip()
+    return one_line(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("kind", REFUSALS)
@@ -270,7 +262,7 @@ def test_the_run_records_its_source_and_starts_from_the_learned_mask(source, tmp
     prior_mass_* is measured on the learned pattern, true_prior_mass_* on mask_addition."""
     out = tmp_path / "run"
     assert train.main([*target(source, "--mask-threshold", "1.1"), "--out", str(out)]) == 0
-    result = json.loads((out / "result.json").read_text())
+    result = result_of(out)
     config, final = result["config"], result["final"]
     learned = maskprior.learned_mask(source_attention(source), 5.0, 1.1)          # (2, 4, 10, 10)
     digest = hashlib.sha256((source / "attention_after.pt").read_bytes()).hexdigest()
@@ -342,8 +334,7 @@ def test_a_tau_sweep_sits_beside_the_default_and_hand_made_runs(source, tmp_path
     assert sorted(os.listdir(root)) == sorted(
         [f"addition-{i}-seed{s}-frac0.001" for i in ("default", "mask") for s in (0, 1)]
         + learned + ["curves.svg", "grid.json", "table.md"])
-    density = [json.loads((tmp_path / f / "result.json").read_text())["config"]["mask_density"]
-               for f in learned[::2]]
+    density = [result_of(tmp_path / f)["config"]["mask_density"] for f in learned[::2]]
     assert density[0] > density[1] > density[2]
     assert train.main(["--summarize", root]) == 0
     table, persistence = (tmp_path / "table.md").read_text().split("## Arithmetic (Section 5.2)")[1].split(
@@ -369,7 +360,7 @@ def test_a_gpt_learns_its_prior_from_a_default_gpt(lm_source, tmp_path):
     out = tmp_path / "run"
     assert train.main(["--task", "lm", "--init", "mask", *TINY_LM, "--mask-from", str(lm_source),
                        "--out", str(out)]) == 0
-    result = json.loads((out / "result.json").read_text())
+    result = result_of(out)
     learned = maskprior.learned_mask(attn, 1.0, 1.0, causal=True)
     assert result["config"]["mask_density"] == maskprior.open_fraction(learned, causal=True)
     assert result["config"]["mask_from_train_frac"] is None
@@ -387,7 +378,7 @@ def test_a_vit_learns_its_prior_and_is_measured_against_the_impulse(tmp_path):
     assert train.main([*common, "--init", "default", "--out", str(tmp_path / "src")]) == 0
     assert train.main([*common, "--init", "mask-fixed", "--mask-from", str(tmp_path / "src"),
                        "--out", str(tmp_path / "run")]) == 0
-    final = json.loads((tmp_path / "run" / "result.json").read_text())["final"]
+    final = result_of(tmp_path / "run")["final"]
     before = torch.load(tmp_path / "run" / "attention_before.pt", weights_only=True)
     impulse = maskprior.impulse_mask(1, 2, 2)                                 # (1, 2, 5, 5)
     assert final["true_prior_mass_init"] == pytest.approx(

@@ -19,9 +19,8 @@ from PIL import Image
 
 import tasks
 import train
-from conftest import BOOLEAN_TINY as TINY, ROOT
+from helpers import BOOLEAN_TINY as TINY, ROOT, files_of, one_line, result_of
 from synthetic import SHAPES, write_image_tree, write_text_files
-from test_damaged_input import files_of, one_line
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,15 +33,12 @@ TINY_IMAGES = ["--task", "images", "--init", "default", "--image-size", "8", "--
                "--threads", "1"]
 
 
-def result_of(folder):
-    return json.loads((folder / "result.json").read_text())
-
-
 def strict_json(path):
     """The file parsed as strict JSON: Infinity and NaN tokens are an error."""
     def refuse(token):
         raise ValueError(f"{path}: {token} is not JSON")
-    return json.loads(open(path).read(), parse_constant=refuse)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f, parse_constant=refuse)
 
 
 # ------------------------------------------------------------------------------------------
@@ -255,7 +251,7 @@ def test_summarize_skips_a_hand_edited_result_naming_file_and_field(two_runs, tm
                                                                    field, value, said):
     root = shutil.copytree(two_runs, tmp_path / "runs")
     path = root / "s1" / "result.json"
-    result = json.loads(path.read_text())
+    result = result_of(root / "s1")
     *parents, last = field.split(".")
     target = result
     for key in parents:

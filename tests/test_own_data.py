@@ -1,22 +1,19 @@
 """A user's own data: --task images (an ImageFolder tree, two layouts) and --task text (train.txt,
 valid.txt, test.txt), their bad-data errors (exit 2, one line), and curves.svg, the training
 curves that --summarize and a grid write next to table.md."""
-import json
 import math
 import os
 import re
 import xml.etree.ElementTree as ET
 
 import pytest
-import torch
 from PIL import Image
 from hypothesis import given, settings, strategies as st
 
 import tasks
 import train
-from helpers import experiment
-from synthetic import SHAPES, write_image_tree, write_text_files
-from test_damaged_input import one_line, random_bytes
+from helpers import experiment, one_line, random_bytes, result_of
+from synthetic import SHAPES, write_image_tree, write_text_files, write_tiny_ranks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,10 +37,6 @@ def colour_folder(tmp_path_factory):
     """Colour 20 x 20 PNGs of 4 shapes in one folder, <shape>/ 10 each (1 held out per class)."""
     return write_image_tree(str(tmp_path_factory.mktemp("colour")), SHAPES[3:7], 10, 20, "RGB",
                             layout="one folder")
-
-
-def result_of(out):
-    return json.loads((out / "result.json").read_text())
 
 
 # ------------------------------------------------------------------------------------------
@@ -217,7 +210,6 @@ def test_text_run_writes_val_ppl_and_says_whether_test_is_val(test_chars, tmp_pa
 
 
 def test_text_with_bpe_file_uses_gpt2_tokens(tmp_path):
-    from test_language import write_tiny_ranks
     write_text_files(str(tmp_path), 4000, 1000)
     data = tasks.lm_dataset("text", str(tmp_path), write_tiny_ranks(tmp_path / "ranks.tiktoken"))
     assert data["info"]["data"]["tokenizer"].startswith("GPT-2 BPE")

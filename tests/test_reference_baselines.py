@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import maskprior
 import tasks
-from helpers import mimetic_noise
+from helpers import mimetic_noise, qkv_weights
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -266,7 +266,7 @@ def test_mimetic_init_uses_uniform_noise():
     g = torch.Generator().manual_seed(3)
     z1, z2 = mimetic_noise(dim, g), mimetic_noise(dim, g)
     attn = maskprior.attention_modules(model)[0]
-    w_q, w_k, w_v = attn.qkv.weight.detach().split(dim)
+    w_q, w_k, w_v = qkv_weights(attn)
     eye = torch.eye(dim)
     qk = w_q.T @ w_k
     torch.testing.assert_close(qk, 0.7 * z1 + 0.7 * eye, atol=1e-4, rtol=1e-4)

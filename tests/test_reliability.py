@@ -17,10 +17,9 @@ import pytest
 import torch
 
 import train
-from conftest import BOOLEAN_TINY as TINY, ROOT, interrupt_then_resume, same_weights, train_raising
-from helpers import runs_of
+from helpers import (BOOLEAN_TINY as TINY, ROOT, files_of, interrupt_then_resume, one_line, result_of, runs_of,
+                     same_weights, train_raising)
 from synthetic import write_text_files, write_tiny_ranks
-from test_damaged_input import files_of, one_line
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,7 +74,7 @@ def test_a_second_run_on_a_busy_folder_is_refused_and_kill_9_frees_it(tmp_path, 
         if (out / name).exists():
             os.remove(out / name)
     assert train.main([*MAJORITY, "--init", "default", "--out", str(out)]) == 0
-    assert json.loads((out / "result.json").read_text())["init"] == "default"
+    assert result_of(out)["init"] == "default"
     assert not (out / ".lock").exists()
 
 
@@ -168,7 +167,7 @@ def test_resume_on_a_copy_of_the_same_data_elsewhere_is_accepted(text_run, tmp_p
 
 
 def test_the_fingerprint_is_in_result_json_and_the_checkpoint(text_run):
-    result = json.loads((text_run / "run" / "result.json").read_text())
+    result = result_of(text_run / "run")
     saved = torch.load(text_run / "run" / "checkpoint.pt", weights_only=False)
     assert set(result["data_fingerprint"]) == {"train.txt", "valid.txt", "--bpe-file"}
     assert result["data_fingerprint"]["train.txt"].startswith("sha256 ")
@@ -339,7 +338,7 @@ def test_a_full_disk_mid_run_is_one_line_exit_1_and_keeps_the_last_checkpoint(tm
     assert not [p for p in os.listdir(out) if ".tmp" in p] and not (out / "result.json").exists()
     monkeypatch.undo()
     assert train.main([*args, "--out", str(out), "--resume"]) == 0
-    whole, resumed = (json.loads((tmp_path / run / "result.json").read_text()) for run in ("whole", "run"))
+    whole, resumed = (result_of(tmp_path / run) for run in ("whole", "run"))
     assert resumed["history"] == whole["history"] and resumed["final"] == whole["final"]
 
 
@@ -445,7 +444,7 @@ def test_a_second_signal_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, m
     assert torch.load(out / "checkpoint.pt", weights_only=False)["state"]["step"] == 6
     monkeypatch.setattr(train, "train", real_train)
     assert train.main([*args, "--out", str(out), "--resume"]) == 0
-    whole, resumed = (json.loads((tmp_path / run / "result.json").read_text()) for run in ("whole", "run"))
+    whole, resumed = (result_of(tmp_path / run) for run in ("whole", "run"))
     assert resumed["history"] == whole["history"] and resumed["final"] == whole["final"]
 
 

@@ -2,7 +2,6 @@
 CIFAR data pipeline on a tiny data set in CIFAR-10's real pickle layout, every init through the
 command line, bad input, torchrun with 2 gloo processes, and kill + --resume."""
 import importlib.util
-import json
 import os
 import pickle
 import signal
@@ -17,8 +16,7 @@ from hypothesis import given, settings, strategies as st
 import maskprior
 import tasks
 import train
-from conftest import ROOT, interrupt_then_resume, kill_then_resume, same_weights
-from helpers import experiment, runs_of
+from helpers import ROOT, experiment, interrupt_then_resume, kill_then_resume, result_of, runs_of, same_weights
 from synthetic import write_synthetic_cifar10
 
 # A tiny ViT on 32 x 32 images: patch 8 -> 4 x 4 patches + CLS = 17 positions, width 16.
@@ -179,7 +177,7 @@ def test_every_init_trains_through_the_cli(cifar_dir, skip_md5, tmp_path, capsys
     finals = {}
     for init in inits:
         folder = tmp_path / f"cifar10-{init}-seed0"
-        result = json.loads((folder / "result.json").read_text())
+        result = result_of(folder)
         assert result["status"] == "done" and f"cifar10/{init}/seed0: best top-1 (%) " in out
         final = finals[init] = result["final"]
         assert 0 <= final["top1"] <= 100 and final["best_top1"] >= final["top1"]
@@ -251,7 +249,7 @@ def test_model_timm_trains_timms_vit_with_the_mask_prior(cifar_dir, skip_md5, tm
     pattern = maskprior.impulse_mask(2, 2, 4)
     for init in ("default", "mask", "mask-fixed"):
         folder = tmp_path / f"cifar10-{init}-seed0"
-        result = json.loads((folder / "result.json").read_text())
+        result = result_of(folder)
         assert result["status"] == "done" and result["config"]["model"] == "timm"
         assert 0 <= result["final"]["top1"] <= 100 and not (folder / "attention.svg").exists()
         weights = torch.load(folder / "checkpoint.pt", weights_only=False)["model"]
@@ -298,7 +296,7 @@ def test_warmup_as_long_as_the_run_is_shortened_and_said_so(cifar_dir, skip_md5,
     result.json and the summary line say the warmup was shortened from 1 to 0 epochs."""
     assert train.main(["--task", "cifar10", "--init", "default", "--epochs", "1", "--data-dir",
                        cifar_dir, "--out", str(tmp_path), *TINY]) == 0
-    config = json.loads((tmp_path / "result.json").read_text())["config"]
+    config = result_of(tmp_path)["config"]
     assert (config["warmup_epochs"], config["warmup_shortened_from"]) == (0, 1)
     assert "warmup shortened from 1 to 0 epochs" in capsys.readouterr().out
     config = runs_of("--task", "cifar10", "--epochs", "5", "--warmup-epochs", "9")[0].config
@@ -349,6 +347,6 @@ def test_torchrun_two_cpu_processes_with_gloo(cifar_dir, tmp_path):
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("cifar10/mask/seed0: best top-1") == 1       # rank 0 reports, once
-    result = json.loads((out / "result.json").read_text())
+    result = result_of(out)
     assert result["world_size"] == 2 and [h["epoch"] for h in result["history"]] == [1, 2]
     assert 0 <= result["final"]["top1"] <= 100 and (out / "attention.svg").exists()

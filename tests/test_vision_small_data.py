@@ -1,7 +1,6 @@
 """Vision on a user's own small data (--task imagenet100, an ImageFolder tree) at the cpu preset:
 the small-data setting (more epochs, no MixUp / CutMix, crops of at least 35 % of the image)
 learns synthetic hand-drawn-like digits that the cpu preset's paper augmentation does not."""
-import json
 import os
 
 import pytest
@@ -10,7 +9,7 @@ from PIL import Image
 
 import tasks
 import train
-from helpers import runs_of
+from helpers import result_of, runs_of
 from synthetic import DIGIT_SEGMENTS, write_synthetic_digits
 
 # A tiny ViT (patch 4 on 32 x 32 -> 64 patches + CLS, width 48, depth 2, 3 heads) for 20 epochs of
@@ -62,7 +61,7 @@ def test_small_data_setting_is_the_cpu_presets_imagenet100_only():
 
 def top1(args, out):
     assert train.main(args + ["--out", str(out)]) == 0
-    return json.loads((out / "result.json").read_text())["final"]["top1"]
+    return result_of(out)["final"]["top1"]
 
 
 def test_small_data_setting_learns_digits_the_paper_augmentation_does_not(digits_dir, tmp_path,
