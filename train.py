@@ -770,14 +770,12 @@ def build_parser():  # the command line in five groups, each list of choices pri
     g.add_argument("--model", choices=["maskprior", "timm"], help="vision: maskprior.ViT (default) or timm's "
                    "VisionTransformer, same shape")
     g = p.add_argument_group("the mask prior (inits mask, mask-fixed, mask-hadamard)")
-    g.add_argument("--mask-magnitude", type=rate, nargs="+", metavar="A", help="open +A, closed -A (GPT: "
-                   "scale s); several: a sweep")
-    g.add_argument("--mask-decay", type=share, nargs="+", metavar="W", help="weight decay on M alone "
-                   "(default 0); several: a sweep")
-    g.add_argument("--mask-lr", type=rate, nargs="+", metavar="LR", help="lr of M alone (default --lr); "
-                   "several: a sweep")
-    g.add_argument("--mask-error", nargs="+", type=mask_edit, metavar="KIND:P", help="extra|missing|moved:P "
-                   "edits the prior; none: exact")
+    for name, kind, metavar, text in (         # several values: a sweep (SWEEPS)
+            ("mask-magnitude", rate, "A", "open +A, closed -A (GPT: scale s); several: a sweep"),
+            ("mask-decay", share, "W", "weight decay on M alone (default 0); several: a sweep"),
+            ("mask-lr", rate, "LR", "lr of M alone (default --lr); several: a sweep"),
+            ("mask-error", mask_edit, "KIND:P", "extra|missing|moved:P edits the prior; none: exact")):
+        g.add_argument(f"--{name}", type=kind, nargs="+", metavar=metavar, help=text)
     g.add_argument("--mask-from", metavar="DIR", help="M from the attention maps of the finished run DIR")
     g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU", help="open where attention >= "
                    "TAU / row's keys (default 1)")
@@ -1322,11 +1320,8 @@ def check_folder(folder, run=None):
     """Before anything is written, one run per folder: UsageError when a live run holds folder's lock
     (probed, not taken), or folder holds another thing: for a grid's root (run None) a run's files; for a
     run a grid, or another run's files (with --resume: files but its checkpoint or this finished run)."""
-    try:
+    with contextlib.suppress(OSError):  # no lock file (OSError on open): no run holds the folder
         fd = os.open(os.path.join(folder, ".lock"), os.O_RDONLY)
-    except OSError:
-        fd = None                       # no lock file: no run holds the folder
-    if fd is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -1547,15 +1542,14 @@ def check_fits(family, config):
     longest_sum = 2 * tasks.OPERAND_DIGITS + max(tasks.ARITHMETIC_TASKS.values())   # operands, answer slots
     N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": longest_sum, "language": config.get("block_size"),
          "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
-    def maps_of(batch):                 # bytes of a batch's attention maps, kept for the backward
-        return 4 * 3 * L * H * N * N * max(batch, 64)
-    weights, maps = 4 * 4 * 12 * L * D * D, maps_of(B)
+    per_example = 4 * 3 * L * H * N * N   # bytes of one example's attention maps, kept for the backward
+    weights, maps = 4 * 4 * 12 * L * D * D, per_example * max(B, 64)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if weights + maps > have:   # name the flag to change: width, input length, or else the batch
         inputs = {"language": f"--block-size {N}", "vision": f"--image-size {config.get('image_size')}"}
         if weights > maps:
             flag = f"--dim {D}"
-        elif weights + maps_of(64) > have:
+        elif weights + per_example * 64 > have:
             flag = inputs.get(family, f"--layers {L}")
         else:
             flag = f"--batch-size {B}"
