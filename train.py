@@ -178,8 +178,7 @@ class Run:
     def finished(self):
         """The folder's result.json if it is this very run (task, init, seed, config, and data once read),
         done; else None."""
-        path = os.path.join(self.folder, "result.json")
-        old = os.path.exists(path) and read_result(path, warn=False)
+        old = read_result(os.path.join(self.folder, "result.json"), warn=False)   # None: none, or damaged
         if not old or old["status"] != "done":
             return None
         if [old["task"], old["init"], old["seed"], old["config"]] != [self.task, self.init, self.seed, self.config]:
@@ -191,9 +190,8 @@ class Run:
     def kept(self):
         """What is on disk of a run that stopped, and what to do: read from its folder."""
         saved = None
-        if os.path.exists(self.checkpoint):
-            with contextlib.suppress(UsageError):  # damaged: as if there were none
-                saved = load_checkpoint(self.checkpoint)
+        with contextlib.suppress(UsageError):      # none, or damaged: as if there were none
+            saved = load_checkpoint(self.checkpoint)
         if saved is not None:
             state, cut = saved["state"], saved.get("partial")
             unit = "iter" if self.family == "language" else "epoch"
@@ -315,8 +313,7 @@ def lm_setup(run, data, place):
         val_loss = state["history"][-1]["val_loss"]
         test_loss = val_loss if data["test_is_val"] else tasks.lm_loss(model, data["test"], T)
         prompt = data["val"][:T // 4][None].to(device)   # a short continuation, top-40 sampling
-        sample = model.generate(prompt, 120, top_k=40,
-                                generator=torch.Generator(device=device).manual_seed(seed))
+        sample = model.generate(prompt, 120, top_k=40, generator=torch.Generator(device=device).manual_seed(seed))
         return {"val_loss": val_loss, "val_ppl": math.exp(val_loss), "test_loss": test_loss,
                 "test_ppl": math.exp(test_loss), "test_is_val": data["test_is_val"],
                 "tokens_per_second": state["samples"] * T * world / state["train_seconds"],
@@ -483,7 +480,7 @@ def learned_prior(run, shape):
     (L, H, N, N) is the model's, which the source's maps must have."""
     config = run.config
     causal = run.family == "language"
-    scale = config["mask_magnitude"] if causal else 1.0
+    magnitude = 1.0 if causal else config["mask_magnitude"]
     _, attn, digest = read_source(config["mask_from"])
     if digest != config["mask_from_sha256"]:
         raise UsageError(f"--mask-from {config['mask_from']}: attention_after.pt changed while this run "
@@ -492,7 +489,7 @@ def learned_prior(run, shape):
         theirs, ours = (f"{s[0]} layers x {s[1]} heads x {s[2]} x {s[3]}" for s in (attn.shape, shape))
         raise UsageError(f"--mask-from {config['mask_from']}: its attention maps are {theirs}, this model's "
                          f"{ours}: the source needs the same --layers, --heads and sequence length")
-    return maskprior.learned_mask(attn, config["mask_magnitude"] / scale, config["mask_threshold"], causal)
+    return maskprior.learned_mask(attn, magnitude, config["mask_threshold"], causal)
 
 def read_source(folder):
     """The finished run --mask-from names: (result.json, mean attention after (L, H, N, N), its sha256)."""
@@ -519,8 +516,7 @@ def read_source(folder):
         raise bad(f"attention_after.pt is damaged or not one of train.py's ({type(err).__name__})")
     attn = saved.get("attn") if isinstance(saved, dict) else None
     if not isinstance(attn, torch.Tensor) or attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
-        raise bad("attention_after.pt holds no mean attention maps (a layers x heads x N x N "
-                  "tensor under 'attn')")
+        raise bad("attention_after.pt holds no mean attention maps (a layers x heads x N x N tensor under 'attn')")
     if not torch.isfinite(attn).all():
         raise bad("attention_after.pt's mean attention is not finite (NaN or inf)")
     return result, attn.float(), hashlib.sha256(raw).hexdigest()
@@ -654,9 +650,7 @@ def keep_checkpoint(run, exp, state, place, cut=None):
 
 def position(unit, r, step):
     """Where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for language."""
-    if unit == "iter":
-        return f"iteration {step}"
-    return f"epoch {r} (step {step})"
+    return f"iteration {step}" if unit == "iter" else f"epoch {r} (step {step})"
 
 # === 6. One run: the prior before, training, the prior after (Section 6.1), result.json ============
 def execute(run, data, place, stop):
@@ -667,8 +661,7 @@ def execute(run, data, place, stop):
     exp = FAMILIES[run.family]["setup"](run, data, place)
     net = DDP(exp.model) if world > 1 else exp.model   # torchrun: gradients averaged over ranks
     net = torch.compile(net) if run.compile else net
-    state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0,
-             "threads": run.threads}
+    state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0, "threads": run.threads}
     resumed_at = None                           # where a resumed run picks up: its epoch, or iteration
     if run.resume and (not run.grid or os.path.exists(run.checkpoint)):   # a grid: runs with one
         state = resume_from(run.checkpoint, run.meta(world), exp, place)    # weights, optimizer, RNG, state
@@ -777,14 +770,12 @@ def build_parser():  # the command line in five groups, each list of choices pri
     g.add_argument("--model", choices=["maskprior", "timm"], help="vision: maskprior.ViT (default) or timm's "
                    "VisionTransformer, same shape")
     g = p.add_argument_group("the mask prior (inits mask, mask-fixed, mask-hadamard)")
-    g.add_argument("--mask-magnitude", type=rate, nargs="+", metavar="A", help="open +A, closed -A (GPT: "
-                   "scale s); several: a sweep")
-    g.add_argument("--mask-decay", type=share, nargs="+", metavar="W", help="weight decay on M alone "
-                   "(default 0); several: a sweep")
-    g.add_argument("--mask-lr", type=rate, nargs="+", metavar="LR", help="lr of M alone (default --lr); "
-                   "several: a sweep")
-    g.add_argument("--mask-error", nargs="+", type=mask_edit, metavar="KIND:P", help="extra|missing|moved:P "
-                   "edits the prior; none: exact")
+    for name, kind, metavar, text in (         # several values: a sweep (SWEEPS)
+            ("mask-magnitude", rate, "A", "open +A, closed -A (GPT: scale s); several: a sweep"),
+            ("mask-decay", share, "W", "weight decay on M alone (default 0); several: a sweep"),
+            ("mask-lr", rate, "LR", "lr of M alone (default --lr); several: a sweep"),
+            ("mask-error", mask_edit, "KIND:P", "extra|missing|moved:P edits the prior; none: exact")):
+        g.add_argument(f"--{name}", type=kind, nargs="+", metavar=metavar, help=text)
     g.add_argument("--mask-from", metavar="DIR", help="M from the attention maps of the finished run DIR")
     g.add_argument("--mask-threshold", type=rate, nargs="+", metavar="TAU", help="open where attention >= "
                    "TAU / row's keys (default 1)")
@@ -946,11 +937,9 @@ def check_args(args, task_names):
             raise UsageError(f"--mask-from: --init {no_mask[0]} has no mask prior to replace "
                              f"(mask, mask-fixed or mask-hadamard only)")
         if any(args.mask_error or ()):
-            raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give "
-                             "one of the two")
+            raise UsageError("--mask-from and --mask-error: a learned prior is not edited, give one of the two")
         if args.out and os.path.realpath(args.out) == os.path.realpath(args.mask_from):
-            raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite "
-                             f"its source")
+            raise UsageError(f"--out {args.out} is the --mask-from folder: the run would overwrite its source")
     elif args.mask_threshold:
         raise UsageError("--mask-threshold applies with --mask-from only")
     out = args.out and pathlib.Path(args.out)   # not a file, not below one, not a link to nothing
@@ -972,12 +961,11 @@ def make_config(family, task, settings, args):
     keys. Checks what only the whole config can tell."""
     config = {**FAMILIES[family]["presets"][args.preset],
               **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
-    given = {key: getattr(args, key) for key in config if getattr(args, key, None) is not None}
     if args.dim is not None and "mlp_dim" in config:   # ViT MLPs are 4 x wide, encoders 1 x
-        given = {"mlp_dim": 4 * args.dim if family == "vision" else args.dim, **given}
+        config["mlp_dim"] = 4 * args.dim if family == "vision" else args.dim
         if "head_dim" in config:
-            given = {"head_dim": None, **given}        # dim / heads
-    config.update(given)
+            config["head_dim"] = None                  # dim / heads
+    config.update({key: getattr(args, key) for key in config if getattr(args, key, None) is not None})
     if not config.get("head_dim") and config["dim"] < config["heads"]:
         raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
     magnitude = settings["mask_magnitude"] or FAMILIES[family]["magnitude"]
@@ -1099,8 +1087,7 @@ def summarize(root):
     """--summarize DIR: the tables of every run below DIR; a run found twice (a copied folder) counts
     once. Exit 1 when a damaged result.json was skipped, 2 when nothing could be read."""
     if not os.path.isdir(root):
-        raise UsageError(f"--summarize {root}: "
-                         f"{'not a folder' if os.path.exists(root) else 'no such folder'}")
+        raise UsageError(f"--summarize {root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
     paths = [os.path.join(folder, "result.json") for folder, _, files in sorted(os.walk(root))
              if "result.json" in files]
     readable = [(path, r) for path in paths for r in [read_result(path)] if r is not None]
@@ -1283,8 +1270,7 @@ def read_result(path, warn=True):
         return result
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
         if warn:
-            print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})",
-                  file=sys.stderr)
+            print(f"train.py: warning: skipped {path}: damaged or not a result of train.py ({err})", file=sys.stderr)
         return None
 
 # --- One writer per folder: the lock, and what a folder may already hold ----------------------------
@@ -1334,11 +1320,8 @@ def check_folder(folder, run=None):
     """Before anything is written, one run per folder: UsageError when a live run holds folder's lock
     (probed, not taken), or folder holds another thing: for a grid's root (run None) a run's files; for a
     run a grid, or another run's files (with --resume: files but its checkpoint or this finished run)."""
-    try:
+    with contextlib.suppress(OSError):  # no lock file (OSError on open): no run holds the folder
         fd = os.open(os.path.join(folder, ".lock"), os.O_RDONLY)
-    except OSError:
-        fd = None                       # no lock file: no run holds the folder
-    if fd is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -1406,8 +1389,7 @@ def load_checkpoint(path, meta=None):
     if ours is None:
         return saved
     if theirs is None:
-        print(f"train.py: note: {path} records no fingerprint of its data; the data is not checked",
-              file=sys.stderr)
+        print(f"train.py: note: {path} records no fingerprint of its data; the data is not checked", file=sys.stderr)
         return saved
     for key in sorted(set(theirs) | set(ours)):
         before, now = theirs.get(key), ours.get(key)
@@ -1560,15 +1542,14 @@ def check_fits(family, config):
     longest_sum = 2 * tasks.OPERAND_DIGITS + max(tasks.ARITHMETIC_TASKS.values())   # operands, answer slots
     N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": longest_sum, "language": config.get("block_size"),
          "vision": (config.get("image_size", 0) // config.get("patch_size", 1)) ** 2 + 1}[family]
-    def maps_of(batch):                 # bytes of a batch's attention maps, kept for the backward
-        return 4 * 3 * L * H * N * N * max(batch, 64)
-    weights, maps = 4 * 4 * 12 * L * D * D, maps_of(B)
+    per_example = 4 * 3 * L * H * N * N   # bytes of one example's attention maps, kept for the backward
+    weights, maps = 4 * 4 * 12 * L * D * D, per_example * max(B, 64)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if weights + maps > have:   # name the flag to change: width, input length, or else the batch
         inputs = {"language": f"--block-size {N}", "vision": f"--image-size {config.get('image_size')}"}
         if weights > maps:
             flag = f"--dim {D}"
-        elif weights + maps_of(64) > have:
+        elif weights + per_example * 64 > have:
             flag = inputs.get(family, f"--layers {L}")
         else:
             flag = f"--batch-size {B}"
