@@ -20,7 +20,6 @@ and pastes alone.
 """
 
 import math
-from collections import OrderedDict
 
 import torch
 import torch.nn as nn
@@ -162,9 +161,12 @@ class Block(nn.Module):
         self.attn = MaskedSelfAttention(dim, heads, seq_len, head_dim, mask_init, mode, causal, mask_scale,
                                         dropout, qkv_bias)
         self.ln2 = nn.LayerNorm(dim)
-        # the position-wise GELU MLP, its layers named fc and out
-        self.mlp = nn.Sequential(OrderedDict(fc=nn.Linear(dim, mlp_dim), gelu=nn.GELU(),
-                                             out=nn.Linear(mlp_dim, dim), dropout=nn.Dropout(dropout)))
+        # the position-wise GELU MLP, its layers named fc and out (the names its state_dict keys carry)
+        self.mlp = nn.Sequential()
+        self.mlp.add_module("fc", nn.Linear(dim, mlp_dim))
+        self.mlp.add_module("gelu", nn.GELU())
+        self.mlp.add_module("out", nn.Linear(mlp_dim, dim))
+        self.mlp.add_module("dropout", nn.Dropout(dropout))
         self.resid_dropout = nn.Dropout(dropout)
         self.drop_path = drop_path if drop_path is not None else nn.Identity()
 
