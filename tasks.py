@@ -687,7 +687,8 @@ def lm_loss(model, tokens, block_size, batch=64):
             count += (targets != -100).sum().item()
     return total / count
 
-CACHED = (boolean_dataset, arithmetic_dataset, vision_dataset, lm_dataset)   # the loaders, as functools.cache made them
+# the loaders, as functools.cache made them (forget_data clears them)
+CACHED = (boolean_dataset, arithmetic_dataset, vision_dataset, lm_dataset)
 
 # The paper's Table "Perplexity (PPL) comparison": (its inits, {task: (val ppl, test ppl) per init}).
 PAPER_LM = (("default", "mask", "mimetic"), {
@@ -1131,7 +1132,8 @@ def heatmap_svg(bands, notes, gap=4, left=64):
                 parts += [svg_text(left - 6, y + centres[r], f"layer {r + 1}", text_anchor="end") for r in range(rows)]
             bar = min(w, 200)                                        # under the block: the colour bar
             parts += [f'<rect x="{x}" y="{y + h + 8}" width="{bar}" height="10" fill="url(#viridis)"/>',
-                      svg_text(x, y + h + 30, fmt(lo, 3)), svg_text(x + bar, y + h + 30, fmt(hi, 3), text_anchor="end"),
+                      svg_text(x, y + h + 30, fmt(lo, 3)),
+                      svg_text(x + bar, y + h + 30, fmt(hi, 3), text_anchor="end"),
                       svg_text(x, y + h + 44, meaning)]
             x += max(w, 7 * len(title), 6 * len(meaning)) + 32     # room for the texts too
             tallest = max(tallest, h)
