@@ -443,9 +443,15 @@ def build_encoder(run, pattern, masks, device, svd_scales=None, **shape):
         cls_std=config.get("cls_std", 0.0), **shape)
     # Structured inits scale positions drawn at 0.02 by NORM_P = 18 (to std 0.36) before their solve;
     # larger starts are scaled up to that std at most, never down (N(0, 1) positions: factor 1).
+    # --pos-scale, --svd-open and --svd-noise replace these choices and the family's solve targets.
     pos_scale = maskprior.NORM_P if pos_std == 0 else min(maskprior.NORM_P, max(1.0, 0.36 / pos_std))
+    pos_scale = config.get("pos_scale", pos_scale)
+    svd_scales = {**(svd_scales or {}), **{name: config[key] for key, name in SVD_FLAGS.items() if key in config}}
     seconds = qk_prior(model, init, pattern, run.seed, svd_scales, pos_scale)
     return model.to(device), seconds
+
+# The structured-SVD solve's targets a command may set (config key -> structured_svd_init_'s argument).
+SVD_FLAGS = {"svd_open": "open_logit", "svd_noise": "noise_scale"}
 
 def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NORM_P):
     """Put a QK init's prior into W_Q / W_K (Sections 2.1, 5.1), drawing from a generator seeded by seed;
@@ -521,15 +527,19 @@ def read_source(folder):
         raise bad("attention_after.pt's mean attention is not finite (NaN or inf)")
     return result, attn.float(), hashlib.sha256(raw).hexdigest()
 
+# The flags of the structured solve (the encoders' QK baselines); a run's config holds them when given.
+STRUCTURED_FLAGS = ("pos_scale", *SVD_FLAGS)
+
 # The four families: their presets, inits, the paper's mask magnitude A (open +A, closed -A; the GPT's
 # scale s), rounds between evaluations (language: five evaluations a run), the flags only they take
 # beside their preset's keys, whether their data is read from files, and their setup.
 FAMILIES = {
     "boolean": {"presets": BOOLEAN_PRESETS, "inits": ENCODER_INITS, "magnitude": maskprior.OPEN,
-                "eval_every": 5, "takes": ("mask_variant", "mask_error"), "files": False,
+                "eval_every": 5, "takes": ("mask_variant", "mask_error", *STRUCTURED_FLAGS), "files": False,
                 "setup": boolean_setup},
     "arithmetic": {"presets": ARITHMETIC_PRESETS, "inits": ENCODER_INITS, "magnitude": maskprior.ARITHMETIC_OPEN,
-                   "eval_every": 5, "takes": ("train_frac", "eval_size", "mask_error"), "files": False,
+                   "eval_every": 5, "takes": ("train_frac", "eval_size", "mask_error", *STRUCTURED_FLAGS),
+                   "files": False,
                    "setup": arithmetic_setup},
     "language": {"presets": LM_PRESETS, "inits": ("default", "mask", "mimetic"),
                  "magnitude": maskprior.GPT_MASK_SCALE, "eval_every": None, "takes": ("bpe_file",),
@@ -792,6 +802,9 @@ def build_parser():  # the command line in five groups, each list of choices pri
             ("pos-std", share, "std of the learned positions' start"),
             ("cls-std", share, "Boolean: std of the CLS token's start (0: zeros)"),
             ("weight-decay", share, "weight decay on all but M"),
+            ("pos-scale", rate, "structured inits: positions x X before the solve (default 18, 1 for N(0, 1))"),
+            ("svd-open", rate, "structured-svd: the solve's open logit (Boolean 1000, arithmetic 10000)"),
+            ("svd-noise", share, "structured-svd: noise on the closed logits (Boolean 3, arithmetic 0)"),
             ("block-size", natural, "language: tokens per window"),
             ("image-size", natural, "vision: image side, pixels"),
             ("patch-size", natural, "vision: patch side, pixels"),
@@ -927,6 +940,12 @@ def check_args(args, task_names):
             raise UsageError(f"--model timm takes --init {', '.join(TIMM_INITS)}, no --mask-from")
         if importlib.util.find_spec("timm") is None:
             raise UsageError("--model timm needs timm: pip install timm")
+    for key in STRUCTURED_FLAGS:                # the solve's settings: every init must have that solve
+        takers = ("structured-svd",) if key in SVD_FLAGS else ("structured-svd", "structured-opt")
+        other = [i for i in args.init if i not in takers]
+        if getattr(args, key) is not None and other:
+            raise UsageError(f"--{key.replace('_', '-')} sets the {' or '.join(takers)} solve: "
+                             f"--init {other[0]} has none")
     no_mask = [i for i in args.init if i not in MASK_PRIOR_INITS]
     if any(args.mask_error or ()) and no_mask:
         raise UsageError("--mask-error edits the mask prior: --init mask, mask-fixed or mask-hadamard only")
@@ -966,6 +985,7 @@ def make_config(family, task, settings, args):
         if "head_dim" in config:
             config["head_dim"] = None                  # dim / heads
     config.update({key: getattr(args, key) for key in config if getattr(args, key, None) is not None})
+    config.update({key: getattr(args, key) for key in STRUCTURED_FLAGS if getattr(args, key, None) is not None})
     if not config.get("head_dim") and config["dim"] < config["heads"]:
         raise UsageError(f"--dim {config['dim']} leaves no width for each of {config['heads']} heads")
     magnitude = settings["mask_magnitude"] or FAMILIES[family]["magnitude"]
