@@ -387,3 +387,58 @@ def test_a_killed_grid_resumes_keeping_its_finished_runs(tmp_path, monkeypatch, 
     for name in ("majority-default-seed0", "majority-mask-seed0", "majority-mask-zero-seed0"):
         whole, resumed = (result_of(tmp_path / grid / name) for grid in ("whole", "killed"))
         assert resumed["final"] == whole["final"], name
+
+
+def qk_products(*flags):
+    """W_Q,h^T W_K,h (D, D) of every layer and head of the model a command builds (seed 0): the
+    logits a structured init writes, whatever basis the SVD chose for the factors."""
+    torch.manual_seed(0)                                   # the positions the solve reads
+    products = []
+    for attn in maskprior.attention_modules(experiment(*flags).model):
+        q, k, _ = attn.qkv.weight.detach().view(3, attn.heads, attn.head_dim, -1)     # (H, d, D) each
+        products.append(q.transpose(-1, -2) @ k)                                     # (H, D, D)
+    return torch.stack(products)
+
+
+@pytest.mark.parametrize("init", ["structured-svd", "structured-opt"])
+def test_pos_scale_sets_the_factor_the_structured_solve_multiplies_the_positions_by(init):
+    """The structured inits multiply the learned positions by NORM_P = 18 before their solve (the 2025
+    code's norm_p); --pos-scale X multiplies them by X instead: std 0.02 X, and the config says so."""
+    flags = ["--task", "majority", "--init", init]
+    scaled = experiment(*flags).model.pos
+    unscaled = experiment(*flags, "--pos-scale", "1").model.pos
+    assert runs_of(*flags, "--pos-scale", "1")[0].config["pos_scale"] == 1.0
+    assert "pos_scale" not in runs_of(*flags)[0].config       # a default run's config is as it was
+    assert unscaled.std().item() == pytest.approx(0.02, rel=0.1)
+    assert scaled.std().item() == pytest.approx(0.02 * maskprior.NORM_P, rel=0.1)
+
+
+def test_svd_open_and_noise_set_the_solve_targets_which_the_norm_makes_scale_free():
+    """structured_svd_init_ solves for T = open * target + noise * eps on the closed entries and then
+    sets Q_h, K_h to Frobenius norm 7: without noise the open logit only scales T, so --svd-open 10
+    and 10000 write the same W_Q, W_K; what counts is noise over open, which --svd-noise 3 at
+    --svd-open 10 makes large. The Boolean tasks solve with 1000 and noise 3, the arithmetic ones
+    with 10000 and none (Table "Arithmetic task setup")."""
+    flags = ["--task", "majority", "--init", "structured-svd"]
+    quiet_10 = qk_products(*flags, "--svd-noise", "0", "--svd-open", "10")
+    quiet_1e4 = qk_products(*flags, "--svd-noise", "0", "--svd-open", "10000")
+    noisy_10 = qk_products(*flags, "--svd-noise", "3", "--svd-open", "10")
+    largest = quiet_1e4.abs().max().item()
+    assert torch.allclose(quiet_10, quiet_1e4, atol=1e-4 * largest)
+    assert (noisy_10 - quiet_10).abs().max() > 0.1 * largest
+    config = runs_of(*flags, "--svd-noise", "0", "--svd-open", "10")[0].config
+    assert (config["svd_noise"], config["svd_open"]) == (0.0, 10.0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "majority", "--init", "structured-opt", "--svd-open", "10"],
+     "--svd-open sets the structured-svd solve: --init structured-opt has none"),
+    (["--task", "addition", "--init", "mask", "structured-svd", "--pos-scale", "1"],
+     "--pos-scale sets the structured-svd or structured-opt solve: --init mask has none"),
+    (["--task", "lm", "--init", "mimetic", "--svd-noise", "3"], "--svd-noise applies to boolean and arithmetic"),
+    (["--task", "addition", "--init", "structured-svd", "--pos-scale", "0"], "--pos-scale: must be a number > 0"),
+])
+def test_the_structured_solve_flags_are_refused_where_no_init_solves(args, message, capsys):
+    assert train.main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
