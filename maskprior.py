@@ -85,6 +85,11 @@ class MaskedSelfAttention(nn.Module):
             log sigmoid(scale * M[:, :n, :n])        (H, n, n), from M (H, N, N)
             + (-inf where key j lies after query i)   if causal: the hard causal mask
         mask None: the causal mask alone, (n, n) of 0 and -inf, or None (vanilla attention).
+        Why log sigmoid (Section 6.1, Theorem 1): with m = scale * M, dp_i/dm_j = p_i (delta_ij - p_j)
+        sigma(-m_j), at most p_i whatever the sizes of q and k (Corollary 1), while the gradients of q
+        and k grow with ||k|| and ||q||. An open entry (m = +10) learns through a factor sigma(-10) =
+        4.5e-5, a closed one (m = -10) through its near-zero p_j: both start almost still, so the prior
+        persists until the content scores give the loss a reason to move it.
         dtype: cast to it (q's dtype under autocast); device: the causal mask's (default M's)."""
         if mask is None and not causal:
             return None                                                             # vanilla attention
@@ -151,9 +156,23 @@ def attention_modules(model):
     return [m for m in model.modules() if isinstance(m, MaskedSelfAttention)]
 
 # === 2. Models on the block: the GOTU encoder (Section 5.1), the GPT, the ViT (Section 5.3) =======
+# Three models share one block and differ only in how tokens go in and how the answer comes out:
+#   Transformer  aryol/GOTU's TokenTransformer (Section 5.1, Table "Training setup for Boolean tasks"):
+#                a token per bit, CLS first, one scalar read from CLS. Section 5.2's arithmetic uses it
+#                too, without CLS and read at every position (the paper wrote its arithmetic code "from
+#                scratch" and did not publish it: Table "Arithmetic task setup" is all it says of it).
+#   GPT          nanoGPT's GPT-2, causal, for Appendix "Wiki-text and Tiny-stories".
+#   ViT          timm's VisionTransformer (vit_tiny_patch16_224) for Section 5.3.
+# Every model takes its masks as one (depth, heads, N, N) stack, a mask_init per layer: Principle (4),
+# layer-wise composition, lets the pattern change with depth (boolean_mask's composed patterns do).
 class Block(nn.Module):
-    """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)). drop_path: None, or a module on
-    each residual branch (the ViT's StochasticDepth, built by train.py: this file imports torch only)."""
+    """Pre-LayerNorm block: x + attn(LN(x)), then x + MLP(LN(x)), as aryol/GOTU (its PreNorm, taken from
+    lucidrains/vit-pytorch), nanoGPT and timm all lay it out. The MLP is Linear -> GELU -> Linear, as in
+    those three (Tiny-Stories-GPT, the paper's language code, uses ReLU). Dropout sits where nanoGPT
+    puts it: on the attention weights (inside MaskedSelfAttention), after the attention's output
+    projection and after the MLP; only the GPT sets it (0.2, Table "NLP task setup").
+    drop_path: None, or a module on each residual branch (the ViT's StochasticDepth, built by train.py:
+    this file imports torch only)."""
     def __init__(self, dim, heads, seq_len, mlp_dim, head_dim=None, mask_init=None, mode="learnable",
                  causal=False, mask_scale=1.0, dropout=0.0, qkv_bias=False, drop_path=None):
         super().__init__()
@@ -172,6 +191,9 @@ class Block(nn.Module):
 
     def forward(self, x, return_attn=False):
         """x (B, N, dim) -> (x, the block's attention (B, H, N, N) with return_attn, else None)."""
+        # Section 4.1's attention on the normalised stream, added back to the stream; then the
+        # position-wise MLP the same way. drop_path (stochastic depth, "Drop path 0.1" of the vision
+        # tables) drops a whole branch for each sample with its probability, during training only.
         h = self.attn(self.ln1(x), return_attn=return_attn)
         h, attn = h if return_attn else (h, None)
         x = x + self.drop_path(self.resid_dropout(h))
@@ -183,7 +205,10 @@ class _Model(nn.Module):
     def no_weight_decay(self):
         """The parameters weight decay leaves alone, by name, as timm's no_weight_decay: the positions
         and CLS (where the model has one), starts of the input rather than weights
-        (maskprior.param_groups reads it)."""
+        (maskprior.param_groups reads it). timm's ViT lists the same two (pos_embed, cls_token);
+        nanoGPT decays its positions (wpe is a 2-D weight) and Tiny-Stories-GPT's AdamW every
+        parameter: the GPT follows timm here. aryol/GOTU's coupled Adam decay (param_groups'
+        decay_all) decays every parameter but M, these included."""
         return {"pos", "cls"}
 
     def run_blocks(self, x, return_attn=False):
@@ -198,7 +223,14 @@ class Transformer(_Model):
     """Encoder over discrete tokens: embedding, optional CLS, learned positions, pre-LN blocks.
     masks: None, or (depth, heads, seq_len, seq_len), one mask_init per layer (Principle 4); seq_len
     counts every position, CLS included. readout: "cls" returns head(LN(x[:, 0])) (B, out_dim), as
-    the GOTU code reads the CLS token; "tokens" returns head(LN(x)), (B, N, out_dim)."""
+    the GOTU code reads the CLS token; "tokens" returns head(LN(x)), (B, N, out_dim).
+    The two token layouts, the positions the masks of section 3 index:
+      Boolean (Section 5.1)     vocab 2 (bit -1 -> id 0, +1 -> id 1), N = 16: CLS at 0, bit x_i at 1 + i;
+                                out_dim 1, the value f(x) itself, trained by MSE as in the GOTU code.
+      arithmetic (Section 5.2)  vocab 11 (ten digits and a placeholder), N = 6 + K, no CLS; out_dim 10,
+                                digit logits at every position, of which the K answer slots are scored.
+    Embedding and linear layers keep torch's default starts (nn.Embedding N(0, 1), nn.Linear uniform on
+    +-1 / sqrt(fan_in)), as in the GOTU code, which calls no init of its own."""
     def __init__(self, vocab_size, seq_len, dim, depth, heads, mlp_dim, out_dim, head_dim=None, masks=None,
                  mode="none", cls_token=True, readout="cls", dropout=0.0, pos_std=0.02, cls_std=0.0):
         super().__init__()
@@ -225,10 +257,13 @@ class Transformer(_Model):
 
     def forward(self, tokens, return_attn=False):
         x = self.embed(tokens)                                     # (B, n, dim)
+        # CLS goes first, so row and column 0 of every mask are CLS's (boolean_mask's layout)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)  # (B, N = n + 1, dim)
         x = x + self.pos[:, :x.shape[1]]
         x, attns = self.run_blocks(x, return_attn)
+        # The GOTU code's mlp_head, LayerNorm then Linear: on CLS's final state (B, dim) for the Boolean
+        # regression, on every position (B, N, dim) for the arithmetic digits.
         x = self.norm(x)
         out = self.head(x[:, 0] if self.readout == "cls" else x)
         return (out, attns) if return_attn else out
@@ -247,7 +282,12 @@ def _init_weights(model, truncated):
 class GPT(_Model):
     """nanoGPT's GPT (Appendix "Wiki-text and Tiny-stories") on MaskedSelfAttention(causal=True).
     mode "none" is the default GPT; "learnable" with masks (depth, heads, block_size, block_size)
-    of relative_distance_mask per layer is the paper's mask init."""
+    of relative_distance_mask per layer is the paper's mask init, its bias log sigmoid(mask_scale M).
+    Table "NLP task setup" gives the shape: 12 layers, 12 heads, width 512, block 64, dropout 0.2,
+    learned positions. The paper's code, PraveenRaja42/Tiny-Stories-GPT, has that shape (its 12 heads
+    of 512 // 12 = 42 channels make 504, as here), pre-LN blocks and N(0, 0.02) starts; this model
+    adds what nanoGPT (GPT-2) has and that code lacks: GELU for its ReLU, an output layer without bias
+    tied to the token embedding, dropout on the embeddings, residual projections started smaller."""
     def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none", masks=None,
                  mask_scale=GPT_MASK_SCALE):
         super().__init__()
@@ -262,7 +302,10 @@ class GPT(_Model):
         self.head = nn.Linear(dim, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # weight tying, as in GPT-2 and nanoGPT
         _init_weights(self, truncated=False)
-        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+        # GPT-2's scaled init (nanoGPT's c_proj): the residual stream sums 2 * depth branch outputs, an
+        # attention and an MLP per layer, so the last projection of each branch starts at std
+        # 0.02 / sqrt(2 * depth) and the stream's variance at the top does not grow with depth.
+        for name, p in self.named_parameters():
             if name.endswith("attn.proj.weight") or name.endswith("mlp.out.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
         nn.init.normal_(self.pos, std=0.02)
@@ -276,6 +319,9 @@ class GPT(_Model):
         x = self.drop(self.embed(idx) + self.pos[:, :T])
         x, attns = self.run_blocks(x, return_attn)
         out = self.head(self.norm(x))                                      # logits (B, T, vocab)
+        # nanoGPT's loss: mean cross-entropy over all B * T next-token predictions, in float32 (the
+        # logits are bf16 under CUDA autocast); exp of it over a whole split is the perplexity of
+        # Table "Perplexity (PPL) comparison".
         if targets is not None:
             out = (out, F.cross_entropy(out.flatten(0, 1).float(), targets.flatten()))
         return (out, attns) if return_attn else out
@@ -298,7 +344,13 @@ class ViT(_Model):
     (depth, heads, N, N), one mask_init per layer (impulse_mask for the paper's prior). pool: "cls"
     reads CLS (timm's default, used for CIFAR), "avg" averages the patch tokens ("Global pool avg"
     in Table "Experimental setup for ImageNet100"). drop_paths: None, or one module per block, e.g.
-    torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule)."""
+    torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
+    Tokens: CLS at 0, then patch (r, c) of the grid x grid patches at 1 + r * grid + c (row-major), so
+    N = 14 * 14 + 1 = 197 at 224 / 16; impulse_mask and centre_patch_maps index this layout.
+    Starts as timm's: trunc_normal(0.02) for linear weights and positions, zero biases, the patch
+    convolution at torch's default. Where timm differs: its CLS starts at N(0, 1e-6), here at 0; with
+    "avg" it averages the tokens and then applies a LayerNorm (its fc_norm), here the final LayerNorm
+    acts on every token before the average."""
     def __init__(self, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, masks=None, mode="none",
                  pool="cls", drop_paths=None, channels=3):
         super().__init__()
@@ -323,9 +375,12 @@ class ViT(_Model):
 
     def forward(self, images, return_attn=False):
         """images (B, C, H, W) -> class logits (B, num_classes) [, each layer's (B, H, N, N)]."""
+        # Patches as tokens: the stride-p convolution gives (B, dim, grid, grid), and flatten(2) runs
+        # over it row by row, so patch (r, c) becomes token r * grid + c (1 + that once CLS is in front).
         x = self.patch_embed(images).flatten(2).transpose(1, 2)    # (B, grid^2, dim), row-major
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1) + self.pos     # (B, N, dim)
         x, attns = self.run_blocks(x, return_attn)
+        # Read out CLS's final state, or the mean over the patch tokens (CLS left out), to class logits
         x = self.norm(x)
         out = self.head(x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1))   # features (B, dim)
         return (out, attns) if return_attn else out
@@ -415,7 +470,7 @@ def boolean_mask(task, depth, heads, variant=None, d=15):
     return _mask(depth, heads, n, head_pairs)
 
 # --- Three-digit arithmetic (Section 5.2; Appendix "Design of Mask Pattern") ---
-# Token layout (tasks.py, section 3), least significant digit first, no CLS: digit a_i of the
+# Token layout (tasks.py, section 2), least significant digit first, no CLS: digit a_i of the
 # first operand at position i, b_i at 3 + i, answer digit c_k at 6 + k. Open / closed at +-5,
 # softer than the Boolean +-10. Each token sees itself and each operand digit its partner
 # (Principle 1); head h takes role h mod 4 of the algorithm (Principle 3), and depth composes them
@@ -737,6 +792,17 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
     return model
 
 # === 5. Measuring the prior: where attention goes (Section 6.1) ==================================
+# Section 6.1 argues persistence with a picture, Figure "Comparison of attention patterns before and
+# after training" (head 0 of layer 0 under each init), and with Corollary 1's bound; it prints no
+# number for it. The numbers below are this code's, from attention maps averaged over fixed probe
+# inputs (the caller picks them, e.g. the whole Boolean cube), taken before and after training:
+#   prior mass    the attention a query row puts on the entries the pattern opens, averaged over rows;
+#                 1 = all of it where the prior allows. A mask init starts near 1 by construction (a
+#                 closed key gets e^-10 of an equal open key's weight); a QK init starts where its
+#                 solve got to, which Section 6.1 finds poor for sparse patterns.
+#   pattern corr  the Pearson correlation of the mean map with the 0/1 pattern over all N x N entries:
+#                 also rewards the right shape when the mass is spread.
+#   mask drift    how far the bias log sigmoid(s M) moved, relative to its start.
 @torch.no_grad()
 def mean_attention(model, inputs, device, batch=4096):
     """Each layer's and head's attention map averaged over the inputs, (L, H, N, N) (the maps of
@@ -750,7 +816,8 @@ def mean_attention(model, inputs, device, batch=4096):
     return total / len(inputs)
 
 def mask_biases(model):
-    """log sigmoid(s M) of every MaskedSelfAttention, (L, H, N, N); None for a model without."""
+    """log sigmoid(s M) of every MaskedSelfAttention, (L, H, N, N); None for a model without. In mode
+    "hadamard" it is the log of the factor sigma(s M) that multiplies the probabilities instead."""
     layers = attention_modules(model)
     if not layers or layers[0].mask is None:
         return None
@@ -777,11 +844,12 @@ def prior_stats(mean_attn, pattern):
     return mass, corr
 
 def persistence_fields(before, after, pattern, true_pattern=None):
-    """Section 6.1's persistence numbers: prior mass and pattern correlation at init and final
-    (mean and per head), the drift ||log sig(M_T) - log sig(M_0)||_F / ||log sig(M_0)||_F, and for
-    the GPT's causal prior (no pattern) the bias at each distance. With a true_pattern (the task's
-    exact pattern, of which pattern may be an edit_pattern) also the mean mass on that,
-    true_prior_mass_init / _final."""
+    """The persistence numbers of a run (the header above): prior mass and pattern correlation at init
+    and final (mean and per head); the drift ||log sig(M_T) - log sig(M_0)||_F / ||log sig(M_0)||_F
+    per (layer, head), taken on the bias because the bias is what the logits see (M going from +10 to
+    +15 moves it by 4.5e-5: no drift worth the name); for the GPT's causal prior (no pattern) the bias
+    at each distance. With a true_pattern (the task's exact pattern, of which pattern may be an
+    edit_pattern) also the mean mass on that, true_prior_mass_init / _final."""
     fields = {"mask_drift": None}
     if pattern is not None:
         init, final = prior_stats(before["attn"], pattern), prior_stats(after["attn"], pattern)

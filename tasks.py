@@ -59,10 +59,15 @@ def forget_data():
 # sampled); testing the whole cube (2^15 points) and its unseen part. For each task, Section 5.1 gives
 # f, the seen domain Omega_seen and the minimum-degree interpolator (MDI): the lowest-degree function
 # that agrees with f on Omega_seen, which a Transformer without the right prior learns instead of f.
+# One departure from aryol/GOTU: its majority task trains on 2^15 seen points drawn with replacement and
+# tests on 2^15 random points; here majority enumerates as the other three do, so every number is exact.
 BOOLEAN_DIM = 15
 # Each task's name and the values f can take: a prediction is right when its nearest possible value is
 # f's. threesym's f is continuous (and never 0): right when the prediction has f's sign. The paper
 # reports no accuracy for threesym; that one is ours. A sum of 15 signs (cyclic3) is odd.
+# The MDI itself scores 75 % (2parity), 87.5 % (majority, cyclic3) and 50 % (threesym) on the whole cube:
+# right on every seen point, wrong on every unseen one but half of majority's. Table 1's Default, SVD and
+# Opt columns (75.00; 87.40 to 87.48) sit at that floor.
 BOOLEAN_TASKS = {"2parity": (-1.0, 1.0), "majority": (-1.0, 1.0),
                  "cyclic3": tuple(float(v) for v in range(-BOOLEAN_DIM, BOOLEAN_DIM + 1, 2)),
                  "threesym": None}
@@ -99,7 +104,11 @@ def boolean_dataset(name):
 
 def boolean_metrics(name, pred, x):
     """Table 1's MSE and accuracy (%, right as BOOLEAN_TASKS says) on the cube and its unseen part, and
-    the unseen MSE to the MDI; pred and x: (P,) and (P, d)."""
+    the unseen MSE to the MDI; pred and x: (P,) and (P, d).
+    test_loss is Table 1's "Test Loss": the MSE over the whole cube, seen and unseen points alike, as
+    aryol/GOTU's test loss; the MDI's is 4 (2parity), 1 (majority), 8 (cyclic3), 9.625 (threesym).
+    unseen_mse_to_mdi says which rule a model extrapolates by: 0 for the MDI, and for f itself 16, 4,
+    64 and 19.25, the squared gap between f and the MDI on the unseen points."""
     task, values = boolean_task(name, x), BOOLEAN_TASKS[name]
     y, unseen = task.target, ~task.seen
     if values is None:                                   # threesym: the sign (the MDI is -f where unseen)
@@ -132,7 +141,10 @@ def on_target(result):
     return loss < FIT_FRACTION * seen_variance and accuracy >= ON_TARGET_ACC
 
 def fourier_coefficients(pred, x, variables=(0, 1, 2)):
-    """hat f(S) = mean of f(x) prod_{i in S} x_i over x, for each monomial S of variables: "1", "x0x2"."""
+    """hat f(S) = mean of f(x) prod_{i in S} x_i over x, for each monomial S of variables: "1", "x0x2".
+    Exact on the whole cube (the characters chi_S are orthonormal there), as aryol/GOTU computes them for
+    the monomials over x0, x1, x2 its tasks list. They show which rule a model learned: 2parity's f is
+    hat f(x0x1) = 1 alone, its MDI x0 + x1 - 1 puts 1, 1 and -1 on x0, x1 and the constant."""
     subsets = [s for k in range(len(variables) + 1) for s in itertools.combinations(variables, k)]
     # chi_S(x) = x[:, S].prod(1), (P,); the empty product is 1
     return {"".join(f"x{i}" for i in s) or "1": (pred * x[:, list(s)].prod(1)).mean().item() for s in subsets}
@@ -175,7 +187,12 @@ ALL_PAIRS = 10 ** (2 * OPERAND_DIGITS)
 def arithmetic_dataset(task, train_frac, seed, eval_size=100_000):
     """The first round(train_frac * 10^6) pairs of a seeded permutation train, the rest are held out, of
     which a seeded sample of eval_size (None: all) is evaluated: tokens "x_*" (P, 6 + K) and answer digits
-    "y_*" (P, K) in the layout above."""
+    "y_*" (P, K) in the layout above.
+    Section 5.2 evaluates "the remainder"; eval_size=None does that. A sample of 100,000 estimates an
+    accuracy with a binomial std of at most 0.16 points and keeps each evaluation cheap on a CPU. The
+    permutation depends on seed alone: every init of one seed trains on the same pairs, and a smaller
+    train_frac's pairs are the first of a larger one's: data_efficiency.svg, the counterpart of Figure
+    "Test sequence accuracy under varying training fractions", compares nested training sets."""
     if not 0 < train_frac < 1:
         raise ValueError(f"train_frac must lie in (0, 1), got {train_frac}")
     perm = torch.randperm(ALL_PAIRS, generator=torch.Generator().manual_seed(seed))
@@ -231,6 +248,17 @@ PAPER_ARITHMETIC = (("default", "structured-svd", "structured-opt", "mask"), {
 # torchvision's MD5 sums; imagenet100: an ImageFolder tree DATA/imagenet100/{train,val}/<class>/<image>
 # (e.g. https://huggingface.co/datasets/clane9/imagenet-100 as image files); images: the user's own
 # (image_folder_dataset). --download (CIFAR only) is opt-in; else missing data: DataError.
+#
+# The paper trains its ViTs with osiriszjq/structured_initialization (Zheng et al. 2025, "the 2025 code"
+# below), that is timm's train.py, and its tables list what that pipeline does to the images: 224 x 224
+# inputs, "RandAug (m9)", "Mixup / CutMix 0.8 / 1.0", "Label smoothing 0.1" (in train.py's loss). This
+# section builds the same steps from torchvision, so the project needs no timm; where a step differs from
+# timm's, its function says how. The 2025 code's command also passes random erasing (--reprob 0.25), which
+# no table lists: it is left out.
+# Both splits are the datasets' own: CIFAR's 50,000 training and 10,000 test images, ImageNet100's train and
+# val folders. The test split is evaluated every eval_every epochs, and "best top-1" (Table "Best Top-1
+# accuracy") is the highest of those accuracies, the best epoch timm's train.py reports for the paper's runs:
+# there is no third, validation split, here or there.
 VISION_TASKS = ("cifar10", "cifar100", "imagenet100", "images")
 VISION_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet100": 100}
 CIFAR_LAYOUT = {  # folder torchvision expects under --data-dir, and the files in it
@@ -238,7 +266,8 @@ CIFAR_LAYOUT = {  # folder torchvision expects under --data-dir, and the files i
                 tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")),
     "cifar100": ("cifar-100-python", ("train", "test", "meta"))}
 IMAGENET100_FOLDER = "imagenet100"
-# Per-channel mean and std for Normalize: CIFAR's own (as timm's CIFAR recipes) and ImageNet's.
+# Per-channel mean and std for Normalize: CIFAR's own (over each training set's pixels) and ImageNet's.
+# The 2025 code's command passes ImageNet's to CIFAR too (--mean 0.485 0.456 0.406 --std 0.229 0.224 0.225).
 NORMALIZATION = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
                  "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
                  **dict.fromkeys(("imagenet100", "images"), ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))}
@@ -250,28 +279,48 @@ def vision_transform(name, image_size, train, randaugment_magnitude=9, crop_scal
     tables' "RandAug (m9)"; test: resize (then, but for CIFAR, timm's centre crop of crop_pct 0.875)."""
     from torchvision.transforms import v2
     mean, std = NORMALIZATION[name]
+    # Grey images (one channel) are normalised by the mean of the three channels' statistics.
     if channels == 1:
         mean, std = (statistics.fmean(mean),), (statistics.fmean(std),)
+    # Training on images of any size (ImageNet100, your own): timm's ImageNet crop, a random part of
+    # crop_scale..1 of the image's area at an aspect ratio of 3/4..4/3, resized to S x S (timm: 0.08..1).
     if train and name in RESIZED_CROP_TASKS:
         geometry = [v2.RandomResizedCrop(image_size, scale=(crop_scale, 1.0), antialias=True)]
+    # Training on CIFAR: the classic CIFAR crop (He et al.'s ResNet: pad 4 of 32 pixels, cut a random
+    # 32 x 32) at the input size S, the image scaled to S and padded by S / 8 (at S = 32, the classic one
+    # itself). The 2025 code sends CIFAR through timm's ImageNet crop above instead, from the 32 x 32 image
+    # straight to 224 x 224.
     elif train:
         geometry = [v2.Resize(image_size, antialias=True), v2.RandomCrop(image_size, padding=image_size // 8)]
+    # Testing images of any size: timm's crop_pct 0.875 (the 2025 code's --crop-pct), the shorter side
+    # to S / 0.875, then the centre S x S.
     elif name in RESIZED_CROP_TASKS:
         geometry = [v2.Resize(int(image_size / 0.875), antialias=True), v2.CenterCrop(image_size)]
+    # Testing on CIFAR: the whole image scaled to S (timm would keep its centre 87.5 %).
     else:
         geometry = [v2.Resize(image_size, antialias=True)]
+    # RandAugment, two random ops per image at magnitude 9: timm's name, not timm's scale. torchvision
+    # cuts each op's range into 31 steps and always applies both ops (m9: rotations up to 9 degrees);
+    # timm's rand-m9-mstd0.5-inc1 (the 2025 code's --aa) cuts it into 10, jitters the magnitude by a
+    # std of 0.5 and applies each op with probability 0.5 (m9: up to 27 degrees).
     augment = [v2.RandomHorizontalFlip(), v2.RandAugment(magnitude=randaugment_magnitude)] if train else []
+    # ToImage: PIL -> uint8 (C, H, W); ToDtype(scale=True): to [0, 1]; Normalize: (x - mean) / std
     return v2.Compose([v2.ToImage(), *geometry, *augment, v2.ToDtype(torch.float32, scale=True),
                        v2.Normalize(mean, std)])
 
 def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
     """The tables' "Mixup / CutMix 0.8 / 1.0" as timm's Mixup (switch probability 0.5): images,
-    soft_targets = mix(images (B, C, H, W), labels (B,)); an alpha of 0 turns one off (both: one-hot)."""
+    soft_targets = mix(images (B, C, H, W), labels (B,)); an alpha of 0 turns one off (both: one-hot).
+    Every batch is mixed (timm's mixup prob 1, mode "batch"): MixUp or CutMix, each with probability
+    1/2 when both alphas are above 0, with a lambda drawn from Beta(alpha, alpha). Label smoothing is
+    left to the loss: train.py's F.cross_entropy(label_smoothing=0.1) smooths the mixed targets, which
+    gives the targets timm's Mixup makes by smoothing before mixing, (1 - 0.1) * mixed + 0.1 / classes."""
     from torchvision.transforms import v2
     mixers = [v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []
     mixers += [v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else []
     if mixers:
         return v2.RandomChoice(mixers)
+    # Unmixed, the labels still become (B, classes) probability targets: train.py's loss has one form
     def one_hot(images, labels):   # neither: the images as they are, the labels as one-hot targets
         return images, torch.nn.functional.one_hot(labels, num_classes).float()
     return one_hot
@@ -279,8 +328,13 @@ def mixup_cutmix(num_classes, mixup_alpha=0.8, cutmix_alpha=1.0):
 @functools.cache
 def vision_dataset(name, data_dir, image_size, download=False, randaugment_magnitude=9, crop_scale=0.08):
     """{"train", "test", "classes", "sources", "root"} (images: also "channels", "info"); DataError naming
-    the folder and the layout expected for missing or damaged data."""
+    the folder and the layout expected for missing or damaged data.
+    "train" and "test" are torch Datasets of (image (C, S, S), label) through vision_transform's training
+    and test pipelines; "sources" names the files read, which train.py fingerprints (--resume refuses
+    data that changed; table.md's "data" column shows the digest)."""
     from torchvision import datasets
+    # The paper's ImageNet100 (clane9/imagenet-100) is a Hugging Face dataset, not files torchvision can
+    # fetch: it comes as a folder tree the user builds.
     if name == "imagenet100" and download:
         raise DataError("ImageNet100 has no --download; build the ImageFolder tree "
                         f"{data_dir}/{IMAGENET100_FOLDER}/{{train,val}}/<class>/<image>")
@@ -288,9 +342,14 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
         if download:
             raise DataError(f"--task images has no --download; it reads your own images: {IMAGES_LAYOUT}")
         return image_folder_dataset(data_dir, image_size, randaugment_magnitude, crop_scale)
+    # The torchvision datasets apply these to every image they return, training or test pipeline by split
     transforms = {"train": vision_transform(name, image_size, True, randaugment_magnitude, crop_scale),
                   "test": vision_transform(name, image_size, False)}
+    # root: the fingerprint names files relative to it, so a data folder moved whole keeps its digest
     data = {"classes": VISION_CLASSES[name], "root": data_dir, "sources": {}}
+    # ImageNet100: torchvision's ImageFolder over train/ and val/ (val is the test split). Its classes are
+    # each folder's sorted sub-folder names, a label a class's position: both folders must name the same
+    # 100 classes. The sources list every image file, so a changed or added image changes the fingerprint.
     if name == "imagenet100":
         root = os.path.join(data_dir, IMAGENET100_FOLDER)
         for split, folder in (("train", "train"), ("test", "val")):
@@ -305,12 +364,17 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
                 raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
             data["sources"][f"{IMAGENET100_FOLDER}/{folder}"] = [file for file, _ in data[split].samples]
         return data
+    # CIFAR: torchvision's CIFAR10 / CIFAR100 unpickle the batches (every 32 x 32 RGB image in memory)
+    # and check each file against the MD5 sums they ship. Files missing without --download: a DataError
+    # that names them, before torchvision's less specific one.
     (folder, files), pretty = CIFAR_LAYOUT[name], f"CIFAR-{VISION_CLASSES[name]}"
     path = os.path.join(data_dir, folder)
     if not download and not all(os.path.isfile(os.path.join(path, f)) for f in files):
         raise DataError(f"{pretty}: expected {path}/ holding {', '.join(files)} (the python "
                         f"version, unpacked; --data-dir {data_dir}), or pass --download")
     cifar = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    # One archive holds both splits: with --download the training split's call fetches and unpacks it,
+    # and the test split's finds the files there.
     for split in ("train", "test"):
         try:
             data[split] = cifar(data_dir, train=split == "train", transform=transforms[split],
@@ -324,7 +388,11 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
 
 def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
     """Training loader over this process's share of each shuffled epoch (a DistributedSampler, its own
-    generator seeding its workers), test loader over every world-th image (the ranks' sums add up)."""
+    generator seeding its workers), test loader over every world-th image (the ranks' sums add up).
+    batch_size is the global batch of the tables (512): each of the world processes loads
+    batch_size // world. The sampler shuffles by (seed, epoch) even for one process, so a run's order
+    of images is fixed by its seed and an epoch can be replayed on resume. drop_last: every training
+    step sees a full batch, as timm's training loader does; the test loader keeps every image."""
     from torch.utils.data import DataLoader, DistributedSampler, Subset
     sampler = DistributedSampler(data["train"], world, rank, shuffle=True, seed=seed, drop_last=True)
     train = DataLoader(data["train"], batch_size // world, sampler=sampler, num_workers=workers,
@@ -335,11 +403,14 @@ def vision_loaders(data, batch_size, rank, world, workers, seed, pin_memory):
 
 @torch.no_grad()
 def vision_scores(model, loader):
-    """(correct top-1 predictions, summed cross-entropy, images) over a test loader."""
+    """(correct top-1 predictions, summed cross-entropy, images) over a test loader. Top-1: the class of
+    the largest logit is the label. The cross-entropy is the plain one, without label smoothing or
+    mixing, and summed, so that the ranks' sums add up before train.py divides by the images."""
     correct, total, count = 0, 0.0, 0
     with evaluating(model) as device:
         for images, labels in loader:
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            # logits (B, classes), in bf16 under CUDA's autocast as in training; the loss taken in float32
             with autocast(device):
                 logits = model(images)
             correct += (logits.argmax(-1) == labels).sum().item()
@@ -376,7 +447,9 @@ GREY_MODES = ("1", "L", "LA", *WIDE_MODES)                  # PIL modes of one-c
 
 class ImageFiles(torch.utils.data.Dataset):
     """torchvision's ImageFolder over a list of (path, label) samples, read by PIL as mode "L" or "RGB";
-    a wide image's values v become 255 v / wide_range first (PIL's own conversion would clip at 255)."""
+    a wide image's values v become 255 v / wide_range first (PIL's own conversion would clip at 255).
+    Not ImageFolder itself: that finds its files on its own, while here image_files has chosen them
+    (a one-folder tree splits each class between training and test) and wide images need the scaling."""
     def __init__(self, samples, classes, mode, transform, wide_range=None):
         self.samples, self.classes, self.mode, self.transform = samples, classes, mode, transform
         self.wide_range = wide_range
@@ -387,14 +460,18 @@ class ImageFiles(torch.utils.data.Dataset):
         path, label = self.samples[i]
         try:   # a file whose header was fine but whose pixels are cut short fails only here
             with Image.open(path) as image:
+                # A 16-bit, 32-bit or float grey image: through 32-bit "I" (or "F") and the tree's one
+                # range down to 0..255, then "L"; the result is a uint8 image like any other
                 if image.mode in WIDE_MODES:   # "I" or "F" first: PIL scales those two linearly
                     wide = image.convert("F" if image.mode == "F" else "I")
                     image = wide.point(self.to_8_bits).convert("L")
+                # "L" for a tree of grey images, else "RGB" (a grey image among colour ones repeated three times)
                 image = image.convert(self.mode)
         except OSError as err:
             raise DataError(f"images: {path} cannot be decoded ({err}): delete or replace it")
         return self.transform(image), label
     def to_8_bits(self, value):
+        """The pixel map PIL's point() applies to a wide image: 0..wide_range onto 0..255, linearly."""
         return value * (255 / self.wide_range)
 
 def identity(path):
@@ -409,11 +486,15 @@ def image_files(folder, role, first):
     from torchvision.datasets.folder import IMG_EXTENSIONS
     if not os.path.isdir(folder):
         raise DataError(f"images: no folder {folder} (--data-dir DIR: {IMAGES_LAYOUT})")
+    # The classes: the visible sub-folders, sorted, as ImageFolder orders them (a label is a position)
     classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
     if len(classes) < 2:
         found = f"one class folder, {classes[0]}/" if classes else "no class folders"
         raise DataError(f"images: {folder} holds {found}; a classifier needs two or more "
                         f"(--data-dir DIR: {IMAGES_LAYOUT})")
+    # Folders are known by identity (device, inode), not by path, so that links cannot fool the walk: every
+    # class folder and each folder above one, up to the root, is marked walked before any walking starts,
+    # and a link inside a class that leads back to one of them (another class, `up -> ..`) is not followed.
     walked = set()                # folders not to enter (again): each class folder and every folder above one
     for name in classes:
         path = os.path.realpath(os.path.join(folder, name))
@@ -423,6 +504,9 @@ def image_files(folder, role, first):
     files = {}
     for name in classes:
         files[name] = []
+        # os.walk follows links (trees of links to images are common); pruning `subfolders` in place keeps
+        # it out of what `walked` holds, and marking each entered folder walks a loop or a folder reached by
+        # two links once. Sorted, so the listing is the same on every file system.
         for parent, subfolders, names in os.walk(os.path.join(folder, name), followlinks=True):
             entered = []
             for sub in sorted(subfolders):
@@ -432,8 +516,12 @@ def image_files(folder, role, first):
             subfolders[:] = entered
             for file in sorted(names):
                 path = os.path.join(parent, file)
+                # Image files as ImageFolder knows them (its extensions), hidden ones and dangling links skipped
                 if not file.lower().endswith(IMG_EXTENSIONS) or file.startswith(".") or not os.path.isfile(path):
                     continue
+                # The first path to reach a file claims it for its role and class (`first` is shared by the
+                # training and the evaluation folder): another path to it is an error from another role or
+                # class, and a duplicate to drop from the same one.
                 other_role, other_name, other = first.setdefault(identity(path), (role, name, path))
                 if other_role != role:
                     raise DataError(f"images: {path} is held out and also trained on (as {other}): a file "
@@ -443,16 +531,23 @@ def image_files(folder, role, first):
                                     f"(as {other}): a file may be in one class only")
                 if other == path:                     # not a second path to a file of this class
                     files[name].append(path)
+        # Sorted as a whole: a class's order, hence the one-folder split, does not depend on how its
+        # images are spread over sub-folders
         files[name].sort()
         if not files[name]:
             raise DataError(f"images: {os.path.join(folder, name)} holds no image files ({' '.join(IMG_EXTENSIONS)})")
     return files
 
 def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_scale=0.08):
-    """--task images from the user's tree (IMAGES_LAYOUT); "info": result.json's "data"."""
+    """--task images from the user's tree (IMAGES_LAYOUT); "info": result.json's "data".
+    Two layouts: train/ beside val/ (or validation/, test/), each holding the same class folders; or one
+    folder of class folders, IMAGE_HOLD_OUT of each class held out. Every file's header is then read up
+    front, which fixes the channels and the 8-bit scaling before the first training step. Returns
+    vision_dataset's keys and "channels"."""
     from PIL import Image
     train_dir, first = os.path.join(data_dir, "train"), {}
     eval_name = next((n for n in IMAGE_EVAL_FOLDERS if os.path.isdir(os.path.join(data_dir, n))), None)
+    # Layout 1: train/ and the first evaluation folder found, in IMAGE_EVAL_FOLDERS' order
     if os.path.isdir(train_dir) and eval_name:
         eval_dir = os.path.join(data_dir, eval_name)
         files = {"trained on": image_files(train_dir, "trained on", first),
@@ -464,9 +559,12 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
                             f"same class folders")
         layout = {"layout": "train and eval folders", "train_folder": train_dir,
                   "eval_folder": eval_dir, "split_seed": None}
+    # train/ alone is a mistake, not the one-folder layout (where `train` would become a class)
     elif os.path.isdir(train_dir):
         raise DataError(f"images: {train_dir} has no evaluation folder beside it (val/, "
                         f"validation/ or test/, with the same class folders)")
+    # Layout 2: one folder. A generator seeded with IMAGE_SPLIT_SEED, not with the run's seed, draws a
+    # permutation per class in sorted class order: every init and seed holds out the same images.
     else:                         # one folder: IMAGE_HOLD_OUT of each class (at least one image) held out
         generator = torch.Generator().manual_seed(IMAGE_SPLIT_SEED)
         files = {"trained on": {}, "held out": {}}
@@ -480,9 +578,13 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
             files["trained on"][name] = sorted(paths[i] for i in order[count:])
         layout = {"layout": "one folder, 10 % of each class held out", "train_folder": data_dir,
                   "eval_folder": data_dir, "split_seed": IMAGE_SPLIT_SEED}
+    # Labels: the classes' positions in sorted order, one numbering for both splits
     classes = sorted(files["trained on"])
     samples = {split: [(path, label) for label, name in enumerate(classes) for path in files[role][name]]
                for split, role in (("train", "trained on"), ("test", "held out"))}
+    # Every header read now, not epochs into training: PIL's verify checks a file's structure without
+    # decoding its pixels, so a damaged file is named before the run starts. A wide image's largest value
+    # needs its pixels: those are decoded here too.
     headers = []                  # (PIL mode, (width, height), the largest value of a wide image or None)
     for path, _ in samples["train"] + samples["test"]:
         try:
@@ -497,15 +599,20 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
             raise DataError(f"images: {path} is not a readable image ({type(err).__name__}): delete "
                             f"or replace it")
         headers.append((mode, size, top))
+    # One channel if every image is grey, else RGB. One range for every wide image: the largest value
+    # seen, rounded up to a usual full scale, so that an image that was dark stays dark after scaling.
     channels = 1 if all(mode in GREY_MODES for mode, _, _ in headers) else 3
     wide = max((top for _, _, top in headers if top is not None), default=None)
     if wide is not None:          # the largest value, rounded up to 1 (floats in [0, 1]), 255 or 65535 if below
         wide = next((nominal for nominal in (1.0, 255.0, 65535.0) if wide <= nominal), wide)
+    # The pipelines of vision_transform("images"): ImageNet's statistics and timm's crops, for images of
+    # any size; the channels found above
     datasets = {}
     for split in ("train", "test"):
         transform = vision_transform("images", image_size, split == "train", randaugment_magnitude, crop_scale,
                                      channels)
         datasets[split] = ImageFiles(samples[split], classes, "L" if channels == 1 else "RGB", transform, wide)
+    # result.json's "data": the layout, the classes, the counts, and the sizes before resizing
     widths, heights = zip(*(size for _, size, _ in headers))
     info = {**layout, "classes": classes, "train_images": len(samples["train"]),
             "eval_images": len(samples["test"]), "channels": channels, "resized_to": image_size,
@@ -519,14 +626,27 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
             "sources": sources, "root": data_dir}
 
 # === 4. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup") ========
-# Four corpora, dicts of 1-D int64 token streams {"train", "val", "test"}. lm: pydoc_data.topics, English
-# prose shipped with Python (nothing to download), in UTF-8 bytes; tinystories: the first 12k stories to
-# train, 2k to validate (and test, as in the paper); wikitext2: WikiText-2 raw; text: the user's own files
-# (TEXT_FILES), in bytes or, with --bpe-file, GPT-2 tokens. The last three are read from --data-dir, every
-# file checked: a missing, unreadable, empty or binary one is one DataError naming it.
+# Four corpora, dicts of 1-D int64 token streams {"train", "val", "test"}; all but lm are read from
+# --data-dir, every file checked: a missing, unreadable, empty or binary one is one DataError naming it.
+#   tinystories  GPT-2 tokens. The paper's code, PraveenRaja42/Tiny-Stories-GPT, joins the first 12,000
+#                stories of the Hugging Face dataset by newlines and splits the tokens 90 / 10; Table "NLP
+#                task setup" lists 12k stories to train and 2k to validate, which this follows: the first
+#                12,000 stories of the training file, the first 2,000 of the validation file. Test =
+#                validation (the table's "Test: validation fallback").
+#   wikitext2    GPT-2 tokens of the raw WikiText-2 files, each split its own ("full train split",
+#                "validation split", "test split"): the Val and Test PPL of Table "Perplexity (PPL)
+#                comparison".
+#   lm           not in the paper: pydoc_data.topics, English prose shipped with Python, in UTF-8 bytes, so
+#                the GPT runs with nothing to download. Its perplexity is per byte, not per GPT-2 token, and
+#                does not compare with the paper's (a GPT-2 token of English spans about four bytes).
+#   text         your own files (TEXT_FILES), in bytes or, with --bpe-file, GPT-2 tokens.
+# Training draws random windows from the training stream (lm_batch); evaluation reads a stream whole
+# (lm_loss).
 LM_TASKS = ("lm", "tinystories", "wikitext2", "text")
 GPT2_VOCAB = 50257
 END_OF_TEXT = "<|endoftext|>"                          # GPT-2's last id, 50256, after each story
+# roneneldan/TinyStories' text files, "<|endoftext|>" between stories; WikiText-2 raw (Table "NLP task
+# setup": "WikiText-2 (raw)"), the text as written rather than the word-level version with <unk>
 TINYSTORIES_FILES = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
 WIKITEXT2_FILES = tuple(f"wikitext-2-raw/wiki.{split}.raw" for split in ("train", "valid", "test"))
 TEXT_FILES = ("train.txt", "valid.txt", "test.txt")    # --task text: the last one optional
@@ -543,17 +663,26 @@ OWN_DATA_HELP = (f"your own data:\n  --task images --data-dir DIR  {IMAGES_LAYOU
 class Tokenizer:
     """UTF-8 bytes as ids 0..255, or (gpt2) GPT-2's BPE through tiktoken, offline, from bpe_file (BPE_HELP)
     or TIKTOKEN_CACHE_DIR. encode: text -> (T,) int64 ids; decode: ids -> text, which never fails (an id
-    that a small ranks file lacks, a larger model's, is U+FFFD)."""
+    that a small ranks file lacks, a larger model's, is U+FFFD).
+    Table "NLP task setup": "Tokenizer GPT-2", "Vocab size 50257". tiktoken's "gpt2" encoding downloads
+    its files at first use; r50k_base has the same ids, and its ranks file, passed as --bpe-file, builds
+    the encoding here with no network. Bytes (vocab 256) serve lm, and --task text without --bpe-file."""
     def __init__(self, gpt2=False, bpe_file=None):
         self.encoding, self.vocab_size, self.name = None, 256, "UTF-8 bytes"
         if gpt2:
             self.encoding = self.load_gpt2(bpe_file)
+            # n_vocab: 50,257 from the real ranks file, fewer from a small one; the GPT's embedding rows
             self.vocab_size, self.name = self.encoding.n_vocab, f"GPT-2 BPE ({bpe_file})"
     def encode(self, text):
+        # Bytes: the UTF-8 bytes themselves, 1 to 4 ids a character. GPT-2: encode_ordinary, so that a
+        # "<|endoftext|>" in the text is plain text, never id 50256 (only lm_dataset puts that id, between
+        # TinyStories' stories)
         if self.encoding is None:
             return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
         return torch.tensor(self.encoding.encode_ordinary(text), dtype=torch.long)
     def decode(self, ids):
+        # Each id to its bytes, then one UTF-8 decode of them all: a GPT-2 token can hold part of a
+        # multi-byte character that only the next token completes; what never completes becomes U+FFFD
         pieces = []
         for i in ids:
             try:
@@ -565,6 +694,8 @@ class Tokenizer:
     def load_gpt2(bpe_file):
         import tiktoken.load
         from tiktoken_ext.openai_public import r50k_pat_str
+        # No --bpe-file: only a tiktoken cache that TIKTOKEN_CACHE_DIR names, never tiktoken's default one,
+        # from which it would fetch the ranks over the network (it still tries for what a cache lacks)
         if bpe_file is None:
             if not os.environ.get("TIKTOKEN_CACHE_DIR"):
                 raise DataError(f"no GPT-2 tokenizer: pass --bpe-file PATH or set TIKTOKEN_CACHE_DIR "
@@ -578,6 +709,9 @@ class Tokenizer:
             raise DataError(f"--bpe-file {bpe_file} is a folder: name the ranks file in it ({BPE_HELP})")
         if not os.path.isfile(bpe_file):
             raise DataError(f"--bpe-file {bpe_file}: no such file ({BPE_HELP})")
+        # A ranks file built into the encoding tiktoken's "gpt2" is: r50k's pattern (GPT-2's regex that cuts
+        # text into words before BPE) and <|endoftext|> as id 50256. Byte-level BPE starts from the 256
+        # single bytes: each needs a rank of its own, or some text could not be encoded.
         try:   # each line of a ranks file is "<base64 token> <rank>"
             ranks = tiktoken.load.load_tiktoken_bpe(bpe_file)
             if not ranks:
@@ -588,10 +722,13 @@ class Tokenizer:
             missing = [b for b in range(256) if bytes([b]) not in ranks]
             if missing:
                 raise ValueError(f"{len(missing)} of the 256 single bytes have no rank")
+            # explicit_n_vocab has tiktoken check the real file's 50,257 ids; a small ranks file skips it
             full = len(ranks) == GPT2_VOCAB - 1  # the real file; tests pass a tiny one
             return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                                      special_tokens={END_OF_TEXT: GPT2_VOCAB - 1},
                                      explicit_n_vocab=GPT2_VOCAB if full else None)
+        # ValueError: a line that is not "<base64> <int>" (binascii.Error is one) or a check above;
+        # AssertionError: tiktoken's own count of the ids against explicit_n_vocab
         except (ValueError, OSError, UnicodeError, AssertionError) as err:
             raise DataError(f"--bpe-file {bpe_file} is not a tiktoken ranks file ({str(err)[:80]}): "
                             f"lines of '<base64 token> <rank>' are expected ({BPE_HELP})")
@@ -599,12 +736,17 @@ class Tokenizer:
 @functools.cache
 def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_stories=2000):
     """{"train", "val", "test"} token streams, "vocab_size", "decode", "test_is_val", "root" and "sources"
-    (what was read); --task text also "files" and "info" (result.json's "data")."""
+    (what was read); --task text also "files" and "info" (result.json's "data"). The streams are 1-D
+    int64 tensors of token ids; "sources" is what train.py fingerprints (--resume refuses changed data)."""
     if name == "lm":   # Python's own prose, its source the token stream; the last 5 % test, 5 % before it val
         import pydoc_data.topics
         topics = pydoc_data.topics.topics
         tokenizer = Tokenizer()
+        # The topics in sorted order: the stream depends on the Python version's pydoc_data alone, and
+        # "sources" holds the stream itself, so another version's text gives another fingerprint
         tokens = tokenizer.encode("\n\n".join(topics[key] for key in sorted(topics)))
+        # Contiguous splits, as nanoGPT's character-level Shakespeare (its first 90 % trains): no window
+        # of the held-out text was ever trained on
         n_val = n_test = int(len(tokens) * 0.05)
         n_train = len(tokens) - n_val - n_test
         return {"train": tokens[:n_train], "val": tokens[n_train:n_train + n_val], "test": tokens[n_train + n_val:],
@@ -612,9 +754,13 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
                 "sources": {"pydoc_data.topics": tokens}, "root": None}
     if name not in CORPUS_FILES:
         raise ValueError(f"unknown language task {name!r}")
+    # split -> file; --task text without test.txt tests on valid.txt (test_is_val), as TinyStories does
     files = {split: os.path.join(data_dir, file) for split, file in zip(("train", "val", "test"), CORPUS_FILES[name])}
     if name == "text" and not os.path.exists(files["test"]):
         files["test"] = files["val"]
+    # TinyStories' val and test are one file, read once. Refused, by name: a file missing, unreadable,
+    # not UTF-8, empty, or holding NUL bytes (UTF-16 text without a byte-order mark decodes as UTF-8,
+    # with a NUL beside every ASCII character).
     texts = {}                                         # each file read once
     for path in dict.fromkeys(files.values()):
         if not os.path.isfile(path):
@@ -628,9 +774,14 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
             raise DataError(f"{name}: {path} is empty (or white space only)")
         if "\0" in texts[path]:
             raise DataError(f"{name}: {path} holds NUL bytes: a binary file (or UTF-16), not UTF-8 text")
+    # GPT-2's BPE for TinyStories and WikiText-2 (Table "NLP task setup"); bytes for your text unless
+    # --bpe-file names a ranks file
     tokenizer = Tokenizer(gpt2=name != "text" or bpe_file is not None, bpe_file=bpe_file)
     streams = {}
     for split, path in files.items():
+        # TinyStories' files separate stories by <|endoftext|>: the first `count` non-empty ones, each
+        # encoded alone and followed by id 50256, GPT-2's end of a document, so that a window across two
+        # stories sees where one ends. WikiText-2 and your text: the whole file, one stream.
         if name == "tinystories":                      # the first stories, each followed by <|endoftext|>
             count = train_stories if split == "train" else val_stories
             stories = [s for s in map(str.strip, texts[path].split(END_OF_TEXT)) if s][:count]
@@ -638,10 +789,14 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
             streams[split] = torch.tensor(ids, dtype=torch.long)
         else:
             streams[split] = tokenizer.encode(texts[path])
+    # Test and val one file (TinyStories, your text without test.txt): train.py reuses the val loss as
+    # the test loss, and the summary line marks the test perplexity "(= val)"
     test_is_val = files["test"] == files["val"]
     data = {**streams, "vocab_size": tokenizer.vocab_size, "decode": tokenizer.decode, "test_is_val": test_is_val,
             "root": data_dir, "sources": {os.path.relpath(path, data_dir): path for path in texts}}
+    # The ranks file too: a run resumed with another tokenizer is refused (None: bytes or a tiktoken cache)
     data["sources"]["--bpe-file"] = bpe_file
+    # --task text: result.json's "data" records the files, the tokenizer and each split's length in tokens
     if name == "text":
         tokens = {split: len(stream) for split, stream in streams.items()}
         info = {"files": files, "tokenizer": tokenizer.name, "test_is_val": test_is_val, "tokens": tokens}
@@ -649,7 +804,9 @@ def lm_dataset(name, data_dir="data", bpe_file=None, train_stories=12000, val_st
     return data
 
 def check_lm_splits(data, block_size):
-    """DataError for a context longer than a split (named by its file for --task text)."""
+    """DataError for a context longer than a split (named by its file for --task text). A split must
+    hold more than block_size + 1 tokens, room for lm_batch's windows of block_size inputs and their
+    targets one token further on."""
     for split in ("train", "val", "test"):
         if len(data[split]) > block_size + 1:
             continue
@@ -660,7 +817,10 @@ def check_lm_splits(data, block_size):
                         f"({len(data[split])}): choose a block size below {len(data[split]) - 1}{more}")
 
 def lm_batch(tokens, block_size, batch_size, generator):
-    """nanoGPT's get_batch: batch_size random windows; inputs (B, T) and next-token targets (B, T)."""
+    """nanoGPT's get_batch: batch_size random windows; inputs (B, T) and next-token targets (B, T).
+    Starts uniform on [0, len - T), so every window lies inside the stream; the targets are the inputs
+    one token on, making each of the T positions a next-token prediction (Tiny-Stories-GPT's get_batch
+    too). The generator is the run's own, so the windows repeat with the seed and survive a resume."""
     starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator)
     index = starts[:, None] + torch.arange(block_size)                      # (B, T)
     return tokens[index], tokens[index + 1]
@@ -669,16 +829,26 @@ def lm_batch(tokens, block_size, batch_size, generator):
 def lm_loss(model, tokens, block_size, batch=64):
     """Mean next-token cross-entropy over every token of a split (not a sample of batches): the split in
     consecutive windows, every token after the first predicted once (targets of -100, which cross-entropy
-    ignores, pad the last window)."""
+    ignores, pad the last window).
+    Tiny-Stories-GPT and nanoGPT estimate the loss from random batches (eval_iters of them); counting
+    every token once makes exp(loss), the perplexity of Table "Perplexity (PPL) comparison", one number
+    for a model rather than a sample. The windows do not overlap: a token's context is what precedes it
+    in its window, (T - 1) / 2 tokens on average as in training's random windows; a sliding window
+    giving every token T - 1 would report a lower perplexity."""
+    # n predictions (every token but the first) in ceil(n / T) windows: inputs and targets laid end to
+    # end, the last window padded with input 0 and ignored targets
     n = len(tokens) - 1
     windows = -(-n // block_size)
     x = torch.zeros(windows * block_size, dtype=torch.long)
     y = torch.full((windows * block_size,), -100, dtype=torch.long)
     x[:n], y[:n] = tokens[:-1], tokens[1:]
     x, y = x.view(windows, block_size), y.view(windows, block_size)              # (W, T) each
+    # Summed over the tokens and divided once at the end: every token weighs the same, whichever window
+    # (or padded last window) it sits in
     total, count = 0.0, 0
     with evaluating(model) as device:
         for i in range(0, windows, batch):
+            # logits (w, T, vocab) for w windows, bf16 under CUDA's autocast; the loss taken in float32
             with autocast(device):
                 logits = model(x[i:i + batch].to(device))
             targets = y[i:i + batch].to(device)
@@ -691,6 +861,7 @@ def lm_loss(model, tokens, block_size, batch=64):
 CACHED = (boolean_dataset, arithmetic_dataset, vision_dataset, lm_dataset)
 
 # The paper's Table "Perplexity (PPL) comparison": (its inits, {task: (val ppl, test ppl) per init}).
+# Its rows are at 3000 (Wikitext) and 5000 (TinyStories) iterations: train.py's paper preset runs those.
 PAPER_LM = (("default", "mask", "mimetic"), {
     "wikitext2": [(172.78, 181.91), (166.76, 179.70), (178.34, 188.87)],
     "tinystories": [(10.42, 10.49), (10.40, 10.48), (10.64, 10.60)]})
@@ -699,6 +870,18 @@ PAPER_LM = (("default", "mask", "mimetic"), {
 # Each quantity has one spelling, LABELS, the words of its key in result.json (or in a history entry): in
 # table.md's headers, the summary line, the charts' axes and, through main_metric, train.py's progress
 # line. A run is named task/init/seedN everywhere.
+# Which definition serves which output, so that a reader can skip knowingly:
+#   table.md                    result_tables -> markdown_table (settings_of, mean_std, fmt)
+#   a finished run's line       summary_line (also train.py's check that a result.json is complete)
+#   the progress line           main_metric, fmt, LABELS
+#   curves.svg and the sweeps   figure -> line_chart -> chart_panel: data_efficiency.svg (Figure "Test
+#                               sequence accuracy under varying training fractions"), mask_magnitude.svg,
+#                               imperfect_prior.svg (Appendix A.2)
+#   attention.svg               attention_figure -> heatmap_svg, a run's counterpart of Figure "Comparison of
+#                               attention patterns before and after training" (and, for a ViT, of Appendix
+#                               "Attention Map For Image Classification")
+#   figures/ of the README      persistence_figure, learned_prior_figure -> heatmap_svg, called by hand
+# task -> its family, which picks its table, its main number and its figures
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
 LABELS = {"train_loss": "train loss", "test_loss": "test loss", "test_acc": "test acc (%)",
@@ -710,10 +893,11 @@ LABELS = {"train_loss": "train loss", "test_loss": "test loss", "test_acc": "tes
           "prior_mass_final": "prior mass final", "pattern_corr_init": "pattern corr init",
           "pattern_corr_final": "pattern corr final", "mask_drift": "mask drift",
           "true_prior_mass_init": "true prior mass init", "true_prior_mass_final": "true prior mass final"}
-# Each family's main number, the paper's: its key in a history entry and in "final".
+# Each family's main number, the paper's: its key in a history entry and in "final" (the progress line,
+# curves.svg's and the sweeps' y axis).
 MAIN_METRIC = {"boolean": ("test_acc", "test_acc"), "arithmetic": ("sample_seq_acc", "seq_acc"),
                "language": ("val_ppl", "val_ppl"), "vision": ("test_top1", "best_top1")}
-# Each family's table: its title, the numbers of "final" it shows (so does a run's summary line;
+# table.md's sections, a family each: its title, the numbers of "final" it shows (so does a run's summary line;
 # "on_target": on_target's verdict), and the paper's table beside them with the keys of its numbers.
 TABLES = {"boolean": ("Boolean tasks (Section 5.1, Table 1)", ("train_loss", "test_loss", "test_acc", "unseen_loss",
                       "unseen_acc", "unseen_mse_to_mdi", "on_target"), PAPER_BOOLEAN, ("test_loss", "test_acc")),
@@ -723,15 +907,16 @@ TABLES = {"boolean": ("Boolean tasks (Section 5.1, Table 1)", ("train_loss", "te
                        "tokens_per_second"), PAPER_LM, ("val_ppl", "test_ppl")),
           "vision": ("Vision (Section 5.3)", ("best_top1", "top1", "test_loss", "images_per_second"),
                      PAPER_VISION, ("best_top1",))}
-# Section 6.1's persistence numbers, a table of every run; with an edited or learned prior, also the
-# attention mass on the task's exact (hand-made) pattern.
+# table.md's last table: Section 6.1's persistence numbers (this code's, maskprior.py section 5) of every
+# run; with an edited or learned prior, also the attention mass on the task's exact (hand-made) pattern.
 PERSISTENCE = ("prior_mass_init", "prior_mass_final", "pattern_corr_init", "pattern_corr_final", "mask_drift")
 TRUE_MASS = ("true_prior_mass_init", "true_prior_mass_final")
 ALWAYS_SHOWN = ("train frac", "mask error", "mask lr", "mask from")   # a column wherever a row sets it
 UNSET = ("—", "none")                                                # the text of a setting not given
 
 def fmt(value, digits=4):
-    """A number as reports print it: 4 significant digits, whole from 1000 on; None: "n/a"."""
+    """Every number table.md, the summary and progress lines and the colour bars print: 4 significant
+    digits, whole from 1000 on; None: "n/a"."""
     if value is None:
         return "n/a"
     if abs(value) < 1000:
@@ -739,7 +924,8 @@ def fmt(value, digits=4):
     return f"{value:.0f}"
 
 def mean_std(values):
-    """"mean ± std" of the finite values; seeds without one are counted: "0.5 ± 0.1 (1 of 3: inf)"."""
+    """table.md's cells: "mean ± std" of the finite values over the seeds (sample std); seeds without
+    one are counted: "0.5 ± 0.1 (1 of 3: inf)"."""
     numbers = [v for v in values if v is not None and math.isfinite(v)]
     others = [v for v in values if v is None or not math.isfinite(v)]
     if not values:
@@ -756,7 +942,8 @@ def mean_std(values):
     return text + note
 
 def settings_of(result):
-    """{column: text} of a run's settings but its seed, in table.md's order: the task (its mask variant in
+    """table.md's setting columns and rows, a summary line's name, a figure's line names: {column: text}
+    of a run's settings but its seed, in table.md's order: the task (its mask variant in
     brackets), train frac, init, A (--mask-magnitude), mask decay, mask error ("none": the exact prior),
     mask lr, mask from ("<source run>, τ <TAU>" of --mask-from), data ("<folder> <8 hex digits of the
     fingerprint>" of a run on files; generated data follow from the task, the config and the seed), then
@@ -790,8 +977,8 @@ def settings_of(result):
     return texts
 
 def main_metric(task, final=False):
-    """(key, label) of the task's main number in a history entry, or in "final"; threesym's is its test
-    loss, the number the paper reports for it."""
+    """The progress line's number and the figures' default y: (key, label) of the task's main number in
+    a history entry, or in "final"; threesym's is its test loss, the number the paper reports for it."""
     in_history, in_final = MAIN_METRIC[FAMILY_OF[task]]
     key = in_final if final else in_history
     if task == "threesym":
@@ -799,12 +986,12 @@ def main_metric(task, final=False):
     return key, LABELS[key]
 
 def markdown_table(rows, keys, paper=None, paper_keys=()):
-    """rows [(settings, runs)] as a table: the setting columns (the task and init, every setting that tells
-    two rows of one task apart, and ALWAYS_SHOWN wherever a row sets it: such a row is not the paper's
-    experiment), "seeds" (finished / all), mean ± std of each key over the finished seeds ("on target": of
-    the seeds that can be judged, those on the target), then the paper's numbers, (its inits, {task:
-    numbers per init}), beside its own setting only (no edited or learned prior, its train frac), with what
-    the runs changed of the preset."""
+    """One table of table.md, from rows [(settings, runs)]: the setting columns (the task and init,
+    every setting that tells two rows of one task apart, and ALWAYS_SHOWN wherever a row sets it: such a row
+    is not the paper's experiment), "seeds" (finished / all), mean ± std of each key over the finished seeds
+    ("on target": of the seeds that can be judged, those on the target), then the paper's numbers, (its inits,
+    {task: numbers per init}), beside its own setting only (no edited or learned prior, its train frac), with
+    what the runs changed of the preset."""
     by_task = {}
     for s, _ in rows:
         by_task.setdefault(s["task"], []).append(s)
@@ -844,9 +1031,10 @@ def markdown_table(rows, keys, paper=None, paper_keys=()):
     return "\n".join(lines)
 
 def summary_line(result):
-    """A finished run in one line: its name (and the ALWAYS_SHOWN settings it sets), its family's numbers
-    (TABLES) by their labels, the prior's mass, seconds, a language run's sample. KeyError for a result
-    without its family's numbers (not a result of train.py)."""
+    """The line train.py prints as a run ends (and its check that a result.json holds what the tables read). A
+    finished run in one line: its name (and the ALWAYS_SHOWN settings it sets), its family's numbers (TABLES)
+    by their labels, the prior's mass, seconds, a language run's sample. KeyError for a result without its
+    family's numbers (not a result of train.py)."""
     f, s, family = result["final"], settings_of(result), FAMILY_OF[result["task"]]
     name = f"{result['task']}/{result['init']}/seed{result['seed']}"
     given = [f"{column} {s[column]}" for column in ALWAYS_SHOWN if s[column] not in UNSET]
@@ -874,10 +1062,11 @@ def summary_line(result):
     return f"{name}: {', '.join(said)}, {result['seconds']:.0f} s{sample}"
 
 def result_tables(results, init_order):
-    """table.md's markdown, a table per family and one of the persistence numbers, and {file name: SVG}
-    of the figures the runs can draw: curves.svg, and where a setting was swept data_efficiency.svg (Figure
-    "Test sequence accuracy under varying training fractions"), mask_magnitude.svg and imperfect_prior.svg
-    (Appendix A.2, "Why Not Just Fix the Mask?": can a learnable mask correct an imperfect prior?)."""
+    """What train.py's write_tables writes (after a grid, and for --summarize): table.md's markdown, a table
+    per family and one of the persistence numbers, and {file name: SVG} of the figures the runs can draw:
+    curves.svg, and where a setting was swept data_efficiency.svg (Figure "Test sequence accuracy under
+    varying training fractions"), mask_magnitude.svg and imperfect_prior.svg (Appendix A.2, "Why Not Just Fix
+    the Mask?": can a learnable mask correct an imperfect prior?)."""
     def order(result):   # task, train frac, A, mask decay, mask error (exact first), init, prior, mask lr, ...
         config = result["config"]
         swept = [config.get(key) or 0 for key in ("train_frac", "mask_magnitude", "mask_decay")]
@@ -916,12 +1105,13 @@ def result_tables(results, init_order):
     return "\n".join(sections), {name: svg for name, svg in figures.items() if svg}
 
 def svg_document(width, height, parts):
-    """An SVG file of the parts, 11 px sans-serif on white."""
+    """Every SVG the reports write (line charts and heat maps): the parts, 11 px sans-serif on white."""
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
             f'font-size="11"><rect width="100%" height="100%" fill="white"/>' + "".join(parts) + "</svg>\n")
 
 def svg_text(x, y, content, **attributes):
-    """<text> of the escaped content at (x, y), attributes by Python names (text_anchor: text-anchor)."""
+    """Every text of those SVGs: <text> of the escaped content at (x, y), attributes by Python names
+    (text_anchor: text-anchor)."""
     more = "".join(f' {key.replace("_", "-")}="{value}"' for key, value in attributes.items())
     return f'<text x="{x}" y="{y}"{more}>{escape(content)}</text>'
 
@@ -935,15 +1125,16 @@ COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 DASHES = ["", "7,4", "2,3", "9,3,2,3"]        # SVG stroke-dasharray: solid, dashed, dotted, dash-dot
 
 def figure(rows, init_order, column, keys, caption, panel_columns=()):
-    """A figure of table rows [(settings, runs)]: a row of panels per key (None: the task's main number), a
-    panel per task (and per value of each of panel_columns), a line per init and the other settings that
-    tell the panel's rows apart. column: the setting a sweep varies, x its values in the rows' order (which
-    sorts them), y a number of "final"; None: training curves, x each epoch or iteration of result.json's
-    history (an entry that is no dict, or a value that is no number, left out: a file edited by hand). A
-    number after training (_final) is drawn beside its value at init: one grey line, the first row's at
-    each x (the same for mask and mask-fixed: one prior, one seed). None when no line has a point (a sweep:
-    two points)."""
+    """curves.svg and the sweep figures (result_tables asks for them). A figure of table rows [(settings, runs)]: a row
+    of panels per key (None: the task's main number), a panel per task (and per value of each of
+    panel_columns), a line per init and the other settings that tell the panel's rows apart. column: the
+    setting a sweep varies, x its values in the rows' order (which sorts them), y a number of "final"; None:
+    training curves, x each epoch or iteration of result.json's history (an entry that is no dict, or a value
+    that is no number, left out: a file edited by hand). A number after training (_final) is drawn beside its
+    value at init: one grey line, the first row's at each x (the same for mask and mask-fixed: one prior, one
+    seed). None when no line has a point (a sweep: two points)."""
     def number(value):
+        """A value a chart can place: a finite int or float, not a bool (Python counts a bool as an int)."""
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     chart = []
     for key in keys:
@@ -990,10 +1181,10 @@ def figure(rows, init_order, column, keys, caption, panel_columns=()):
     return line_chart(chart, init_order, caption)
 
 def chart_panel(panel, x0, y0, looks, width, height):
-    """A panel at (x0, y0) as an SVG group: title, grey lines at the ticks, axes, labels, lines (looks:
-    {name: (colour, dash)}). x: the categories, evenly spaced, each labelled up to 8 (else every 2nd, 5th,
-    10th, ...). y: 0 to 100 for a "(%)" label, else the values' range, on a log scale when they are
-    positive and span a factor of ten; ticks at round numbers."""
+    """One panel of a line chart (line_chart lays them out), at (x0, y0) as an SVG group: title, grey
+    lines at the ticks, axes, labels, lines (looks: {name: (colour, dash)}). x: the categories, evenly spaced,
+    each labelled up to 8 (else every 2nd, 5th, 10th, ...). y: 0 to 100 for a "(%)" label, else the values'
+    range, on a log scale when they are positive and span a factor of ten; ticks at round numbers."""
     title, x_label, y_label, categories, lines = panel
     left, right, top, bottom = 64, width - 14, 24, height - 46
     points = {}                                       # name -> [(category's place, mean, lowest, highest)]
@@ -1061,8 +1252,9 @@ def chart_panel(panel, x0, y0, looks, width, height):
     return "".join(parts) + "</g>"
 
 def line_chart(rows, init_order, caption, width=380, height=260):
-    """The one line-chart writer: an SVG of rows of panels (see above) under the caption, a legend right of
-    the first row naming each line with the number of seeds it is the mean of."""
+    """The one line-chart writer (curves.svg and the sweep figures): an SVG of rows of panels (see above)
+    under the caption, a legend right of the first row naming each line with the number of seeds it is
+    the mean of."""
     looks, seeds = {}, {}                             # line name -> (colour, dash); -> its seed counts
     for panels in rows:
         for *_, lines in panels:
@@ -1101,7 +1293,8 @@ BLOCKS_NOTE = f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
 COLOURS_NOTE = "Colours: purple = the left end of the bar under the block, yellow = "
 
 def heatmap_svg(bands, notes, gap=4, left=64):
-    """The one heat-map writer: bands of blocks (title, grid (R, C, n, n), lo, hi, meaning); notes below."""
+    """The one heat-map writer (attention.svg, persistence_figure, learned_prior_figure): bands of blocks
+    (title, grid (R, C, n, n), lo, hi, meaning); notes below."""
     from torchvision.io import encode_png
     from torchvision.utils import make_grid
     stops = "".join(f'<stop offset="{i / 4}" stop-color="rgb{tuple(int(255 * c) for c in rgb.tolist())}"/>'
@@ -1142,10 +1335,11 @@ def heatmap_svg(bands, notes, gap=4, left=64):
     return svg_document(max([width] + [left + 7 * len(line) for line in notes]), y + 16 * len(notes), parts)
 
 def attention_figure(snapshots, cls_token, causal=False):
-    """A run's attention.svg: per snapshot (train.snapshot: "before", "after") the mean attention maps and a
-    mask's bias, each kind on one colour range for every snapshot (attention from 0, a bias up to 0, an
-    open entry); for a ViT a second band (Appendix "Attention Map For Image Classification"): the first
-    test image's centre patch's attention and bias on the patch grid. None when there is nothing to draw."""
+    """A run's attention.svg, rewritten at each snapshot (train.py's picture): per snapshot ("before",
+    "after") the mean attention maps and a mask's bias, each kind on one colour range for every snapshot
+    (attention from 0, a bias up to 0, an open entry); for a ViT a second band (Appendix "Attention Map For
+    Image Classification"): the first test image's centre patch's attention and bias on the patch grid. None
+    when there is nothing to draw."""
     kinds = [(False, "attn", "mean attention", "mean attention weight"),
              (False, "bias", "mask bias log σ(s M)", "bias added to the logits"),
              (True, "attn", "test image 1, centre patch: attention", "attention weight on each patch"),
@@ -1182,13 +1376,17 @@ def attention_figure(snapshots, cls_token, causal=False):
     return heatmap_svg(bands, notes) if bands else None
 
 def persistence_figure(runs):
-    """Figure "Comparison of attention patterns before and after training", per (label, run folder)."""
+    """The README's figures/persistence.svg (called by hand, the command in the README): Figure
+    "Comparison of attention patterns before and after training" from finished runs, per (label, run
+    folder), each run's mean attention before and after training side by side."""
     blocks = [(f"{label}, {when} training", torch.load(os.path.join(folder, f"attention_{when}.pt"))["attn"],
                0, 1, "mean attention weight") for label, folder in runs for when in ("before", "after")]
     return heatmap_svg([blocks], [f"{BLOCKS_NOTE}; token 0 is CLS."])
 
 def learned_prior_figure(runs):
-    """Priors side by side, per (label, run folder) of a mask init: its bias log sigmoid(s M) at init."""
+    """figures/learned_prior.svg (called by hand, as persistence_figure; no command of train.py draws
+    it): priors side by side, per (label, run folder) of a mask init: its bias log sigmoid(s M) at init,
+    e.g. a --mask-from prior beside the hand-made one."""
     blocks = []
     for label, folder in runs:
         bias = torch.load(os.path.join(folder, "attention_before.pt"), weights_only=True)["bias"]
