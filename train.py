@@ -18,6 +18,15 @@ Read top to bottom beside the paper:
   8. The machinery behind it: errors, atomic files, the folder lock, checkpoints, data fingerprints,
      signals, torchrun, the machine.
 Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, metrics, tables).
+
+The experiment itself is met in sections 4-6: a family's setup (boolean_setup: Table 1) builds the
+model with its prior, the loop trains it, execute measures the prior before and after. Sections 7-8
+only get a run there and keep it safe; each of their definitions says first what it is for. One run,
+followed (python train.py --task majority --init mask; comments marked "->" say where a call goes):
+  main, train_all (7) -> plan, make_config (7): one Run (3) -> load_data (4) -> tasks.boolean_dataset
+  -> execute (6) -> boolean_setup (4): maskprior.boolean_mask, prior, build_encoder, encoder_experiment
+  -> picture "before" (6) -> train (5), calling the setup's batches and loss_of (4) -> picture "after",
+  persistence_fields, result.json (6); its last line names the files the run wrote.
 """
 
 import os
@@ -965,10 +974,12 @@ def picture(run, exp, place, snapshots, when):
     return snapshots[when]
 
 # === 7. The command line: the flags, the runs they ask for, a grid; main ============================
-# The flags whose values a grid sweeps, by config key; each value given twice runs once.
+# Grids: the flags whose values a grid sweeps, by config key; each value given twice runs once.
 SWEEPS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_threshold")
 
-def build_parser():  # the command line in five groups, each list of choices printed once
+def build_parser():
+    """The command line: every flag, in five groups (what to run, the mask prior, overrides of the
+    preset, data, output and resume); each list of choices printed once in --help."""
     every_task = list(tasks.FAMILY_OF)
     p = Parser(prog="train.py", usage="python train.py [--task TASK ...] [--init INIT ...] [options]",
                description=__doc__.split("\n")[0], epilog=tasks.OWN_DATA_HELP,
@@ -1040,8 +1051,9 @@ def build_parser():  # the command line in five groups, each list of choices pri
     return p
 
 def mask_edit(text):
-    """argparse type of --mask-error: "none" -> None (the exact prior); "KIND:P" -> "kind:p" with kind in
-    maskprior.EDIT_KINDS and 0 < p <= 1 (the float's own text: "moved:1" -> "moved:1.0")."""
+    """The command line, --mask-error (Appendix A.2's imperfect priors): its argparse type. "none" -> None (the exact
+    prior); "KIND:P" -> "kind:p" with kind in maskprior.EDIT_KINDS and 0 < p <= 1 (the float's own text: "moved:1" ->
+    "moved:1.0")."""
     if text == "none":
         return None
     kind, _, number = text.partition(":")
@@ -1056,12 +1068,12 @@ def mask_edit(text):
     return f"{kind}:{fraction}"
 
 def plan(args):
-    """The runs a command asks for, one Run each: tasks x sweeps x inits x seeds, each value once (a value
-    given twice would train one run twice into one folder: a note on stderr). A sweep of --mask-magnitude
-    only acts on M (the other inits run once, at its first value), --mask-lr on a trained M."""
-    device = resolve_device(args.device)
+    """The command line -> runs, and grids: the runs a command asks for, one Run each: tasks x sweeps x inits x seeds,
+    each value once (a value given twice would train one run twice into one folder: a note on stderr). A sweep of
+    --mask-magnitude only acts on M (the other inits run once, at its first value), --mask-lr on a trained M."""
+    device = resolve_device(args.device)        # -> section 8, the machine
     task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
-    family = check_args(args, task_names)
+    family = check_args(args, task_names)       # -> below: every refusal comes before anything is built
     axes = {"task": task_names, "init": args.init, "seeds": args.seeds,
             **{key: getattr(args, key) for key in SWEEPS}}
     if args.mask_from is not None and not axes["mask_threshold"]:
@@ -1093,6 +1105,8 @@ def plan(args):
     workers = args.workers
     if workers is None:                         # vision's loader processes: 8 beside a GPU, else none
         workers = 8 if device.type == "cuda" else 0
+    # One Run (section 3) a cell, its config merged once by make_config (below); a single run's folder is
+    # runs/<name> (majority with the mask init: runs/majority-mask-seed0), a grid's cells sit under one root.
     runs = []
     for task, init, seed, settings in cells:
         name = folder_name(task, init, seed, settings, args)
@@ -1107,8 +1121,8 @@ def plan(args):
     return runs
 
 def folder_name(task, init, seed, settings, args):
-    """A run's folder: <task>-<init>-seed<seed>, then each setting the command gave (defaults unnamed):
-    -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>, -mlr<lr>, -from-<run>-tau<TAU>."""
+    """Output folders: a run's folder name, <task>-<init>-seed<seed>, then each setting the command gave
+    (defaults unnamed): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>, -mlr<lr>, -from-<run>-tau<TAU>."""
     parts = [f"{task}-{init}-seed{seed}"]
     if settings["train_frac"]:
         parts.append(f"frac{settings['train_frac']:g}")
@@ -1129,8 +1143,8 @@ def folder_name(task, init, seed, settings, args):
     return "-".join(parts)
 
 def check_args(args, task_names):
-    """One family per command; the flags it takes (its preset's keys and FAMILIES' "takes") and its inits.
-    Returns the family."""
+    """Bad input as one line (exit 2), before anything is built or written: one family per command; the flags it takes
+    (its preset's keys and FAMILIES' "takes") and its inits. Returns the family."""
     families = {tasks.FAMILY_OF[t] for t in task_names}
     if len(families) > 1:
         raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
@@ -1184,8 +1198,8 @@ def check_args(args, task_names):
     return family
 
 def make_config(family, task, settings, args):
-    """A run's config (result.json's "config"), merged once: the preset, its per-task changes, the flags
-    given (--dim also sets the MLP's width and the heads' share), the run's swept settings, then derived
+    """Settings: a run's config (result.json's "config"), merged once: the preset, its per-task changes, the
+    flags given (--dim also sets the MLP's width and the heads' share), the run's swept settings, then derived
     keys. Checks what only the whole config can tell."""
     config = {**FAMILIES[family]["presets"][args.preset],
               **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
@@ -1239,8 +1253,10 @@ def make_config(family, task, settings, args):
     return config
 
 def train_all(args, stop):
-    """Every run of the command, each in its locked folder, then a grid's tables (the grid's folder locked
-    too). Every run's config, data and folder are checked before the first one trains."""
+    """One command, from its runs to its tables: every run of the command, each in its locked folder, then a
+    grid's tables (the grid's folder locked too). Every run's config, data and folder are checked before the
+    first one trains."""
+    # -> plan (above): the flags become Runs, one per cell of the grid (section 3's record)
     runs = plan(args)
     device, grid = runs[0].device, runs[0].grid
     root = args.out or "runs/grid"
@@ -1248,7 +1264,7 @@ def train_all(args, stop):
     for run in runs:
         if FAMILIES[run.family]["files"]:          # files: read (and checked) before any run starts
             load_data(run)
-        check_fits(run.family, run.config)
+        check_fits(run.family, run.config)         # -> section 8, the machine's memory
         if writer:                                 # torchrun: rank 0 locks and writes, and checks
             check_folder(run.folder, run)
     if grid and writer:
@@ -1267,6 +1283,8 @@ def train_all(args, stop):
     with folder_lock(root) if grid and writer else contextlib.nullcontext():   # until its tables are written
         for run in runs:
             run.threads = threads
+            # -> load_data (section 4) -> tasks.py's loader (majority: tasks.boolean_dataset, section 1),
+            # read once per command; its fingerprint (section 8) goes into checkpoint.pt and result.json
             data = load_data(run)
             run.fingerprint = data_fingerprint(data)
             if run.resume and not grid and not os.path.isdir(run.folder):
@@ -1276,7 +1294,7 @@ def train_all(args, stop):
                     result = run.resume and run.finished()   # a finished run is left as it is, every file
                     if result and not grid:
                         print(f"{run.name}: already finished, nothing to resume; {run.folder} is left as it was")
-                    elif not result:
+                    elif not result:                 # -> execute, section 6: the run itself
                         with subnormals_flushed(device):
                             result = execute(run, data, distributed_setup(device), stop)
             except Diverged as err:
@@ -1299,8 +1317,9 @@ def train_all(args, stop):
     return 1 if failed else 0
 
 def write_tables(root, results, grid=False):
-    """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds; a grid's
-    (grid) also grid.json, its runs' result.json in one list. The last line names every file written."""
+    """Reports (a grid's end, --summarize): table.md under root (printed too), curves.svg and the SVG figures of the
+    sweeps it holds; a grid's (grid) also grid.json, its runs' result.json in one list. The last line names every file
+    written."""
     text, figures = tasks.result_tables(results, list(INITS))
     files = {"grid.json": json_text(results)} if grid else {}
     files.update({"table.md": text, **figures})
@@ -1313,8 +1332,8 @@ def write_tables(root, results, grid=False):
     print(f"\n{text}\nwrote {', '.join(files)} in {root}")
 
 def summarize(root):
-    """--summarize DIR: the tables of every run below DIR; a run found twice (a copied folder) counts
-    once. Exit 1 when a damaged result.json was skipped, 2 when nothing could be read."""
+    """Reports without training (--summarize DIR): the tables of every run below DIR; a run found twice (a copied
+    folder) counts once. Exit 1 when a damaged result.json was skipped, 2 when nothing could be read."""
     if not os.path.isdir(root):
         raise UsageError(f"--summarize {root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
     paths = [os.path.join(folder, "result.json") for folder, _, files in sorted(os.walk(root))
@@ -1337,8 +1356,9 @@ def summarize(root):
     return 0 if len(readable) == len(paths) else 1
 
 def main(argv=None):
-    """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder that
-    cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
+    """The entry point (python train.py ...; the path of one run starts here) and its exit codes: 0; 1 when a run
+    diverged or a write failed mid-run; 2 for bad input or an output folder that cannot be made, written or locked;
+    130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
     stop = Stop()
     tasks.forget_data()                                # each command reads its files afresh
     if hasattr(sys.stdout, "reconfigure"):             # a path that is not UTF-8 prints, escaped
@@ -1347,6 +1367,11 @@ def main(argv=None):
     handlers = {}
     if threading.current_thread() is threading.main_thread():   # only it may set signal handlers
         handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    # The path of one run from here, e.g. python train.py --task majority --init mask: train_all (above)
+    # turns the flags into one Run (plan, make_config), checks the machine and the output folder, locks
+    # the folder and reads the data (load_data, section 4 -> tasks.boolean_dataset, tasks.py section 1);
+    # execute (section 6) builds the experiment (boolean_setup, section 4), pictures the prior, trains
+    # (train, section 5), pictures the prior again and writes result.json; its last line names the files.
     args = None
     try:
         args = build_parser().parse_args(argv)
@@ -1374,20 +1399,21 @@ def main(argv=None):
 # === 8. The machinery: what makes a run safe to stop, resume, compare and share ====================
 # --- Errors: each is one line on stderr (main) ------------------------------------------------------
 class UsageError(Exception):
-    """Bad input from the user: one line on stderr, exit code 2."""
+    """Errors: bad input from the user (a flag, a folder, data): one line on stderr, exit code 2."""
 
-class Diverged(Exception):  # the training loss became NaN or infinite
-    pass
+class Diverged(Exception):
+    """Errors: the training loss became NaN or infinite (the loop's check, on any rank): result.json says
+    "diverged", a grid goes on with its next run, the command exits 1."""
 
 class WriteError(Exception):
-    """A file the run could not write (disk full, read-only, ...): the path and the OS's reason; exit 1.
-    advice: what is kept on disk, and what to do (kept())."""
+    """Errors, atomic writes: a file the run could not write (disk full, read-only, ...): the path and the OS's reason;
+    exit 1. advice: what is kept on disk, and what to do (kept())."""
     def __init__(self, path, err):
         super().__init__(f"cannot write {path}: {err.strerror or err}")
         self.advice = "no checkpoint was written, nothing to resume: rerun without --resume"
 
 class Interrupted(BaseException):
-    """SIGINT / SIGTERM: main exits 128 + its number with one line; a BaseException, so no `except
+    """Signals: SIGINT / SIGTERM; main exits 128 + its number with one line; a BaseException, so no `except
     Exception` eats it. at: where the run was ("epoch 3 (step 34)"); advice: what is kept (kept())."""
     def __init__(self, signum, at=None):
         super().__init__(signum)
@@ -1399,7 +1425,7 @@ class Interrupted(BaseException):
         return f"interrupted {where}; {self.advice}"
 
 class Stop:
-    """The SIGINT / SIGTERM handler. While a run trains, a first signal only sets `signal` (the loop
+    """Signals: the SIGINT / SIGTERM handler. While a run trains, a first signal only sets `signal` (the loop
     checkpoints its step, then stops); else, or at a second one, Interrupted is raised at once."""
     def __init__(self):
         self.pid, self.signal, self.training = os.getpid(), None, False
@@ -1417,7 +1443,8 @@ class Stop:
 
 # --- Files: written atomically, strict JSON, read back with their fields checked --------------------
 def write_atomic(path, data):
-    """Bytes or text to path via a temporary file, fsync, rename: never half a file; OSError -> WriteError."""
+    """Atomic writes: bytes or text to path via a temporary file, fsync, rename: never half a file, even
+    when the process is killed mid-write; OSError -> WriteError."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -1433,8 +1460,8 @@ def write_atomic(path, data):
         raise
 
 def finite(obj, where=""):
-    """(obj with every NaN or infinite float replaced by None, {where: "inf", ...} of those replaced):
-    result.json stays strict JSON, which has no Infinity or NaN."""
+    """Strict JSON (result.json, grid.json), which has no Infinity or NaN: (obj with every NaN or infinite float
+    replaced by None, {where: "inf", ...} of those replaced)."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None, {where: str(obj)}
     if not isinstance(obj, (dict, list)):
@@ -1446,17 +1473,19 @@ def finite(obj, where=""):
         bad.update(more)
     return (clean if isinstance(obj, dict) else list(clean.values())), bad
 
-def json_text(obj):               # strict JSON (no Infinity, NaN): what result.json and grid.json hold
+def json_text(obj):
+    """Strict JSON: the text of result.json and grid.json (no Infinity or NaN, which JSON has not)."""
     return json.dumps(finite(obj)[0], indent=2, allow_nan=False) + "\n"
 
-def save_checkpoint(path, state):  # torch.save through write_atomic: never half a checkpoint
+def save_checkpoint(path, state):
+    """Atomic writes: torch.save through write_atomic, never half a checkpoint.pt or attention_*.pt."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     write_atomic(path, buffer.getvalue())
 
 def read_result(path, warn=True):
-    """A result.json as a dict, or None (with a warning naming it and the field, if warn) if it is
-    damaged or hand-edited into something the tables cannot read."""
+    """Reading results back (--summarize, --resume, --mask-from): a result.json as a dict, or None (with a warning
+    naming it and the field, if warn) if it is damaged or hand-edited into something the tables cannot read."""
     try:
         with open(path, encoding="utf-8") as f:
             result = json.load(f)
@@ -1503,14 +1532,15 @@ def read_result(path, warn=True):
         return None
 
 # --- One writer per folder: the lock, and what a folder may already hold ----------------------------
+# The folder lock and a run's last line: the files a run writes in its folder.
 RUN_FILES = ("result.json", "checkpoint.pt", "attention_before.pt", "attention_after.pt", "attention.svg")
 
 @contextlib.contextmanager
 def folder_lock(folder):
-    """One writer per run folder: a flock on folder/.lock (holding the pid; the OS drops it when the process
-    ends, kill -9 too); else UsageError. Once locked, the temporary files of a writer killed mid-write
-    (write_atomic's <name>.tmp<pid>) are removed. At the end .lock goes, and the folder if the lock made
-    it and it stayed empty."""
+    """The folder lock: one writer per run folder, a flock on folder/.lock (holding the pid; the OS drops it when the
+    process ends, kill -9 too); else UsageError. Once locked, the temporary files of a writer killed mid-write
+    (write_atomic's <name>.tmp<pid>) are removed. At the end .lock goes, and the folder if the lock made it and it
+    stayed empty."""
     path, fd, made = os.path.join(folder, ".lock"), None, not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -1546,8 +1576,8 @@ def folder_lock(folder):
         os.close(fd)
 
 def check_folder(folder, run=None):
-    """Before anything is written, one run per folder: UsageError when a live run holds folder's lock
-    (probed, not taken), or folder holds another thing: for a grid's root (run None) a run's files; for a
+    """The folder lock, checked before anything is written: one run per folder. UsageError when a live run holds
+    folder's lock (probed, not taken), or folder holds another thing: for a grid's root (run None) a run's files; for a
     run a grid, or another run's files (with --resume: files but its checkpoint or this finished run)."""
     with contextlib.suppress(OSError):  # no lock file (OSError on open): no run holds the folder
         fd = os.open(os.path.join(folder, ".lock"), os.O_RDONLY)
@@ -1581,7 +1611,7 @@ def check_folder(folder, run=None):
 
 # --- Checkpoints and --resume: the same flags, the same data, or one line ---------------------------
 def resume_from(checkpoint, meta, exp, place):
-    """checkpoint.pt loaded into exp after checking it is this run's (flags and data); returns its state
+    """Resume: checkpoint.pt loaded into exp after checking it is this run's (flags and data); returns its state
     (a round a signal cut in state["partial"], this rank's part of it)."""
     saved = load_checkpoint(checkpoint, meta)
     exp.model.load_state_dict(saved["model"])
@@ -1594,8 +1624,8 @@ def resume_from(checkpoint, meta, exp, place):
     return state
 
 def load_checkpoint(path, meta=None):
-    """The checkpoint at path, or UsageError: missing, unreadable, not train.py's, or (given the meta of
-    this run) another run's: other flags, or other data."""
+    """Resume, and what a stopped run keeps (Run.kept): the checkpoint at path, or UsageError: missing, unreadable, not
+    train.py's, or (given the meta of this run) another run's: other flags, or other data."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError:
@@ -1640,8 +1670,8 @@ def load_checkpoint(path, meta=None):
 # their content and their paths relative to the data folder (a copy elsewhere, or a touched file, is the
 # same data). tasks.py's loaders name what they read in data["sources"].
 def data_fingerprint(data):
-    """{part of the data: its digest}: {"train set": "sha256 ..."} of generated tensors; of files "sha256
-    ..." for one, {"files": 12, "bytes": 3456, "sha256": ...} for a list, None for none (no --bpe-file)."""
+    """Data fingerprints: {part of the data: its digest}: {"train set": "sha256 ..."} of generated tensors; of files
+    "sha256 ..." for one, {"files": 12, "bytes": 3456, "sha256": ...} for a list, None for none (no --bpe-file)."""
     if "sources" not in data:           # Boolean, arithmetic
         parts = {"train set": "train", "eval set": "eval"}
         return {name: digest_of(data[f"x_{part}"], data[f"y_{part}"]) for name, part in parts.items()
@@ -1661,8 +1691,8 @@ def data_fingerprint(data):
     return fingerprint
 
 def digest_of(*sources):
-    """"sha256 <hex>" of tensors (their dtypes, shapes and bytes) or of one file's content (read in 1 MiB
-    pieces: a corpus can be gigabytes)."""
+    """Data fingerprints: "sha256 <hex>" of tensors (their dtypes, shapes and bytes) or of one file's content (read in
+    1 MiB pieces: a corpus can be gigabytes)."""
     digest = hashlib.sha256()
     for source in sources:
         if isinstance(source, str):
@@ -1677,11 +1707,13 @@ def digest_of(*sources):
 
 # --- Random streams: every one a step draws from, kept by checkpoints --------------------------------
 def rng_states(exp, device):
-    """Every random stream a step draws from: torch's CPU one, exp's generators, CUDA's (dropout)."""
+    """Resume, exactly (checkpoints keep them): every random stream a step draws from: torch's CPU one, exp's
+    generators, CUDA's (dropout)."""
     states = [torch.get_rng_state(), *[g.get_state() for g in exp.generators]]
     return states + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
 
 def set_rng_states(exp, device, states):
+    """Resume, exactly: the streams rng_states took put back, in its order (CUDA's on a CUDA run only)."""
     torch.set_rng_state(states[0])
     for generator, state in zip(exp.generators, states[1:]):
         generator.set_state(state)
@@ -1689,6 +1721,7 @@ def set_rng_states(exp, device, states):
         torch.cuda.set_rng_state(states[-1], device)
 
 # --- torchrun: one process per GPU (or CPU process, gloo), gradients averaged by DDP ----------------
+# torchrun: where a process trains, its device, rank and the number of ranks ((device, 0, 1) alone).
 Place = namedtuple("Place", "device rank world")    # where a process trains (torchrun: its rank)
 
 def distributed_setup(device):
@@ -1703,14 +1736,15 @@ def distributed_setup(device):
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Place(device, dist.get_rank(), world)
 
-def gather(obj, world):  # every rank's obj as a list indexed by rank ([obj] without torchrun)
+def gather(obj, world):
+    """torchrun: every rank's obj as a list indexed by rank ([obj] without torchrun)."""
     out = [obj] * world
     if world > 1:
         dist.all_gather_object(out, obj)
     return out
 
 def agreed(values, world, device):
-    """Under torchrun each value's maximum over the ranks: all ranks raise Diverged, or stop, at once."""
+    """torchrun: each value's maximum over the ranks: all ranks raise Diverged, or stop, at once."""
     if world == 1:
         return values
     flags = torch.tensor([float(v) for v in values], device=device)
@@ -1719,6 +1753,7 @@ def agreed(values, world, device):
 
 # --- The machine: device, threads, subnormal floats, memory ------------------------------------------
 def resolve_device(name):
+    """The machine (--device): auto is CUDA when there is one; a device this machine lacks is one line."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -1732,9 +1767,9 @@ def resolve_device(name):
     return device
 
 def choose_threads(given, device):
-    """(torch CPU threads for new runs, how the first line says it): --threads, else the cores no other
-    job keeps busy, at least one: torch's threads spin against other jobs, and a run at the default
-    count on a busy machine can take many times as long."""
+    """The machine, threads on a shared machine: (torch CPU threads for new runs, how the first line says it):
+    --threads, else the cores no other job keeps busy, at least one: torch's threads spin against other jobs, and a run
+    at the default count on a busy machine can take many times as long."""
     if given:
         return given, f"{given} thread{'s' * (given > 1)} (--threads)"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -1756,8 +1791,8 @@ def choose_threads(given, device):
 
 @contextlib.contextmanager
 def subnormals_flushed(device):
-    """On the CPU, floats below 1.2e-38 read as zero while a run trains: attention where M shuts pairs, and
-    its gradients, are such subnormals, many times slower on x86 (tests/bench_denormal.py)."""
+    """The machine, speed on the CPU: floats below 1.2e-38 read as zero while a run trains: attention where M shuts
+    pairs, and its gradients, are such subnormals, many times slower on x86 (tests/bench_denormal.py)."""
     was_on = (torch.tensor([torch.finfo(torch.float32).tiny]) / 4).item() == 0   # torch has no getter
     torch.set_flush_denormal(was_on or device.type == "cpu")
     try:
@@ -1766,7 +1801,8 @@ def subnormals_flushed(device):
         torch.set_flush_denormal(was_on)
 
 def check_fits(family, config):
-    """Refuse, before allocating, a model whose weights, Adam state and attention maps exceed the RAM."""
+    """The machine, memory: refuse, before allocating, a model whose weights, Adam state and attention maps exceed the
+    RAM."""
     L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
     longest_sum = 2 * tasks.OPERAND_DIGITS + max(tasks.ARITHMETIC_TASKS.values())   # operands, answer slots
     N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": longest_sum, "language": config.get("block_size"),
@@ -1788,14 +1824,16 @@ def check_fits(family, config):
 
 # --- Flag types: one line for a bad value, never a traceback ----------------------------------------
 class Parser(argparse.ArgumentParser):
+    """Flags: argparse whose errors are one line (UsageError, exit 2)."""
     def error(self, message):  # argparse prints the whole usage block; one line is enough
         raise UsageError(message)
 
+# Flags: the largest value a float setting may take (number, make_config).
 FLOAT32_MAX = torch.finfo(torch.float32).max     # 3.4e38: a setting past it is inf inside the model
 
 def number(kind, strict=True, words=()):
-    """argparse type: kind(text) > 0 (>= 0 when not strict), finite in float32 (a whole number below 2^63),
-    or one of words (--eval-size all)."""
+    """Flags, one line for a bad value: the argparse type kind(text) > 0 (>= 0 when not strict), finite in float32 (a
+    whole number below 2^63), or one of words (--eval-size all)."""
     def parse(text):
         if text in words:
             return text
