@@ -78,7 +78,7 @@ import tasks
 # vanilla model fits its training set (at 0.02 its training loss stays 6 after 60 epochs).
 #
 # "paper" takes the table's 4 layers and 3 heads with the GOTU code's heads of 64 (3 x 64 = 192 of the 256
-# channels; its MLP is as wide as the model). "cpu" is the same depth and heads at width 64 (head_dim None:
+# channels) and an MLP as wide as the model. "cpu" is the same depth and heads at width 64 (head_dim None:
 # dim // heads = 21 channels a head) and 10 epochs (cyclic3 20) instead of 90, sized for a 2-core CPU: an
 # epoch is every seen point of the 2^15 cube once (24,576 for majority), 96 steps of 256.
 BOOLEAN_PRESETS = {
@@ -93,8 +93,8 @@ BOOLEAN_PRESETS = {
 # Three-digit arithmetic, Table "Arithmetic task setup": 6 layers of 4 heads, model, MLP 256, heads of 64,
 # learnable positions (nanoGPT's and timm's N(0, 0.02^2) start: the table names none), AdamW 1e-3 with
 # weight decay 1e-3, batch 256, 50 epochs, cosine. The table's train fractions (3 % of the 10^6 pairs for
-# multiplication, 0.4 % for addition) live in tasks.ARITHMETIC_TRAIN_FRAC beside the data, its open / close
-# values (mask +-5, SVD 10000 / 0, Opt 2000 steps at 1e-4) in maskprior.py beside the inits that use them.
+# multiplication, 0.4 % for addition) live in tasks.ARITHMETIC_TRAIN_FRAC beside the data; the mask's +-5
+# and the Opt fit's 2000 steps at 1e-4 in maskprior.py, the SVD solve's 10000 / 0 in arithmetic_setup.
 # "cpu": 4 layers at width 128 (heads of 32), the paper's 50 epochs; multiplication 20 (TASK_PRESETS): its
 # 3 % is 7.5 times addition's training pairs, so 20 epochs are still more steps.
 ARITHMETIC_PRESETS = {"paper": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256,
@@ -103,12 +103,12 @@ ARITHMETIC_PRESETS = {"paper": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, 
 ARITHMETIC_PRESETS["cpu"] = {**ARITHMETIC_PRESETS["paper"], "layers": 4, "dim": 128, "head_dim": None,
                              "mlp_dim": 128}
 
-# Language, Table "NLP task setup": 12 layers, 12 heads, width 512, block 64, dropout 0.2, AdamW 3e-4,
-# batch 128, cosine, seed 1337 (PAPER_SEEDS), 5000 TinyStories / 3000 WikiText-2 iterations (TASK_PRESETS).
-# The table names no weight decay: 0.01 is torch's AdamW default, which the Tiny-Stories-GPT code the
-# paper builds on takes (AdamW(model.parameters(), lr=3e-4)); here it decays weight matrices only, as
-# nanoGPT's groups do, and never M. "cpu": 4 layers of 4 heads at width 128, batch 32, lr 1e-3, dropout
-# 0.1, 1000 iterations.
+# Language, Table "NLP task setup": 12 layers, 12 heads, width 512, block 64, dropout 0.2, AdamW 3e-4, batch 128,
+# cosine, seed 1337 (PAPER_SEEDS), 5000 TinyStories / 3000 WikiText-2 iterations (TASK_PRESETS). The table names
+# no weight decay: 0.01 is torch's AdamW default, which the Tiny-Stories-GPT code the paper builds on takes
+# (AdamW(model.parameters(), lr=3e-4)); here it decays the weight matrices and the token embedding only
+# (maskprior.param_groups), never M. "cpu": 4 layers of 4 heads at width 128, batch 32, lr 1e-3, dropout 0.1,
+# 1000 iterations.
 LM_PRESETS = {"paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12, "dim": 512,
                         "block_size": 64, "dropout": 0.2, "weight_decay": 0.01, "optimizer": "adamw"}}
 LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4,
@@ -120,7 +120,7 @@ LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_si
 # ImageNet100" (TASK_PRESETS): base lr scaled by the global batch over 512, cooldown epochs after the
 # cosine at the floor (as timm does), seed 42, global average pool. "cpu": a CIFAR-native ViT, 32 x 32
 # images in 4 x 4 patches (an 8 x 8 grid, 64 patches and CLS), 6 layers of 3 heads at width 96, batch 128,
-# lr 1e-3, 10 epochs after one of warmup; the augmentations and regularisers stay the tables'.
+# lr 1e-3, 10 epochs, the first a warmup; the augmentations and regularisers stay the tables'.
 VISION_PRESETS = {"paper": {
     "epochs": 400, "lr": 2e-3, "lr_base_size": None, "batch_size": 512, "warmup_epochs": 50,
     "cooldown_epochs": 0, "warmup_lr": 1e-6, "min_lr": 1e-6, "weight_decay": 0.05, "drop_path": 0.1,
@@ -245,9 +245,8 @@ class Run:
         return "no checkpoint was written, nothing to resume: rerun without --resume"
 
 # The optimizer each table names: Adam for the Boolean tasks (Table "Training setup for Boolean tasks"),
-# AdamW for arithmetic, language and vision. Weight decay differs in kind, not only in size: the GOTU code
-# adds it to the gradient of every parameter (so Adam divides it by the gradient's scale), AdamW subtracts
-# it from the weights directly and, in nanoGPT and timm, only from matrices.
+# AdamW for arithmetic, language and vision (Tables "Arithmetic task setup", "NLP task setup" and
+# "Experimental setup for ..."), with weight decay of two kinds, as the docstring says.
 def make_optimizer(model, config):
     """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer: weight decay enters the
     gradient, so Adam rescales it) or AdamW decaying weight matrices only (nanoGPT, timm). M is a group of
@@ -385,8 +384,8 @@ def lm_setup(run, data, place):
     # learnable attention mask using causal relative distance": M_ij = -max(i - j, 0) for every head,
     # applied "via log sigmoid(sM) (with s = 10)". The same (H, T, T) mask goes into every layer. Unlike
     # the other families A is not M's size but the GPT's scale s (mask_scale), so prior() returns M as
-    # built, and --mask-magnitude sets s. There is no pattern to measure mass on (prior() returns it for
-    # the hand-made families only): the persistence numbers are the bias by distance and M's drift.
+    # built, and --mask-magnitude sets s. A distance is not an open / closed pattern, so the Experiment
+    # gets none: the persistence numbers are the bias at each distance and M's drift.
     relative = maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1)         # (L, H, T, T)
     _, masks = prior(run, relative)
     # maskprior.GPT is nanoGPT's (pre-LN, GELU MLP, tied embedding, GPT-2 init); Tiny-Stories-GPT, which
@@ -617,11 +616,11 @@ def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NO
 
 def encoder_experiment(run, model, x, y, *functions, **fields):
     """Boolean / arithmetic: a cosine over all steps, each epoch all (x, y) in seeded shuffled batches."""
-    # Both families train as the GOTU code does: an epoch is every training example once, in a fresh
-    # order. The order comes from a generator seeded by the run's seed and kept by checkpoints, so a
-    # resumed run draws the orders the uninterrupted one would. The cosine (the arithmetic table's
-    # "cosine"; the Boolean setup's "learning rate scheduler") runs over every step of every epoch,
-    # from lr to 0, without warmup. *functions: the setup's loss_of, evaluate and final.
+    # An epoch is every training example once (the GOTU code draws majority's points with replacement), in a
+    # fresh order. The order comes from a generator seeded by the run's seed and kept by checkpoints, so a
+    # resumed run draws the orders the uninterrupted one would. The cosine (the arithmetic table's "cosine"; the
+    # Boolean setup's "learning rate scheduler") runs over every step of every epoch, from lr to 0, without
+    # warmup. *functions: the setup's loss_of, evaluate and final.
     config = run.config
     steps = math.ceil(len(x) / config["batch_size"]) * config["epochs"]
     optimizer = make_optimizer(model, config)
@@ -655,9 +654,6 @@ def learned_prior(run, shape):
 
 def read_source(folder):
     """The finished run --mask-from names: (result.json, mean attention after (L, H, N, N), its sha256)."""
-    # A prior may come only from a run of train.py that finished (its result.json says done) and from its
-    # attention_after.pt: loaded as tensors alone (weights_only, so a file from elsewhere runs no code),
-    # square (L, H, N, N) maps, finite. Each failure is one UsageError naming the folder and the fix.
     def bad(why):
         return UsageError(f"--mask-from {folder}: {why}")
     if not os.path.isdir(folder):
@@ -1367,11 +1363,7 @@ def main(argv=None):
     handlers = {}
     if threading.current_thread() is threading.main_thread():   # only it may set signal handlers
         handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    # The path of one run from here, e.g. python train.py --task majority --init mask: train_all (above)
-    # turns the flags into one Run (plan, make_config), checks the machine and the output folder, locks
-    # the folder and reads the data (load_data, section 4 -> tasks.boolean_dataset, tasks.py section 1);
-    # execute (section 6) builds the experiment (boolean_setup, section 4), pictures the prior, trains
-    # (train, section 5), pictures the prior again and writes result.json; its last line names the files.
+    # -> train_all (above), where the path of one run goes on; the module docstring follows it to the end.
     args = None
     try:
         args = build_parser().parse_args(argv)
@@ -1474,7 +1466,7 @@ def finite(obj, where=""):
     return (clean if isinstance(obj, dict) else list(clean.values())), bad
 
 def json_text(obj):
-    """Strict JSON: the text of result.json and grid.json (no Infinity or NaN, which JSON has not)."""
+    """Strict JSON: the text of result.json and grid.json (JSON has no Infinity or NaN)."""
     return json.dumps(finite(obj)[0], indent=2, allow_nan=False) + "\n"
 
 def save_checkpoint(path, state):
