@@ -10,8 +10,8 @@
 Read top to bottom beside the paper:
   1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu").
   2. Inits: the rows of Table 1 and of the vision and language tables.
-  3. A run's settings: ONE record (`Run`) from the command line to the run; the optimizer.
-  4. The experiment of each family: its model with the prior, its batches, loss and evaluation.
+  3. A run's settings: ONE record (`Run`) from the command line to the run.
+  4. The experiment of each family: its model with the prior, optimizer, batches, loss and evaluation.
   5. THE training loop (`train`), the same for every family, every step in view.
   6. One run: the prior before, training, the prior after (Section 6.1), result.json.
   7. The command line: the flags, the runs they ask for (`plan`), a grid, `main`.
@@ -173,34 +173,36 @@ MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask"
 TRAINED_MASK_INITS = tuple(i for i, (mode, _) in INITS.items() if mode in ("learnable", "hadamard"))
 TIMM_INITS = ("default", "mask", "mask-fixed")  # --model timm: its ViT as is, or M by add_mask_prior
 
-# === 3. A run's settings, and the optimizer ======================================================
-# Everything a run reads comes from one record, as nanoGPT keeps its settings in one place. Its `config`
-# holds what the paper's setup tables set (the preset with the flags merged over it) and is what
-# result.json and checkpoint.pt record; the other fields say where the run reads and writes and how the
-# machine runs it, which leaves its numbers alone (threads: up to their last digits). A grid is a list of
-# Runs, one per cell, each with its own folder.
+# === 3. A run's settings ========================================================================
 @dataclass
 class Run:
-    """One run of a command (a cell of its grid), everything it needs in one record. plan() builds it
-    from the command line; config is what result.json records: the preset, the task's changes to it and
-    the flags given, merged once (make_config)."""
+    """One run of a command (a cell of its grid), everything it needs in one record, as nanoGPT keeps its
+    settings in one place; plan() builds it from the command line. config is what the paper's setup tables
+    set and what result.json records: the preset, the task's changes to it and the flags given, merged once
+    (make_config). The other fields say where the run reads and writes and how the machine runs it; they
+    leave its numbers alone (threads: up to their last digits)."""
+    # Which run: result.json's task, init, seed and config, and the folder it writes
     family: str                        # boolean, arithmetic, language or vision (FAMILIES)
     task: str
     init: str
     seed: int
     config: dict
     folder: str                        # result.json, checkpoint.pt and the pictures go here
+    # How --resume treats it
     grid: bool = False                 # one cell of a grid: --resume continues it only if it has a checkpoint
     resume: bool = False               # --resume
+    # Where its data is read
     data_dir: str = "data"             # where corpora and images are read (--data-dir)
     bpe_file: Optional[str] = None     # GPT-2's ranks file (--bpe-file)
     download: bool = False             # vision: fetch CIFAR (--download)
+    # How this machine runs it
     workers: int = 0                   # vision: loader processes (8 beside a GPU, else 0)
     compile: bool = False              # vision: torch.compile (--compile)
     progress: bool = True              # tqdm's bar, on a terminal
     threads: int = 1                   # torch CPU threads (--threads, else the free cores)
     threads_given: bool = False        # --threads was given (--resume otherwise keeps the checkpoint's)
     device: torch.device = torch.device("cpu")   # --device (torchrun: each rank its own GPU)
+    # Set by train_all once the data is read (section 8: data fingerprints)
     fingerprint: Optional[dict] = None  # the digest of its data (data_fingerprint), once it is read
 
     @property
@@ -214,13 +216,13 @@ class Run:
         return os.path.join(self.folder, "checkpoint.pt")
 
     def meta(self, world):
-        """What checkpoint.pt records of the run, for --resume to compare with the command that resumes."""
+        """Resume: what checkpoint.pt records of the run, for --resume to compare with the command that resumes."""
         return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
                 "world_size": world, "data_fingerprint": self.fingerprint}
 
     def finished(self):
-        """The folder's result.json if it is this very run (task, init, seed, config, and data once read),
-        done; else None."""
+        """Resume (a finished run is left as it is): the folder's result.json if it is this very run (task,
+        init, seed, config, and data once read), done; else None."""
         old = read_result(os.path.join(self.folder, "result.json"), warn=False)   # None: none, or damaged
         if not old or old["status"] != "done":
             return None
@@ -231,7 +233,8 @@ class Run:
         return old
 
     def kept(self):
-        """What is on disk of a run that stopped, and what to do: read from its folder."""
+        """Signals and failed writes, the advice of the last line: what is on disk of a run that stopped,
+        and what to do: read from its folder."""
         saved = None
         with contextlib.suppress(UsageError):      # none, or damaged: as if there were none
             saved = load_checkpoint(self.checkpoint)
@@ -243,20 +246,6 @@ class Run:
         if self.grid:
             return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
         return "no checkpoint was written, nothing to resume: rerun without --resume"
-
-# The optimizer each table names: Adam for the Boolean tasks (Table "Training setup for Boolean tasks"),
-# AdamW for arithmetic, language and vision (Tables "Arithmetic task setup", "NLP task setup" and
-# "Experimental setup for ..."), with weight decay of two kinds, as the docstring says.
-def make_optimizer(model, config):
-    """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer: weight decay enters the
-    gradient, so Adam rescales it) or AdamW decaying weight matrices only (nanoGPT, timm). M is a group of
-    its own (maskprior.param_groups), decayed by --mask-decay alone (default 0: decay pulls M toward the
-    neutral mask, Appendix A.1, and so erodes the prior whose persistence is Section 6.1's point) at
-    --mask-lr (default --lr)."""
-    groups = maskprior.param_groups(model, config["weight_decay"], config["mask_decay"],
-                                    mask_lr=config.get("mask_lr"), decay_all=config["optimizer"] == "adam")
-    Optimizer = torch.optim.Adam if config["optimizer"] == "adam" else torch.optim.AdamW
-    return Optimizer(groups, lr=config["lr"])
 
 # === 4. The experiment of each family: its model with the prior, batches, loss and evaluation =======
 # The paper runs four families of experiments (Sections 5.1-5.3 and Appendix "Wiki-text and Tiny-stories"),
@@ -539,7 +528,7 @@ def vision_schedule(optimizer, config, steps_per_epoch):
         milestones.append(warmup + decay)
     return torch.optim.lr_scheduler.SequentialLR(optimizer, parts, milestones)
 
-# --- What the setups share: the prior (hand-made, edited or learned), the encoder, its batches ---------
+# --- What the setups share: the prior (hand-made, edited or learned), the encoder, the optimizer, batches
 def prior(run, exact, cls_row=False):
     """(pattern, M's start) of a run. pattern (L, H, N, N), what the prior starts from and the persistence
     numbers measure: the task's exact one, edited by --mask-error (Appendix A.2: maskprior.edit_pattern,
@@ -613,6 +602,20 @@ def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NO
     elif prior == "mimetic":
         maskprior.mimetic_init_(model, generator=generator)
     return time.time() - start
+
+# The optimizer each table names: Adam for the Boolean tasks (Table "Training setup for Boolean tasks"),
+# AdamW for arithmetic, language and vision (Tables "Arithmetic task setup", "NLP task setup" and
+# "Experimental setup for ..."), with weight decay of two kinds, as the docstring says.
+def make_optimizer(model, config):
+    """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer: weight decay enters the
+    gradient, so Adam rescales it) or AdamW decaying weight matrices only (nanoGPT, timm). M is a group of
+    its own (maskprior.param_groups), decayed by --mask-decay alone (default 0: decay pulls M toward the
+    neutral mask, Appendix A.1, and so erodes the prior whose persistence is Section 6.1's point) at
+    --mask-lr (default --lr)."""
+    groups = maskprior.param_groups(model, config["weight_decay"], config["mask_decay"],
+                                    mask_lr=config.get("mask_lr"), decay_all=config["optimizer"] == "adam")
+    Optimizer = torch.optim.Adam if config["optimizer"] == "adam" else torch.optim.AdamW
+    return Optimizer(groups, lr=config["lr"])
 
 def encoder_experiment(run, model, x, y, *functions, **fields):
     """Boolean / arithmetic: a cosine over all steps, each epoch all (x, y) in seeded shuffled batches."""
