@@ -320,14 +320,14 @@ def boolean_setup(run, data, place):
 # --- Three-digit arithmetic (Section 5.2): train on a seeded fraction, score held-out pairs -----------
 def arithmetic_setup(run, data, place):
     """Section 5.2 as one experiment: an encoder that writes every answer digit in one forward pass,
-    the digit-interaction mask as its prior, cross-entropy per digit; Table 2's sequence and digit
-    accuracy on held-out pairs."""
+    the digit-interaction mask as its prior, cross-entropy per digit; Table "Performance of arithmetic
+    tasks"'s sequence and digit accuracy on held-out pairs."""
     device, config = place.device, run.config
     # The prior of Figure "Visualization of task-specific mask design" (ii): maskprior.mask_addition or
     # mask_multiplication, (L, H, 6 + K, 6 + K) over the six operand digits and the K answer slots,
     # open +5 and closed -5 (Table "Arithmetic task setup"). Head h takes role h mod 4 of the algorithm
     # (Principle 3): an answer slot reads the digits that land on it, the carry into it, every column
-    # below it, or a fourth, task's own set.
+    # below it, or (role 3) a set of the task's own.
     exact = maskprior.ARITHMETIC_MASKS[run.task](config["layers"], config["heads"])
     pattern, masks = prior(run, exact)                                              # (L, H, N, N)
     # Structured SVD solves here for the paper's open 10000 and closed 0 (Table "Arithmetic task setup"),
@@ -434,8 +434,8 @@ def vision_setup(run, data, place):
     # masks": maskprior.impulse_mask gives head h one neighbour of the 3 x 3 window (identity, up, right
     # for ViT-Tiny's 3 heads) over the grid x grid patches, CLS first, N = grid^2 + 1 (197 at 224 px,
     # 65 at the cpu preset's 32). The impulse init puts the same pattern into W_Q / W_K by the SVD solve
-    # (Table "Best Top-1 accuracy"'s Impulse column), mask-fixed keeps it frozen in M (Table 5's Fixed
-    # Mask). A --mask-from prior is also measured against the impulse, the prior it replaces.
+    # (Table "Best Top-1 accuracy"'s Impulse column), mask-fixed keeps it frozen in M (Appendix A.2's
+    # Fixed Mask). A --mask-from prior is also measured against the impulse, the prior it replaces.
     exact = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])   # (L, H, N, N)
     pattern, masks = prior(run, exact)
     true_pattern = exact if config.get("mask_from") else None
@@ -835,8 +835,8 @@ def replay(exp, r, cut, device):
     return batches, list(cut["losses"]), cut["rngs"]
 
 def keep_checkpoint(run, exp, state, place, cut=None):
-    """Resume: checkpoint.pt of this step (rank 0 writes): weights, optimizer, schedule, every rank's random states,
-    state; cut: a round a signal cut after cut["done"] steps."""
+    """Resume: checkpoint.pt of this step (rank 0 writes): weights, optimizer, schedule, every rank's
+    random states, state; cut: a round a signal cut after cut["done"] steps."""
     device, rank, world = place
     rngs = gather(rng_states(exp, device), world)
     if rank == 0:
@@ -848,7 +848,8 @@ def keep_checkpoint(run, exp, state, place, cut=None):
         dist.barrier()
 
 def position(unit, r, step):
-    """Messages (signals, resume): where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for language."""
+    """Messages (signals, resume): where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for
+    language."""
     return f"iteration {step}" if unit == "iter" else f"epoch {r} (step {step})"
 
 # === 6. One run: the prior before, training, the prior after (Section 6.1), result.json ============
@@ -1050,9 +1051,9 @@ def build_parser():
     return p
 
 def mask_edit(text):
-    """The command line, --mask-error (Appendix A.2's imperfect priors): its argparse type. "none" -> None (the exact
-    prior); "KIND:P" -> "kind:p" with kind in maskprior.EDIT_KINDS and 0 < p <= 1 (the float's own text: "moved:1" ->
-    "moved:1.0")."""
+    """The command line, --mask-error (Appendix A.2's imperfect priors): its argparse type. "none" -> None (the
+    exact prior); "KIND:P" -> "kind:p" with kind in maskprior.EDIT_KINDS and 0 < p <= 1 (the float's own text:
+    "moved:1" -> "moved:1.0")."""
     if text == "none":
         return None
     kind, _, number = text.partition(":")
@@ -1067,9 +1068,10 @@ def mask_edit(text):
     return f"{kind}:{fraction}"
 
 def plan(args):
-    """The command line -> runs, and grids: the runs a command asks for, one Run each: tasks x sweeps x inits x seeds,
-    each value once (a value given twice would train one run twice into one folder: a note on stderr). A sweep of
-    --mask-magnitude only acts on M (the other inits run once, at its first value), --mask-lr on a trained M."""
+    """The command line -> runs, and grids: the runs a command asks for, one Run each: tasks x sweeps x inits x
+    seeds, each value once (a value given twice would train one run twice into one folder: a note on stderr). A
+    sweep of --mask-magnitude only acts on M (the other inits run once, at its first value), --mask-lr on a
+    trained M."""
     device = resolve_device(args.device)        # -> section 8, the machine
     task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
     family = check_args(args, task_names)       # -> below: every refusal comes before anything is built
@@ -1142,8 +1144,8 @@ def folder_name(task, init, seed, settings, args):
     return "-".join(parts)
 
 def check_args(args, task_names):
-    """Bad input as one line (exit 2), before anything is built or written: one family per command; the flags it takes
-    (its preset's keys and FAMILIES' "takes") and its inits. Returns the family."""
+    """Bad input as one line (exit 2), before anything is built or written: one family per command; the flags it
+    takes (its preset's keys and FAMILIES' "takes") and its inits. Returns the family."""
     families = {tasks.FAMILY_OF[t] for t in task_names}
     if len(families) > 1:
         raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
@@ -1316,9 +1318,9 @@ def train_all(args, stop):
     return 1 if failed else 0
 
 def write_tables(root, results, grid=False):
-    """Reports (a grid's end, --summarize): table.md under root (printed too), curves.svg and the SVG figures of the
-    sweeps it holds; a grid's (grid) also grid.json, its runs' result.json in one list. The last line names every file
-    written."""
+    """Reports (a grid's end, --summarize): table.md under root (printed too), curves.svg and the SVG figures of
+    the sweeps it holds; a grid's (grid) also grid.json, its runs' result.json in one list. The last line names
+    every file written."""
     text, figures = tasks.result_tables(results, list(INITS))
     files = {"grid.json": json_text(results)} if grid else {}
     files.update({"table.md": text, **figures})
@@ -1331,8 +1333,8 @@ def write_tables(root, results, grid=False):
     print(f"\n{text}\nwrote {', '.join(files)} in {root}")
 
 def summarize(root):
-    """Reports without training (--summarize DIR): the tables of every run below DIR; a run found twice (a copied
-    folder) counts once. Exit 1 when a damaged result.json was skipped, 2 when nothing could be read."""
+    """Reports without training (--summarize DIR): the tables of every run below DIR; a run found twice (a
+    copied folder) counts once. Exit 1 when a damaged result.json was skipped, 2 when nothing could be read."""
     if not os.path.isdir(root):
         raise UsageError(f"--summarize {root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
     paths = [os.path.join(folder, "result.json") for folder, _, files in sorted(os.walk(root))
@@ -1355,9 +1357,9 @@ def summarize(root):
     return 0 if len(readable) == len(paths) else 1
 
 def main(argv=None):
-    """The entry point (python train.py ...; the path of one run starts here) and its exit codes: 0; 1 when a run
-    diverged or a write failed mid-run; 2 for bad input or an output folder that cannot be made, written or locked;
-    130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
+    """The entry point (python train.py ...; the path of one run starts here) and its exit codes: 0; 1 when a
+    run diverged or a write failed mid-run; 2 for bad input or an output folder that cannot be made, written or
+    locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
     stop = Stop()
     tasks.forget_data()                                # each command reads its files afresh
     if hasattr(sys.stdout, "reconfigure"):             # a path that is not UTF-8 prints, escaped
@@ -1401,8 +1403,8 @@ class Diverged(Exception):
     "diverged", a grid goes on with its next run, the command exits 1."""
 
 class WriteError(Exception):
-    """Errors, atomic writes: a file the run could not write (disk full, read-only, ...): the path and the OS's reason;
-    exit 1. advice: what is kept on disk, and what to do (kept())."""
+    """Errors, atomic writes: a file the run could not write (disk full, read-only, ...): the path and the OS's
+    reason; exit 1. advice: what is kept on disk, and what to do (kept())."""
     def __init__(self, path, err):
         super().__init__(f"cannot write {path}: {err.strerror or err}")
         self.advice = "no checkpoint was written, nothing to resume: rerun without --resume"
@@ -1479,8 +1481,9 @@ def save_checkpoint(path, state):
     write_atomic(path, buffer.getvalue())
 
 def read_result(path, warn=True):
-    """Reading results back (--summarize, --resume, --mask-from): a result.json as a dict, or None (with a warning
-    naming it and the field, if warn) if it is damaged or hand-edited into something the tables cannot read."""
+    """Reading results back (--summarize, --resume, --mask-from): a result.json as a dict, or None (with a
+    warning naming it and the field, if warn) if it is damaged or hand-edited into something the tables cannot
+    read."""
     try:
         with open(path, encoding="utf-8") as f:
             result = json.load(f)
@@ -1532,10 +1535,10 @@ RUN_FILES = ("result.json", "checkpoint.pt", "attention_before.pt", "attention_a
 
 @contextlib.contextmanager
 def folder_lock(folder):
-    """The folder lock: one writer per run folder, a flock on folder/.lock (holding the pid; the OS drops it when the
-    process ends, kill -9 too); else UsageError. Once locked, the temporary files of a writer killed mid-write
-    (write_atomic's <name>.tmp<pid>) are removed. At the end .lock goes, and the folder if the lock made it and it
-    stayed empty."""
+    """The folder lock: one writer per run folder, a flock on folder/.lock (holding the pid; the OS drops it
+    when the process ends, kill -9 too); else UsageError. Once locked, the temporary files of a writer killed
+    mid-write (write_atomic's <name>.tmp<pid>) are removed. At the end .lock goes, and the folder if the lock
+    made it and it stayed empty."""
     path, fd, made = os.path.join(folder, ".lock"), None, not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -1572,8 +1575,9 @@ def folder_lock(folder):
 
 def check_folder(folder, run=None):
     """The folder lock, checked before anything is written: one run per folder. UsageError when a live run holds
-    folder's lock (probed, not taken), or folder holds another thing: for a grid's root (run None) a run's files; for a
-    run a grid, or another run's files (with --resume: files but its checkpoint or this finished run)."""
+    folder's lock (probed, not taken), or folder holds another thing: for a grid's root (run None) a run's
+    files; for a run a grid, or another run's files (with --resume: files but its checkpoint or this finished
+    run)."""
     with contextlib.suppress(OSError):  # no lock file (OSError on open): no run holds the folder
         fd = os.open(os.path.join(folder, ".lock"), os.O_RDONLY)
         try:
@@ -1619,8 +1623,8 @@ def resume_from(checkpoint, meta, exp, place):
     return state
 
 def load_checkpoint(path, meta=None):
-    """Resume, and what a stopped run keeps (Run.kept): the checkpoint at path, or UsageError: missing, unreadable, not
-    train.py's, or (given the meta of this run) another run's: other flags, or other data."""
+    """Resume, and what a stopped run keeps (Run.kept): the checkpoint at path, or UsageError: missing,
+    unreadable, not train.py's, or (given the meta of this run) another run's: other flags, or other data."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError:
@@ -1665,8 +1669,9 @@ def load_checkpoint(path, meta=None):
 # their content and their paths relative to the data folder (a copy elsewhere, or a touched file, is the
 # same data). tasks.py's loaders name what they read in data["sources"].
 def data_fingerprint(data):
-    """Data fingerprints: {part of the data: its digest}: {"train set": "sha256 ..."} of generated tensors; of files
-    "sha256 ..." for one, {"files": 12, "bytes": 3456, "sha256": ...} for a list, None for none (no --bpe-file)."""
+    """Data fingerprints: {part of the data: its digest}: {"train set": "sha256 ..."} of generated tensors; of
+    files "sha256 ..." for one, {"files": 12, "bytes": 3456, "sha256": ...} for a list, None for none (no
+    --bpe-file)."""
     if "sources" not in data:           # Boolean, arithmetic
         parts = {"train set": "train", "eval set": "eval"}
         return {name: digest_of(data[f"x_{part}"], data[f"y_{part}"]) for name, part in parts.items()
@@ -1686,8 +1691,8 @@ def data_fingerprint(data):
     return fingerprint
 
 def digest_of(*sources):
-    """Data fingerprints: "sha256 <hex>" of tensors (their dtypes, shapes and bytes) or of one file's content (read in
-    1 MiB pieces: a corpus can be gigabytes)."""
+    """Data fingerprints: "sha256 <hex>" of tensors (their dtypes, shapes and bytes) or of one file's content
+    (read in 1 MiB pieces: a corpus can be gigabytes)."""
     digest = hashlib.sha256()
     for source in sources:
         if isinstance(source, str):
@@ -1763,8 +1768,8 @@ def resolve_device(name):
 
 def choose_threads(given, device):
     """The machine, threads on a shared machine: (torch CPU threads for new runs, how the first line says it):
-    --threads, else the cores no other job keeps busy, at least one: torch's threads spin against other jobs, and a run
-    at the default count on a busy machine can take many times as long."""
+    --threads, else the cores no other job keeps busy, at least one: torch's threads spin against other jobs,
+    and a run at the default count on a busy machine can take many times as long."""
     if given:
         return given, f"{given} thread{'s' * (given > 1)} (--threads)"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -1786,8 +1791,8 @@ def choose_threads(given, device):
 
 @contextlib.contextmanager
 def subnormals_flushed(device):
-    """The machine, speed on the CPU: floats below 1.2e-38 read as zero while a run trains: attention where M shuts
-    pairs, and its gradients, are such subnormals, many times slower on x86 (tests/bench_denormal.py)."""
+    """The machine, speed on the CPU: floats below 1.2e-38 read as zero while a run trains: attention where M
+    shuts pairs, and its gradients, are such subnormals, many times slower on x86 (tests/bench_denormal.py)."""
     was_on = (torch.tensor([torch.finfo(torch.float32).tiny]) / 4).item() == 0   # torch has no getter
     torch.set_flush_denormal(was_on or device.type == "cpu")
     try:
@@ -1796,8 +1801,8 @@ def subnormals_flushed(device):
         torch.set_flush_denormal(was_on)
 
 def check_fits(family, config):
-    """The machine, memory: refuse, before allocating, a model whose weights, Adam state and attention maps exceed the
-    RAM."""
+    """The machine, memory: refuse, before allocating, a model whose weights, Adam state and attention maps
+    exceed the RAM."""
     L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
     longest_sum = 2 * tasks.OPERAND_DIGITS + max(tasks.ARITHMETIC_TASKS.values())   # operands, answer slots
     N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": longest_sum, "language": config.get("block_size"),
@@ -1827,8 +1832,8 @@ class Parser(argparse.ArgumentParser):
 FLOAT32_MAX = torch.finfo(torch.float32).max     # 3.4e38: a setting past it is inf inside the model
 
 def number(kind, strict=True, words=()):
-    """Flags, one line for a bad value: the argparse type kind(text) > 0 (>= 0 when not strict), finite in float32 (a
-    whole number below 2^63), or one of words (--eval-size all)."""
+    """Flags, one line for a bad value: the argparse type kind(text) > 0 (>= 0 when not strict), finite in
+    float32 (a whole number below 2^63), or one of words (--eval-size all)."""
     def parse(text):
         if text in words:
             return text
