@@ -10,14 +10,23 @@
 Read top to bottom beside the paper:
   1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu").
   2. Inits: the rows of Table 1 and of the vision and language tables.
-  3. A run's settings: ONE record (`Run`) from the command line to the run; the optimizer.
-  4. The experiment of each family: its model with the prior, its batches, loss and evaluation.
+  3. A run's settings: ONE record (`Run`) from the command line to the run.
+  4. The experiment of each family: its model with the prior, optimizer, batches, loss and evaluation.
   5. THE training loop (`train`), the same for every family, every step in view.
   6. One run: the prior before, training, the prior after (Section 6.1), result.json.
   7. The command line: the flags, the runs they ask for (`plan`), a grid, `main`.
   8. The machinery behind it: errors, atomic files, the folder lock, checkpoints, data fingerprints,
      signals, torchrun, the machine.
 Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, metrics, tables).
+
+The experiment itself is met in sections 4-6: a family's setup (boolean_setup: Table 1) builds the
+model with its prior, the loop trains it, execute measures the prior before and after. Sections 7-8
+only get a run there and keep it safe; each of their definitions says first what it is for. One run,
+followed (python train.py --task majority --init mask; comments marked "->" say where a call goes):
+  main, train_all (7) -> plan, make_config (7): one Run (3) -> load_data (4) -> tasks.boolean_dataset
+  -> execute (6) -> boolean_setup (4): maskprior.boolean_mask, prior, build_encoder, encoder_experiment
+  -> picture "before" (6) -> train (5), calling the setup's batches and loss_of (4) -> picture "after",
+  persistence_fields, result.json (6); its last line names the files the run wrote.
 """
 
 import os
@@ -67,6 +76,11 @@ import tasks
 # small starts without weight decay: with the GOTU ones, 2parity's mask model predicts a constant at widths
 # 64 and 128 (the README's Boolean section). cyclic3 gets the GOTU code's N(0, 1) positions, with which its
 # vanilla model fits its training set (at 0.02 its training loss stays 6 after 60 epochs).
+#
+# "paper" takes the table's 4 layers and 3 heads with the GOTU code's heads of 64 (3 x 64 = 192 of the 256
+# channels) and an MLP as wide as the model. "cpu" is the same depth and heads at width 64 (head_dim None:
+# dim // heads = 21 channels a head) and 10 epochs (cyclic3 20) instead of 90, sized for a 2-core CPU: an
+# epoch is every seen point of the 2^15 cube once (24,576 for majority), 96 steps of 256.
 BOOLEAN_PRESETS = {
     "paper": {"epochs": 90, "lr": 1e-3, "batch_size": 256, "layers": 4, "heads": 3, "dim": 256,
               "head_dim": 64, "mlp_dim": 256, "optimizer": "adam", "weight_decay": 1e-3,
@@ -76,14 +90,25 @@ BOOLEAN_PRESETS = {
             "pos_std": 0.02, "cls_std": 0.0},
 }
 
-# Three-digit arithmetic, Table "Arithmetic task setup" (cosine schedule); "cpu": width 128, heads of 32.
+# Three-digit arithmetic, Table "Arithmetic task setup": 6 layers of 4 heads, model, MLP 256, heads of 64,
+# learnable positions (nanoGPT's and timm's N(0, 0.02^2) start: the table names none), AdamW 1e-3 with
+# weight decay 1e-3, batch 256, 50 epochs, cosine. The table's train fractions (3 % of the 10^6 pairs for
+# multiplication, 0.4 % for addition) live in tasks.ARITHMETIC_TRAIN_FRAC beside the data; the mask's +-5
+# and the Opt fit's 2000 steps at 1e-4 in maskprior.py, the SVD solve's 10000 / 0 in arithmetic_setup.
+# "cpu": 4 layers at width 128 (heads of 32), the paper's 50 epochs; multiplication 20 (TASK_PRESETS): its
+# 3 % is 7.5 times addition's training pairs, so 20 epochs are still more steps.
 ARITHMETIC_PRESETS = {"paper": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256,
                                 "layers": 6, "heads": 4, "dim": 256, "head_dim": 64, "mlp_dim": 256,
                                 "optimizer": "adamw", "pos_std": 0.02}}
 ARITHMETIC_PRESETS["cpu"] = {**ARITHMETIC_PRESETS["paper"], "layers": 4, "dim": 128, "head_dim": None,
                              "mlp_dim": 128}
 
-# Language, Table "NLP task setup" (cosine, seed 1337, 5000 TinyStories / 3000 WikiText-2 iterations).
+# Language, Table "NLP task setup": 12 layers, 12 heads, width 512, block 64, dropout 0.2, AdamW 3e-4, batch 128,
+# cosine, seed 1337 (PAPER_SEEDS), 5000 TinyStories / 3000 WikiText-2 iterations (TASK_PRESETS). The table names
+# no weight decay: 0.01 is torch's AdamW default, which the Tiny-Stories-GPT code the paper builds on takes
+# (AdamW(model.parameters(), lr=3e-4)); here it decays the weight matrices and the token embedding only
+# (maskprior.param_groups), never M. "cpu": 4 layers of 4 heads at width 128, batch 32, lr 1e-3, dropout 0.1,
+# 1000 iterations.
 LM_PRESETS = {"paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12, "dim": 512,
                         "block_size": 64, "dropout": 0.2, "weight_decay": 0.01, "optimizer": "adamw"}}
 LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4,
@@ -93,7 +118,9 @@ LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_si
 # warmup, AMP (bf16 here), CLS readout. Warmup start and cosine floor, not in the tables, are those of
 # osiriszjq/structured_initialization's commands (ImageNet100's floor 1e-5). Table "Experimental setup for
 # ImageNet100" (TASK_PRESETS): base lr scaled by the global batch over 512, cooldown epochs after the
-# cosine at the floor (as timm does), seed 42, global average pool. "cpu": a CIFAR-native ViT, 64 patches.
+# cosine at the floor (as timm does), seed 42, global average pool. "cpu": a CIFAR-native ViT, 32 x 32
+# images in 4 x 4 patches (an 8 x 8 grid, 64 patches and CLS), 6 layers of 3 heads at width 96, batch 128,
+# lr 1e-3, 10 epochs, the first a warmup; the augmentations and regularisers stay the tables'.
 VISION_PRESETS = {"paper": {
     "epochs": 400, "lr": 2e-3, "lr_base_size": None, "batch_size": 512, "warmup_epochs": 50,
     "cooldown_epochs": 0, "warmup_lr": 1e-6, "min_lr": 1e-6, "weight_decay": 0.05, "drop_path": 0.1,
@@ -104,7 +131,10 @@ VISION_PRESETS["cpu"] = {**VISION_PRESETS["paper"], "epochs": 10, "lr": 1e-3, "b
                          "warmup_epochs": 1, "warmup_lr": 1e-5, "min_lr": 1e-5, "image_size": 32,
                          "patch_size": 4, "layers": 6, "dim": 96, "mlp_dim": 384}
 
-# Per-task changes to a preset: (family, preset) -> {task: {key: value}}; cpu: small-data images.
+# Per-task changes to a preset: (family, preset) -> {task: {key: value}}, merged over the preset by
+# make_config (section 7) and reported in result.json's preset_changes. The "cpu" ones: small image sets
+# (ImageNet100 read at 32 x 32, the user's own images) train longer, without MixUp / CutMix and with a
+# milder crop; cyclic3 (with the GOTU positions, above) gets 20 epochs to fit, multiplication 20 (above).
 TASK_PRESETS = {
     ("vision", "cpu"): {t: {"epochs": 40, "mixup": 0.0, "cutmix": 0.0, "crop_scale": 0.35}
                         for t in ("imagenet100", "images")},
@@ -121,6 +151,9 @@ PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 # === 2. Inits: the rows of Table 1 and of the vision and language tables ===========================
 # --init -> (MaskedSelfAttention's mode, where the prior goes). The prior is always the task's own pattern
 # ("the same prior, in M or in W_Q / W_K"), or in the mask inits --mask-from's learned one.
+# Table 1's columns are default, structured-svd, structured-opt and mask; Table "Ablation on mask
+# initialization" adds mask-zero, Table "Best Top-1 accuracy" (vision) default, mimetic, impulse and mask,
+# its ablation mask-fixed; Table "Perplexity (PPL) comparison" default, mask and mimetic.
 INITS = {
     "default": ("none", None),                  # vanilla Transformer, no prior
     "mask": ("learnable", "mask"),              # the paper: learnable log sigmoid(M), M = pattern
@@ -132,52 +165,64 @@ INITS = {
     "mimetic": ("none", "mimetic"),             # identity-like W_Q W_K^T (Trockman, Kolter 2023)
     "impulse": ("none", "svd"),                 # vision: the impulse pattern in W_Q/W_K by SVD
 }
+# Which inits a flag or a family takes: the Boolean and arithmetic encoders take all but impulse (the
+# vision name of the SVD solve); --mask-error, --mask-from and a --mask-magnitude sweep act where M holds
+# the pattern; --mask-lr where M trains.
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
 MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask")   # M holds the prior
 TRAINED_MASK_INITS = tuple(i for i, (mode, _) in INITS.items() if mode in ("learnable", "hadamard"))
 TIMM_INITS = ("default", "mask", "mask-fixed")  # --model timm: its ViT as is, or M by add_mask_prior
 
-# === 3. A run's settings, and the optimizer ======================================================
+# === 3. A run's settings ========================================================================
 @dataclass
 class Run:
-    """One run of a command (a cell of its grid), everything it needs in one record. plan() builds it
-    from the command line; config is what result.json records: the preset, the task's changes to it and
-    the flags given, merged once (make_config)."""
+    """One run of a command (a cell of its grid), everything it needs in one record, as nanoGPT keeps its
+    settings in one place; plan() builds it from the command line. config is what the paper's setup tables
+    set and what result.json records: the preset, the task's changes to it and the flags given, merged once
+    (make_config). The other fields say where the run reads and writes and how the machine runs it; they
+    leave its numbers alone (threads: up to their last digits)."""
+    # Which run: result.json's task, init, seed and config, and the folder it writes
     family: str                        # boolean, arithmetic, language or vision (FAMILIES)
     task: str
     init: str
     seed: int
     config: dict
     folder: str                        # result.json, checkpoint.pt and the pictures go here
+    # How --resume treats it
     grid: bool = False                 # one cell of a grid: --resume continues it only if it has a checkpoint
     resume: bool = False               # --resume
+    # Where its data is read
     data_dir: str = "data"             # where corpora and images are read (--data-dir)
     bpe_file: Optional[str] = None     # GPT-2's ranks file (--bpe-file)
     download: bool = False             # vision: fetch CIFAR (--download)
+    # How this machine runs it
     workers: int = 0                   # vision: loader processes (8 beside a GPU, else 0)
     compile: bool = False              # vision: torch.compile (--compile)
     progress: bool = True              # tqdm's bar, on a terminal
     threads: int = 1                   # torch CPU threads (--threads, else the free cores)
     threads_given: bool = False        # --threads was given (--resume otherwise keeps the checkpoint's)
     device: torch.device = torch.device("cpu")   # --device (torchrun: each rank its own GPU)
+    # Set by train_all once the data is read (section 8: data fingerprints)
     fingerprint: Optional[dict] = None  # the digest of its data (data_fingerprint), once it is read
 
     @property
-    def name(self):                    # "majority/mask/seed0", the bar's and the log's
+    def name(self):
+        """"majority/mask/seed0": how the progress bar, the log lines and the messages name the run."""
         return f"{self.task}/{self.init}/seed{self.seed}"
 
     @property
     def checkpoint(self):
+        """Where keep_checkpoint writes the run's state and --resume reads it back (section 8)."""
         return os.path.join(self.folder, "checkpoint.pt")
 
     def meta(self, world):
-        """What checkpoint.pt records of the run, for --resume to compare with the command that resumes."""
+        """Resume: what checkpoint.pt records of the run, for --resume to compare with the command that resumes."""
         return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
                 "world_size": world, "data_fingerprint": self.fingerprint}
 
     def finished(self):
-        """The folder's result.json if it is this very run (task, init, seed, config, and data once read),
-        done; else None."""
+        """Resume (a finished run is left as it is): the folder's result.json if it is this very run (task,
+        init, seed, config, and data once read), done; else None."""
         old = read_result(os.path.join(self.folder, "result.json"), warn=False)   # None: none, or damaged
         if not old or old["status"] != "done":
             return None
@@ -188,7 +233,8 @@ class Run:
         return old
 
     def kept(self):
-        """What is on disk of a run that stopped, and what to do: read from its folder."""
+        """Signals and failed writes, the advice of the last line: what is on disk of a run that stopped,
+        and what to do: read from its folder."""
         saved = None
         with contextlib.suppress(UsageError):      # none, or damaged: as if there were none
             saved = load_checkpoint(self.checkpoint)
@@ -201,18 +247,13 @@ class Run:
             return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
         return "no checkpoint was written, nothing to resume: rerun without --resume"
 
-def make_optimizer(model, config):
-    """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer: weight decay enters the
-    gradient, so Adam rescales it) or AdamW decaying weight matrices only (nanoGPT, timm). M is a group of
-    its own (maskprior.param_groups), decayed by --mask-decay alone (default 0: decay pulls M toward the
-    neutral mask, Appendix A.1, and so erodes the prior whose persistence is Section 6.1's point) at
-    --mask-lr (default --lr)."""
-    groups = maskprior.param_groups(model, config["weight_decay"], config["mask_decay"],
-                                    mask_lr=config.get("mask_lr"), decay_all=config["optimizer"] == "adam")
-    Optimizer = torch.optim.Adam if config["optimizer"] == "adam" else torch.optim.AdamW
-    return Optimizer(groups, lr=config["lr"])
-
 # === 4. The experiment of each family: its model with the prior, batches, loss and evaluation =======
+# The paper runs four families of experiments (Sections 5.1-5.3 and Appendix "Wiki-text and Tiny-stories"),
+# each with its own model, data, loss and metrics but the same shape of training: minibatch steps, an
+# evaluation now and then, the prior measured before and after. So each family has a setup function
+# (FAMILIES[family]["setup"], called by execute in section 6) that returns one Experiment, and the loop
+# (section 5) runs any Experiment without knowing its task: the forward pass it calls is the setup's
+# loss_of, the evaluation its evaluate, result.json's numbers its final.
 @dataclass
 class Experiment:
     """What a family's setup builds for the loop. A round is an epoch, or eval_every language iterations."""
@@ -236,21 +277,41 @@ class Experiment:
 
 # --- Boolean GOTU (Section 5.1, Table 1): train on the seen points, test on the whole cube -----------
 def boolean_setup(run, data, place):
+    """Section 5.1 as one experiment: the GOTU encoder over 15 bits and a CLS token, the task's pattern
+    as its prior, MSE on the seen points; Table 1's loss and accuracy on the whole cube."""
     device, config = place.device, run.config
+    # The prior of Figure "Visualization of task-specific mask design" (i) and Appendix "Design of Mask
+    # Pattern": maskprior.boolean_mask, one (H, N, N) pattern per layer, N = 16 (position 0 is CLS,
+    # position 1 + i bit x_i); 2parity and cyclic3 also come as a "direct" or "composed" (Principle 4)
+    # variant. cls_row: --mask-error edits the CLS query row apart from the bits' rows, so a "moved" edit
+    # keeps how many keys CLS reads and never moves its reads onto bits it does not read (Principle 2:
+    # a CLS reading the raw bits can fit the MDI shortcut).
     exact = maskprior.boolean_mask(run.task, config["layers"], config["heads"],
                                    config.get("mask_variant"))                    # (L, H, N, N)
     pattern, masks = prior(run, exact, cls_row=True)
+    # As aryol/GOTU's TokenTransformer: one token per bit (vocab 2, tasks.boolean_tokens maps -1 / +1 to
+    # 0 / 1), a CLS token in front, one real number read from CLS (out_dim 1): the tasks are regressions
+    # (threesym's f is real, cyclic3's a sum of 15 signs), not classifications.
     model, seconds = build_encoder(run, pattern, masks, device, vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1,
                                    out_dim=1)
+    # data (tasks.boolean_dataset, tasks.py section 1): x_train (P, 15), every seen point of {-1, +1}^15,
+    # y_train (P,) f there; x_test (32768, 15), the whole cube. Section 5.1: "We use the full dataset
+    # (including both seen and unseen samples) for testing, while training is restricted to the seen
+    # subset." The metrics add the unseen part alone and how close it lies to the MDI (unseen_mse_to_mdi).
     def loss_of(net, batch):                     # the aryol/GOTU loss: MSE of the CLS readout
         return F.mse_loss(net(batch[0].to(device)).squeeze(-1), batch[1].to(device))
     def evaluate():                              # the whole cube, seen and unseen
         return tasks.boolean_metrics(run.task, tasks.boolean_predictions(model, data["x_test"]), data["x_test"])
+    # At the end also the GOTU code's own measure of which function was learned: its Fourier coefficients
+    # on the monomials of x0, x1, x2, exact on the enumerated cube. Majority's f has x0x1x2 at -1/2 and
+    # no pairs; its MDI has none of x0x1x2 and x0x2, x1x2 at -1/2 each.
     def final(state, world):                     # and the learned function's Fourier weights
         pred = tasks.boolean_predictions(model, data["x_test"])
         return {**tasks.boolean_metrics(run.task, pred, data["x_test"]),
                 "train_loss": state["history"][-1]["train_loss"],
                 "fourier": tasks.fourier_coefficients(pred, data["x_test"])}
+    # The persistence numbers (Section 6.1) average attention over the whole cube; they are measured on
+    # the pattern the run started from and, when --mask-error edited it, on the exact one too.
     return encoder_experiment(
         run, model, tasks.boolean_tokens(data["x_train"]), data["y_train"], loss_of, evaluate, final,
         probe=tasks.boolean_tokens(data["x_test"]), pattern=pattern, true_pattern=exact,
@@ -258,18 +319,36 @@ def boolean_setup(run, data, place):
 
 # --- Three-digit arithmetic (Section 5.2): train on a seeded fraction, score held-out pairs -----------
 def arithmetic_setup(run, data, place):
+    """Section 5.2 as one experiment: an encoder that writes every answer digit in one forward pass,
+    the digit-interaction mask as its prior, cross-entropy per digit; Table "Performance of arithmetic
+    tasks"'s sequence and digit accuracy on held-out pairs."""
     device, config = place.device, run.config
+    # The prior of Figure "Visualization of task-specific mask design" (ii): maskprior.mask_addition or
+    # mask_multiplication, (L, H, 6 + K, 6 + K) over the six operand digits and the K answer slots,
+    # open +5 and closed -5 (Table "Arithmetic task setup"). Head h takes role h mod 4 of the algorithm
+    # (Principle 3): an answer slot reads the digits that land on it, the carry into it, every column
+    # below it, or (role 3) a set of the task's own.
     exact = maskprior.ARITHMETIC_MASKS[run.task](config["layers"], config["heads"])
     pattern, masks = prior(run, exact)                                              # (L, H, N, N)
-    # Structured SVD on arithmetic opens with 10000 and closes with 0 (Table "Arithmetic task
-    # setup"); the encoder reads a 10-way digit at every position, no CLS.
+    # Structured SVD solves here for the paper's open 10000 and closed 0 (Table "Arithmetic task setup"),
+    # not for the Boolean 1000 and noise 3. "The Transformer predicts the full output sequence in a
+    # single forward pass" (Section 5.2): one token per digit (vocab 11: the digits and the answer slots'
+    # placeholder), no CLS, a 10-way digit read out at every position, of which the loss and the
+    # metrics keep the K answer slots (tasks.answer_logits).
     model, seconds = build_encoder(
         run, pattern, masks, device, {"open_logit": 1e4, "noise_scale": 0.0}, vocab_size=tasks.ARITHMETIC_VOCAB,
         seq_len=pattern.shape[-1], out_dim=10, cls_token=False, readout="tokens")
+    # data (tasks.arithmetic_dataset, tasks.py section 2): of the 10^6 pairs (a, b), a seeded fraction
+    # (--train-frac, by default the paper's 0.4 % for addition, 3 % for multiplication) trains: x_train
+    # (P, 6 + K) tokens, least significant digit first, y_train (P, K) the answer's digits. x_eval,
+    # y_eval: a seeded sample of the held-out pairs (--eval-size, 100,000 unless all).
     def loss_of(net, batch):                     # cross-entropy on the answer digits
         with tasks.autocast(device):
             logits = tasks.answer_logits(net, batch[0].to(device))               # (B, K, 10)
         return F.cross_entropy(logits.float().flatten(0, 1), batch[1].to(device).flatten())
+    # Table "Performance of arithmetic tasks" reports sequence accuracy (every digit right), digit
+    # accuracy and loss. During training they are measured on the first 10,000 evaluation pairs
+    # (history's sample_*), to keep evaluations cheap; the final numbers on every evaluation pair.
     def sample_metrics():                        # the first 10k pairs during training
         logits = tasks.arithmetic_logits(model, data["x_eval"][:10_000])
         metrics = tasks.arithmetic_metrics(logits, data["y_eval"][:10_000])
@@ -290,15 +369,29 @@ def lm_setup(run, data, place):
     or mimetic W_Q / W_K; nanoGPT's random windows, one stream per rank; whole-split perplexity."""
     device, config, seed = place.device, run.config, run.seed
     L, H, T = config["layers"], config["heads"], config["block_size"]
+    # Language has "no clear predefined structural pattern", so the paper initialises "a full-rank
+    # learnable attention mask using causal relative distance": M_ij = -max(i - j, 0) for every head,
+    # applied "via log sigmoid(sM) (with s = 10)". The same (H, T, T) mask goes into every layer. Unlike
+    # the other families A is not M's size but the GPT's scale s (mask_scale), so prior() returns M as
+    # built, and --mask-magnitude sets s. A distance is not an open / closed pattern, so the Experiment
+    # gets none: the persistence numbers are the bias at each distance and M's drift.
     relative = maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1)         # (L, H, T, T)
     _, masks = prior(run, relative)
+    # maskprior.GPT is nanoGPT's (pre-LN, GELU MLP, tied embedding, GPT-2 init); Tiny-Stories-GPT, which
+    # the paper builds on, is the same decoder with a ReLU MLP and an untied head. mimetic writes
+    # W_Q W_K^T ~ 0.7 Z + 0.7 I after the build (qk_prior), Table "Perplexity (PPL) comparison"'s third row.
     model = maskprior.GPT(data["vocab_size"], T, config["dim"], L, H, config["dropout"],
                           mode=INITS[run.init][0], masks=masks, mask_scale=config["mask_magnitude"])
     qk_prior(model, run.init, None, seed)
     model.to(device)
     optimizer = make_optimizer(model, config)
+    # Batches as nanoGPT's get_batch: batch_size windows of T tokens at random starts of the train
+    # stream, (B, T) inputs and their next tokens (B, T). The starts come from a generator of their own
+    # (a checkpoint keeps it: a resumed run draws the same windows), seeded per rank under torchrun.
     windows = torch.Generator().manual_seed(seed + 1000 * place.rank)
     torch.manual_seed(seed + 1000 * place.rank)  # dropout differs across ranks, as it should
+    # The table counts iterations, not epochs: a round of the loop is eval_every iterations (five
+    # rounds a run unless --eval-every says otherwise), the last round what is left.
     E, iters = config["eval_every"], config["iters"]
     def batches(r):                              # iterations (r - 1) E + 1 ... min(r E, iters)
         count = min(E, iters - (r - 1) * E)
@@ -306,6 +399,10 @@ def lm_setup(run, data, place):
     def loss_of(net, batch):
         with tasks.autocast(device):
             return net(batch[0].to(device), batch[1].to(device))[1]
+    # Perplexity = exp(mean next-token loss). tasks.lm_loss scores every token of the split once, in
+    # consecutive windows, where Tiny-Stories-GPT and nanoGPT estimate the loss from 200 random batches:
+    # an exact number, so two inits differ by the model only. TinyStories has no test split: Table "NLP
+    # task setup"'s "validation fallback" (test_is_val).
     def validation():
         val_loss = tasks.lm_loss(model, data["val"], T)
         return {"val_loss": val_loss, "val_ppl": math.exp(val_loss)}
@@ -320,6 +417,7 @@ def lm_setup(run, data, place):
                 "sample": data["decode"](sample[0].tolist())}
     # Where attention goes (attention_*.pt, what --mask-from reads): the first 64 validation windows.
     probe = torch.stack([data["val"][s:s + T] for s in range(0, len(data["val"]) - T, T)][:64])
+    # The table's "cosine": over all iterations, to zero, without warmup (Tiny-Stories-GPT has none).
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, iters)
     return Experiment(model, optimizer, schedule, math.ceil(iters / E), iters, batches, loss_of, validation,
                       final, unit="iter", probe=probe, generators=(windows,), info=data.get("info", {}))
@@ -332,9 +430,16 @@ def vision_setup(run, data, place):
     device, rank, world = place
     config, seed = run.config, run.seed
     L, H = config["layers"], config["heads"]
+    # Section 5.3: "Following [Zheng et al. 2025], we adopt an impulse filter pattern to initialize our
+    # masks": maskprior.impulse_mask gives head h one neighbour of the 3 x 3 window (identity, up, right
+    # for ViT-Tiny's 3 heads) over the grid x grid patches, CLS first, N = grid^2 + 1 (197 at 224 px,
+    # 65 at the cpu preset's 32). The impulse init puts the same pattern into W_Q / W_K by the SVD solve
+    # (Table "Best Top-1 accuracy"'s Impulse column), mask-fixed keeps it frozen in M (Appendix A.2's
+    # Fixed Mask). A --mask-from prior is also measured against the impulse, the prior it replaces.
     exact = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])   # (L, H, N, N)
     pattern, masks = prior(run, exact)
     true_pattern = exact if config.get("mask_from") else None
+    # The tables' "Drop path 0.1" as timm spreads it: 0 in the first block, rising linearly to 0.1.
     rates = torch.linspace(0, config["drop_path"], L).tolist()   # drop path rising to 0.1
     if config.get("model") == "timm":            # timm's VisionTransformer of the preset's shape, M put
         import timm                              # in by add_mask_prior; no return_attn: no attention maps
@@ -353,6 +458,8 @@ def vision_setup(run, data, place):
                               drop_paths=[StochasticDepth(r, "row") for r in rates])
     seconds = qk_prior(model, run.init, pattern, seed)
     model.to(device)
+    # The tables' batch 512 is the global batch: under torchrun each rank loads batch_size / world
+    # images of its share of every epoch (a DistributedSampler), and DDP averages the gradients.
     if config["batch_size"] % world:
         raise UsageError(f"--batch-size {config['batch_size']} does not split over {world} processes")
     train_loader, test_loader, sampler = tasks.vision_loaders(
@@ -362,6 +469,9 @@ def vision_setup(run, data, place):
                          f"({len(data['train'])} images)")
     optimizer = make_optimizer(model, config)
     rounds = config["epochs"] + config["cooldown_epochs"]
+    # The tables' augmentation: "RandAug (m9)" and the crops run in the loader (tasks.vision_transform),
+    # "Mixup / CutMix 0.8 / 1.0" per batch on the device (tasks.mixup_cutmix, timm's switch between the
+    # two), "Label smoothing 0.1" in the loss, on the mixed soft targets.
     mix = tasks.mixup_cutmix(data["classes"], config["mixup"], config["cutmix"])
     def batches(epoch):
         # Drop path, MixUp / CutMix and the augmentations draw from torch's generator or the loader's
@@ -377,6 +487,8 @@ def vision_setup(run, data, place):
         with tasks.autocast(device):
             logits = net(images)                                       # (B, classes)
         return F.cross_entropy(logits.float(), soft_targets, label_smoothing=config["label_smoothing"])
+    # Table "Best Top-1 accuracy" reports the best epoch's test accuracy, as timm's train.py tracks it:
+    # every eval_every epochs the whole test set, each rank scoring its share and the sums added.
     def top1():    # top-1 % and mean cross-entropy on the whole test set, summed over the ranks
         correct, total, n = (sum(v) for v in zip(*gather(tasks.vision_scores(model, test_loader), world)))
         return {"test_top1": 100.0 * correct / n, "test_loss": total / n}
@@ -386,6 +498,8 @@ def vision_setup(run, data, place):
                 "best_top1": max(e["test_top1"] for e in state["history"] if "test_top1" in e),
                 "train_loss": last["train_loss"],
                 "images_per_second": state["samples"] * world / state["train_seconds"]}
+    # The attention maps (Appendix "Attention Map For Image Classification") and persistence numbers
+    # average over the first 64 test images, 16 at a time: at 224 px a layer's maps are (16, 3, 197, 197).
     probe = None
     if pattern is not None:                     # fixed test images: the attention maps' inputs
         probe = torch.stack([data["test"][i][0] for i in range(min(64, len(data["test"])))])
@@ -396,6 +510,10 @@ def vision_setup(run, data, place):
 
 def vision_schedule(optimizer, config, steps_per_epoch):
     """Per-step lr (Tables "Experimental setup for ..."): linear warmup, cosine to min_lr, cooldown."""
+    # timm's cosine scheduler as torch schedulers chained by SequentialLR, stepped after every batch:
+    # LinearLR from warmup_lr up to lr over the warmup epochs (CIFAR 50, ImageNet100 5), a cosine from lr
+    # to min_lr over the other training epochs, then ConstantLR holding min_lr for the cooldown epochs
+    # (ImageNet100's 10), which end the run. A floor above lr would raise the lr: it is capped at lr.
     lr, warmup = optimizer.param_groups[0]["lr"], config["warmup_epochs"] * steps_per_epoch
     decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
     floor, parts, milestones = min(config["min_lr"], lr), [], []
@@ -410,7 +528,7 @@ def vision_schedule(optimizer, config, steps_per_epoch):
         milestones.append(warmup + decay)
     return torch.optim.lr_scheduler.SequentialLR(optimizer, parts, milestones)
 
-# --- What the setups share: the prior (hand-made, edited or learned), the encoder, its batches ---------
+# --- What the setups share: the prior (hand-made, edited or learned), the encoder, the optimizer, batches
 def prior(run, exact, cls_row=False):
     """(pattern, M's start) of a run. pattern (L, H, N, N), what the prior starts from and the persistence
     numbers measure: the task's exact one, edited by --mask-error (Appendix A.2: maskprior.edit_pattern,
@@ -419,6 +537,9 @@ def prior(run, exact, cls_row=False):
     (the GPT's M as it is, its bias scale s = A; a learned prior is +-A already), zeros (mask-zero), or
     None (no M)."""
     config, kind = run.config, INITS[run.init][1]
+    # Appendix A.2 asks whether a learnable mask can "refine or correct imperfect initial patterns":
+    # --mask-error makes one by a seeded edit of the exact pattern, --mask-from takes one learned from
+    # another run; check_args allows both with the mask inits only.
     pattern = exact
     if config.get("mask_from"):
         pattern = learned_prior(run, exact.shape)
@@ -429,12 +550,20 @@ def prior(run, exact, cls_row=False):
         return pattern, torch.zeros_like(pattern)
     if kind != "mask":
         return pattern, None
+    # maskprior builds the hand-made patterns at the paper's +-A (10; arithmetic 5): M starts there, or at
+    # --mask-magnitude's A by a rescale. A learned prior is made at +-A already; the GPT's relative
+    # distance is used as it is, A being its scale s.
     if config.get("mask_from") or run.family == "language":
         return pattern, pattern
     return pattern, pattern * (config["mask_magnitude"] / FAMILIES[run.family]["magnitude"])
 
 def build_encoder(run, pattern, masks, device, svd_scales=None, **shape):
     """maskprior.Transformer on device with the init's prior, in M or in W_Q / W_K; (model, seconds)."""
+    # The Boolean and arithmetic families share one encoder, aryol/GOTU's TokenTransformer (embedding,
+    # optional CLS, learned positions, pre-LN blocks, a linear readout); `shape` holds what differs:
+    # vocabulary, sequence length, output width, CLS and readout. masks: M's start (None: no M), and
+    # mode (INITS) says whether M trains. svd_scales: the family's targets for the structured-SVD solve
+    # (arithmetic: open 10000, closed 0), which --svd-open / --svd-noise replace.
     config, init = run.config, run.init
     pos_std = config["pos_std"]                      # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
     model = maskprior.Transformer(
@@ -450,12 +579,20 @@ def build_encoder(run, pattern, masks, device, svd_scales=None, **shape):
     seconds = qk_prior(model, init, pattern, run.seed, svd_scales, pos_scale)
     return model.to(device), seconds
 
-# The structured-SVD solve's targets a command may set (config key -> structured_svd_init_'s argument).
+# The structured-SVD solve's targets a command may set (config key -> structured_svd_init_'s argument):
+# the logit T_h of an open entry and the noise on the closed ones. Boolean runs solve with the
+# osiriszjq/structured_initialization code's 1000 and 3 (maskprior's defaults), arithmetic runs with the
+# paper's "open = 10000, close = 0".
 SVD_FLAGS = {"svd_open": "open_logit", "svd_noise": "noise_scale"}
 
 def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NORM_P):
     """Put a QK init's prior into W_Q / W_K (Sections 2.1, 5.1), drawing from a generator seeded by seed;
     returns its seconds. pos_scale first scales the positions (NORM_P; 1 for N(0, 1) positions)."""
+    # structured-svd and impulse: W_Q, W_K solved in closed form per layer and head so that the logits
+    # on the (scaled) positions approximate the pattern (Zheng et al. 2025); structured-opt: fitted by
+    # Adam, 2000 steps at lr 1e-4 (Table "Arithmetic task setup"; Zheng et al. 2024); mimetic: identity-
+    # like W_Q W_K^T with no pattern (Trockman and Kolter). The mask inits and default do nothing here.
+    # The seconds are result.json's init_seconds: the Opt fit costs time the other inits do not.
     prior, generator, start = INITS[init][1], torch.Generator().manual_seed(seed), time.time()
     if prior == "svd":
         maskprior.structured_svd_init_(model, pattern, generator=generator, pos_scale=pos_scale,
@@ -466,8 +603,27 @@ def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NO
         maskprior.mimetic_init_(model, generator=generator)
     return time.time() - start
 
+# The optimizer each table names: Adam for the Boolean tasks (Table "Training setup for Boolean tasks"),
+# AdamW for arithmetic, language and vision (Tables "Arithmetic task setup", "NLP task setup" and
+# "Experimental setup for ..."), with weight decay of two kinds, as the docstring says.
+def make_optimizer(model, config):
+    """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer: weight decay enters the
+    gradient, so Adam rescales it) or AdamW decaying weight matrices only (nanoGPT, timm). M is a group of
+    its own (maskprior.param_groups), decayed by --mask-decay alone (default 0: decay pulls M toward the
+    neutral mask, Appendix A.1, and so erodes the prior whose persistence is Section 6.1's point) at
+    --mask-lr (default --lr)."""
+    groups = maskprior.param_groups(model, config["weight_decay"], config["mask_decay"],
+                                    mask_lr=config.get("mask_lr"), decay_all=config["optimizer"] == "adam")
+    Optimizer = torch.optim.Adam if config["optimizer"] == "adam" else torch.optim.AdamW
+    return Optimizer(groups, lr=config["lr"])
+
 def encoder_experiment(run, model, x, y, *functions, **fields):
     """Boolean / arithmetic: a cosine over all steps, each epoch all (x, y) in seeded shuffled batches."""
+    # An epoch is every training example once (the GOTU code draws majority's points with replacement), in a
+    # fresh order. The order comes from a generator seeded by the run's seed and kept by checkpoints, so a
+    # resumed run draws the orders the uninterrupted one would. The cosine (the arithmetic table's "cosine"; the
+    # Boolean setup's "learning rate scheduler") runs over every step of every epoch, from lr to 0, without
+    # warmup. *functions: the setup's loss_of, evaluate and final.
     config = run.config
     steps = math.ceil(len(x) / config["batch_size"]) * config["epochs"]
     optimizer = make_optimizer(model, config)
@@ -487,6 +643,8 @@ def learned_prior(run, shape):
     config = run.config
     causal = run.family == "language"
     magnitude = 1.0 if causal else config["mask_magnitude"]
+    # The source's digest was recorded when the command started (make_config); a source retrained since
+    # would give this run a prior its config does not describe.
     _, attn, digest = read_source(config["mask_from"])
     if digest != config["mask_from_sha256"]:
         raise UsageError(f"--mask-from {config['mask_from']}: attention_after.pt changed while this run "
@@ -533,6 +691,10 @@ STRUCTURED_FLAGS = ("pos_scale", *SVD_FLAGS)
 # The four families: their presets, inits, the paper's mask magnitude A (open +A, closed -A; the GPT's
 # scale s), rounds between evaluations (language: five evaluations a run), the flags only they take
 # beside their preset's keys, whether their data is read from files, and their setup.
+# A: Appendix "Experiment Details" opens with 10 and closes with -10 for the Boolean tasks and the ViT,
+# Table "Arithmetic task setup" with +-5, and the GPT's log sigmoid(s M) has s = 10. Vision evaluates
+# every epoch (the best epoch is the table's number), the encoders every 5; language's None becomes a
+# fifth of the iterations (make_config). "setup" is what execute (section 6) calls to build the run.
 FAMILIES = {
     "boolean": {"presets": BOOLEAN_PRESETS, "inits": ENCODER_INITS, "magnitude": maskprior.OPEN,
                 "eval_every": 5, "takes": ("mask_variant", "mask_error", *STRUCTURED_FLAGS), "files": False,
@@ -554,6 +716,8 @@ def load_data(run):
     once. The Boolean cube and seen set (Section 5.1), the arithmetic split of this seed (Section 5.2),
     a corpus (Appendix), an image set (Section 5.3; under torchrun rank 0 downloads it first)."""
     config = run.config
+    # Generated data (the Boolean cube, the arithmetic pairs) is built in memory, tensors of the shapes
+    # the setups above describe; corpora and images are read from --data-dir (tasks.py sections 3, 4).
     if run.family == "boolean":
         return tasks.boolean_dataset(run.task)
     if run.family == "arithmetic":
@@ -571,6 +735,11 @@ def load_data(run):
     return tasks.vision_dataset(*arguments, False, config["randaugment"], config["crop_scale"])
 
 # === 5. The training loop: the same for every family ===============================================
+# One loop for every experiment of the paper, read top to bottom as nanoGPT's: a batch, the forward pass
+# (the setup's loss_of), backward, an optimizer step, the schedule's step. The task lives in the
+# Experiment (section 4); what the loop adds is what makes a long run safe: a NaN stops it at the step
+# where it appears, a signal stops it with a checkpoint from which --resume repeats the uninterrupted
+# run exactly, and under torchrun every rank takes both decisions at the same step (agreed, section 8).
 def train(run, exp, net, state, place, stop):
     """Rounds of minibatch steps (a round: an epoch, or eval_every language iterations), as nanoGPT's loop:
     forward, the NaN check, backward, step, schedule, progress; a signal ends the run with a checkpoint of
@@ -580,14 +749,31 @@ def train(run, exp, net, state, place, stop):
     bar = tqdm(total=exp.steps, initial=state["step"], desc=run.name, leave=False, dynamic_ncols=True,
                disable=None if run.progress and rank == 0 else True)   # None: on a terminal only
     started = time.time()
+    # What `state` holds here (built by execute, section 6, or read back by resume_from, section 8; every
+    # key goes into checkpoint.pt whole, so a resumed run goes on from the same numbers):
+    #   round          the last round finished, 0 before the first: the loop starts at round + 1
+    #   step           optimizer steps done over all rounds (the bar's position)
+    #   history        one entry a round: {"epoch" or "iter": n, "train_loss", "lr"}, plus the setup's
+    #                  evaluate() metrics every eval_every rounds; result.json's "history" is this list
+    #   train_seconds  seconds spent in steps alone, evaluations left out: final's throughput
+    #   samples        training examples this rank has stepped on (final's images or tokens a second)
+    #   threads        the torch CPU threads the run trains with (a resumed run keeps its checkpoint's)
+    #   before         picture() of the prior before training (section 6): {"attn", "bias"[, "centre"]}
+    #   partial        only in a run resumed inside a round a signal cut: {"round", "done": its steps
+    #                  taken, "losses": theirs, "rngs": the random states at the round's start}; the loop
+    #                  pops it and replays the round up to where it was cut
     for r in range(state["round"] + 1, exp.rounds + 1):
         if "partial" in state:                         # resumed inside round r: skip its done steps
             batches, losses, round_start = replay(exp, r, state.pop("partial"), device)
         else:                                          # the random states before exp.batches, which may
             round_start = rng_states(exp, device)      # seed: a round cut later is replayed from them
+            # -> the setup's batches (section 4): encoder_experiment's shuffled epoch, lm_setup's random
+            # windows, vision_setup's loader
             batches, losses = iter(exp.batches(r)), []
         for batch in batches:
             step_start = time.time()
+            # -> the setup's loss_of (section 4), e.g. boolean_setup's MSE of the CLS readout. net is
+            # exp.model itself, or its DDP (torchrun) or torch.compile wrapper (execute, section 6).
             loss = exp.loss_of(net, batch)             # forward: the family's training loss
             if agreed([not torch.isfinite(loss.detach())], world, device)[0]:    # on any rank
                 raise Diverged(f"loss became {loss.item()} at step {state['step'] + 1} ({exp.unit} {r})")
@@ -613,6 +799,7 @@ def train(run, exp, net, state, place, stop):
         state["history"].append(entry)
         evaluated = r % exp.eval_every == 0 or r == exp.rounds
         if evaluated:
+            # -> the setup's evaluate (section 4); every rank evaluates, rank 0 prints
             entry.update(exp.evaluate())               # e.g. Table 1's accuracy on the whole cube
             # A line a log keeps, above the bar: "majority/mask/seed0 epoch 5/10: train loss 0.0123, test
             # acc (%) 87.5, 12 s" (seconds since this process began the run), in tasks.LABELS' words.
@@ -623,6 +810,8 @@ def train(run, exp, net, state, place, stop):
                           f"{tasks.fmt(entry['train_loss'])}, {label} {tasks.fmt(entry.get(key))}, "
                           f"{time.time() - started:.0f} s")
                 sys.stdout.flush()
+        # The round is done; a checkpoint after every evaluation (and at a signal) is where --resume
+        # picks up.
         state["round"] = r
         signum = agreed([stop.signal or 0], world, device)[0]          # a signal since the last step
         if evaluated or signum:
@@ -634,9 +823,9 @@ def train(run, exp, net, state, place, stop):
     bar.close()
 
 def replay(exp, r, cut, device):
-    """A round a signal cut (a checkpoint's "partial"): drawn again from the random states at its start,
-    its done batches skipped, the states of now put back; (batches left, their losses, the round's start).
-    A resumed run repeats the uninterrupted one exactly."""
+    """Resume inside a round (signals, --resume): a round a signal cut (a checkpoint's "partial"), drawn
+    again from the random states at its start, its done batches skipped, the states of now put back;
+    (batches left, their losses, the round's start). A resumed run repeats the uninterrupted one exactly."""
     now = rng_states(exp, device)
     set_rng_states(exp, device, cut["rngs"])
     batches = iter(exp.batches(r))
@@ -646,8 +835,8 @@ def replay(exp, r, cut, device):
     return batches, list(cut["losses"]), cut["rngs"]
 
 def keep_checkpoint(run, exp, state, place, cut=None):
-    """checkpoint.pt of this step (rank 0 writes): weights, optimizer, schedule, every rank's random states,
-    state; cut: a round a signal cut after cut["done"] steps."""
+    """Resume: checkpoint.pt of this step (rank 0 writes): weights, optimizer, schedule, every rank's
+    random states, state; cut: a round a signal cut after cut["done"] steps."""
     device, rank, world = place
     rngs = gather(rng_states(exp, device), world)
     if rank == 0:
@@ -659,20 +848,31 @@ def keep_checkpoint(run, exp, state, place, cut=None):
         dist.barrier()
 
 def position(unit, r, step):
-    """Where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for language."""
+    """Messages (signals, resume): where a run is, in words: "epoch 3 (step 34)", or "iteration 37" for
+    language."""
     return f"iteration {step}" if unit == "iter" else f"epoch {r} (step {step})"
 
 # === 6. One run: the prior before, training, the prior after (Section 6.1), result.json ============
+# Section 6.1 asks whether a prior persists: "mask-based priors are more persistent during optimization",
+# where QK initializations "quickly forget the imposed prior" (Section 5.1), as Figure "Comparison of
+# attention patterns before and after training" shows for one head. So every run measures where its
+# attention goes twice, on the same probe inputs: once as initialised and once after training. The two
+# snapshots give result.json's persistence numbers beside the task's own (Tables 1-3, 6) and the pictures
+# in attention.svg. A run ends in one result.json, written atomically once training ends (or diverges).
 def execute(run, data, place, stop):
     """Build the run's experiment, snapshot its attention (before), train, snapshot (after), write
     result.json and the pictures to run.folder. Under torchrun rank 0 writes; the others return None."""
     device, rank, world = place
     torch.manual_seed(run.seed)                 # the same initial weights on every rank
+    # -> the family's setup, section 4 (for --task majority: boolean_setup): model, prior, optimizer, data
     exp = FAMILIES[run.family]["setup"](run, data, place)
     net = DDP(exp.model) if world > 1 else exp.model   # torchrun: gradients averaged over ranks
     net = torch.compile(net) if run.compile else net
+    # The loop's state, every key of which train (section 5) declares; "before" is added below.
     state = {"round": 0, "step": 0, "history": [], "train_seconds": 0.0, "samples": 0, "threads": run.threads}
     resumed_at = None                           # where a resumed run picks up: its epoch, or iteration
+    # --resume (-> resume_from, section 8) puts the checkpoint's weights, optimizer, schedule and random
+    # states into exp and returns its state, "before" included: the snapshot is never taken twice.
     if run.resume and (not run.grid or os.path.exists(run.checkpoint)):   # a grid: runs with one
         state = resume_from(run.checkpoint, run.meta(world), exp, place)    # weights, optimizer, RNG, state
         resumed_at = state["step"] if exp.unit == "iter" else state["round"]
@@ -690,13 +890,16 @@ def execute(run, data, place, stop):
                   file=sys.stderr)
     else:                                       # the prior as initialised: Section 6.1's "before"
         os.makedirs(run.folder, exist_ok=True)
-        state["before"] = picture(run, exp, place, {}, "before")
+        state["before"] = picture(run, exp, place, {}, "before")        # -> picture, below
     torch.set_num_threads(state["threads"])
     # What the flags changed of the preset, {setting: [this run's, the preset's]}: table.md says it
     # beside the paper's numbers, which describe the preset.
     preset = {**FAMILIES[run.family]["presets"][run.config["preset"]],
               **TASK_PRESETS.get((run.family, run.config["preset"]), {}).get(run.task, {})}
     changes = {key: [run.config[key], value] for key, value in preset.items() if run.config.get(key, value) != value}
+    # result.json: which run (task, init, seed, config, the data's fingerprint), where it ran, what the
+    # setup adds (exp.info, e.g. init_seconds); "final" stays None and status "running" until training
+    # ends. history is state's own list, so it grows as the loop appends to it.
     result = {"task": run.task, "init": run.init, "seed": run.seed, "config": run.config,
               "device": str(device), "threads": state["threads"], "data_dir": data.get("root"),
               "preset_changes": changes, "mask_prior": run.init in MASK_PRIOR_INITS,
@@ -705,8 +908,8 @@ def execute(run, data, place, stop):
     start = time.time()
     stop.training = stop.trained = True         # a first signal now waits for the step's end
     try:
-        train(run, exp, net, state, place, stop)
-    except Diverged as err:
+        train(run, exp, net, state, place, stop)    # -> the loop, section 5
+    except Diverged as err:                     # a NaN loss: result.json says where; the command exits 1
         result.update(status="diverged", error=str(err), seconds=time.time() - start)
         if rank == 0:
             write_atomic(os.path.join(run.folder, "result.json"), json_text(result))
@@ -718,9 +921,16 @@ def execute(run, data, place, stop):
         stop.training = False
     if rank != 0:
         return None
+    # Section 6.1's measurement again, after training, and the numbers that compare the two
+    # (-> maskprior.persistence_fields, maskprior.py section 5): prior_mass_init / _final, the attention
+    # on the entries the pattern opens (1 = all of it), pattern_corr_*, the mean map's correlation with
+    # the pattern, and mask_drift, how far log sigmoid(s M) moved. With them the setup's own numbers
+    # (exp.final, section 4: for majority Table 1's loss and accuracy and the Fourier weights).
     after = picture(run, exp, place, {"before": state["before"]}, "after")   # does the prior persist?
     result["final"] = {**exp.final(state, world),
                        **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
+    # -> tasks.on_target (tasks.py section 1): fitted the seen points and >= 99.5 % of the cube right,
+    # i.e. on the target f, not on the MDI
     verdict = tasks.on_target(result)           # the Boolean tasks: fitted, and at the target's accuracy
     if verdict is not None:
         result["final"]["on_target"] = verdict
@@ -730,6 +940,8 @@ def execute(run, data, place, stop):
         result["not_finite"] = not_finite
         print(f"train.py: warning: {run.name}: not finite, stored as null: "
               f"{', '.join(f'{k} {v}' for k, v in not_finite.items())}", file=sys.stderr)
+    # -> write_atomic and json_text (section 8); the run's line in tasks.py's words (tasks.summary_line,
+    # tasks.py section 5), then the last line of a one-run command
     write_atomic(os.path.join(run.folder, "result.json"), json_text(result))
     print(tasks.summary_line(result), flush=True)
     if not run.grid:                            # the last line: every file the run wrote
@@ -742,6 +954,12 @@ def picture(run, exp, place, snapshots, when):
     maps on the probe inputs and the mask bias log sigmoid(s M), both (L, H, N, N) or None, a ViT's centre
     patch on the first probe. Rank 0 writes it to attention_<when>.pt, and attention.svg of every
     snapshot so far (tasks.attention_figure)."""
+    # The two quantities of Section 6.1: where attention goes, each layer's and head's map averaged over
+    # the probe inputs (maskprior.mean_attention, maskprior.py section 5), and the prior itself, the
+    # bias log sigmoid(s M) that M adds (None without M). Figure "Comparison of attention patterns before
+    # and after training" draws the first, Figures "Initial mask logits" and "Relative mask bias before
+    # and after training" the second. A ViT also keeps the centre patch's row on one image as a 2-D map
+    # (Appendix "Attention Map For Image Classification").
     probe, model, device = exp.probe, exp.model, place.device
     attn = None if probe is None else maskprior.mean_attention(model, probe, device, exp.probe_batch)
     snapshots[when] = {"attn": attn, "bias": maskprior.mask_biases(model)}
@@ -756,10 +974,12 @@ def picture(run, exp, place, snapshots, when):
     return snapshots[when]
 
 # === 7. The command line: the flags, the runs they ask for, a grid; main ============================
-# The flags whose values a grid sweeps, by config key; each value given twice runs once.
+# Grids: the flags whose values a grid sweeps, by config key; each value given twice runs once.
 SWEEPS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_threshold")
 
-def build_parser():  # the command line in five groups, each list of choices printed once
+def build_parser():
+    """The command line: every flag, in five groups (what to run, the mask prior, overrides of the
+    preset, data, output and resume); each list of choices printed once in --help."""
     every_task = list(tasks.FAMILY_OF)
     p = Parser(prog="train.py", usage="python train.py [--task TASK ...] [--init INIT ...] [options]",
                description=__doc__.split("\n")[0], epilog=tasks.OWN_DATA_HELP,
@@ -831,8 +1051,9 @@ def build_parser():  # the command line in five groups, each list of choices pri
     return p
 
 def mask_edit(text):
-    """argparse type of --mask-error: "none" -> None (the exact prior); "KIND:P" -> "kind:p" with kind in
-    maskprior.EDIT_KINDS and 0 < p <= 1 (the float's own text: "moved:1" -> "moved:1.0")."""
+    """The command line, --mask-error (Appendix A.2's imperfect priors): its argparse type. "none" -> None (the
+    exact prior); "KIND:P" -> "kind:p" with kind in maskprior.EDIT_KINDS and 0 < p <= 1 (the float's own text:
+    "moved:1" -> "moved:1.0")."""
     if text == "none":
         return None
     kind, _, number = text.partition(":")
@@ -847,12 +1068,13 @@ def mask_edit(text):
     return f"{kind}:{fraction}"
 
 def plan(args):
-    """The runs a command asks for, one Run each: tasks x sweeps x inits x seeds, each value once (a value
-    given twice would train one run twice into one folder: a note on stderr). A sweep of --mask-magnitude
-    only acts on M (the other inits run once, at its first value), --mask-lr on a trained M."""
-    device = resolve_device(args.device)
+    """The command line -> runs, and grids: the runs a command asks for, one Run each: tasks x sweeps x inits x
+    seeds, each value once (a value given twice would train one run twice into one folder: a note on stderr). A
+    sweep of --mask-magnitude only acts on M (the other inits run once, at its first value), --mask-lr on a
+    trained M."""
+    device = resolve_device(args.device)        # -> section 8, the machine
     task_names = list(tasks.BOOLEAN_TASKS) if "all" in args.task else args.task
-    family = check_args(args, task_names)
+    family = check_args(args, task_names)       # -> below: every refusal comes before anything is built
     axes = {"task": task_names, "init": args.init, "seeds": args.seeds,
             **{key: getattr(args, key) for key in SWEEPS}}
     if args.mask_from is not None and not axes["mask_threshold"]:
@@ -884,6 +1106,8 @@ def plan(args):
     workers = args.workers
     if workers is None:                         # vision's loader processes: 8 beside a GPU, else none
         workers = 8 if device.type == "cuda" else 0
+    # One Run (section 3) a cell, its config merged once by make_config (below); a single run's folder is
+    # runs/<name> (majority with the mask init: runs/majority-mask-seed0), a grid's cells sit under one root.
     runs = []
     for task, init, seed, settings in cells:
         name = folder_name(task, init, seed, settings, args)
@@ -898,8 +1122,8 @@ def plan(args):
     return runs
 
 def folder_name(task, init, seed, settings, args):
-    """A run's folder: <task>-<init>-seed<seed>, then each setting the command gave (defaults unnamed):
-    -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>, -mlr<lr>, -from-<run>-tau<TAU>."""
+    """Output folders: a run's folder name, <task>-<init>-seed<seed>, then each setting the command gave
+    (defaults unnamed): -frac<f>, -<mask variant>, -A<A>, -wd<W>, -err-<kind><p>, -mlr<lr>, -from-<run>-tau<TAU>."""
     parts = [f"{task}-{init}-seed{seed}"]
     if settings["train_frac"]:
         parts.append(f"frac{settings['train_frac']:g}")
@@ -920,8 +1144,8 @@ def folder_name(task, init, seed, settings, args):
     return "-".join(parts)
 
 def check_args(args, task_names):
-    """One family per command; the flags it takes (its preset's keys and FAMILIES' "takes") and its inits.
-    Returns the family."""
+    """Bad input as one line (exit 2), before anything is built or written: one family per command; the flags it
+    takes (its preset's keys and FAMILIES' "takes") and its inits. Returns the family."""
     families = {tasks.FAMILY_OF[t] for t in task_names}
     if len(families) > 1:
         raise UsageError(f"--task: {' and '.join(sorted(families))} tasks cannot share one grid")
@@ -975,8 +1199,8 @@ def check_args(args, task_names):
     return family
 
 def make_config(family, task, settings, args):
-    """A run's config (result.json's "config"), merged once: the preset, its per-task changes, the flags
-    given (--dim also sets the MLP's width and the heads' share), the run's swept settings, then derived
+    """Settings: a run's config (result.json's "config"), merged once: the preset, its per-task changes, the
+    flags given (--dim also sets the MLP's width and the heads' share), the run's swept settings, then derived
     keys. Checks what only the whole config can tell."""
     config = {**FAMILIES[family]["presets"][args.preset],
               **TASK_PRESETS.get((family, args.preset), {}).get(task, {})}
@@ -1030,8 +1254,10 @@ def make_config(family, task, settings, args):
     return config
 
 def train_all(args, stop):
-    """Every run of the command, each in its locked folder, then a grid's tables (the grid's folder locked
-    too). Every run's config, data and folder are checked before the first one trains."""
+    """One command, from its runs to its tables: every run of the command, each in its locked folder, then a
+    grid's tables (the grid's folder locked too). Every run's config, data and folder are checked before the
+    first one trains."""
+    # -> plan (above): the flags become Runs, one per cell of the grid (section 3's record)
     runs = plan(args)
     device, grid = runs[0].device, runs[0].grid
     root = args.out or "runs/grid"
@@ -1039,7 +1265,7 @@ def train_all(args, stop):
     for run in runs:
         if FAMILIES[run.family]["files"]:          # files: read (and checked) before any run starts
             load_data(run)
-        check_fits(run.family, run.config)
+        check_fits(run.family, run.config)         # -> section 8, the machine's memory
         if writer:                                 # torchrun: rank 0 locks and writes, and checks
             check_folder(run.folder, run)
     if grid and writer:
@@ -1058,6 +1284,8 @@ def train_all(args, stop):
     with folder_lock(root) if grid and writer else contextlib.nullcontext():   # until its tables are written
         for run in runs:
             run.threads = threads
+            # -> load_data (section 4) -> tasks.py's loader (majority: tasks.boolean_dataset, section 1),
+            # read once per command; its fingerprint (section 8) goes into checkpoint.pt and result.json
             data = load_data(run)
             run.fingerprint = data_fingerprint(data)
             if run.resume and not grid and not os.path.isdir(run.folder):
@@ -1067,7 +1295,7 @@ def train_all(args, stop):
                     result = run.resume and run.finished()   # a finished run is left as it is, every file
                     if result and not grid:
                         print(f"{run.name}: already finished, nothing to resume; {run.folder} is left as it was")
-                    elif not result:
+                    elif not result:                 # -> execute, section 6: the run itself
                         with subnormals_flushed(device):
                             result = execute(run, data, distributed_setup(device), stop)
             except Diverged as err:
@@ -1090,8 +1318,9 @@ def train_all(args, stop):
     return 1 if failed else 0
 
 def write_tables(root, results, grid=False):
-    """table.md under root (printed too), curves.svg and the SVG figures of the sweeps it holds; a grid's
-    (grid) also grid.json, its runs' result.json in one list. The last line names every file written."""
+    """Reports (a grid's end, --summarize): table.md under root (printed too), curves.svg and the SVG figures of
+    the sweeps it holds; a grid's (grid) also grid.json, its runs' result.json in one list. The last line names
+    every file written."""
     text, figures = tasks.result_tables(results, list(INITS))
     files = {"grid.json": json_text(results)} if grid else {}
     files.update({"table.md": text, **figures})
@@ -1104,8 +1333,8 @@ def write_tables(root, results, grid=False):
     print(f"\n{text}\nwrote {', '.join(files)} in {root}")
 
 def summarize(root):
-    """--summarize DIR: the tables of every run below DIR; a run found twice (a copied folder) counts
-    once. Exit 1 when a damaged result.json was skipped, 2 when nothing could be read."""
+    """Reports without training (--summarize DIR): the tables of every run below DIR; a run found twice (a
+    copied folder) counts once. Exit 1 when a damaged result.json was skipped, 2 when nothing could be read."""
     if not os.path.isdir(root):
         raise UsageError(f"--summarize {root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
     paths = [os.path.join(folder, "result.json") for folder, _, files in sorted(os.walk(root))
@@ -1128,8 +1357,9 @@ def summarize(root):
     return 0 if len(readable) == len(paths) else 1
 
 def main(argv=None):
-    """Exit 0; 1 when a run diverged or a write failed mid-run; 2 for bad input or an output folder that
-    cannot be made, written or locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
+    """The entry point (python train.py ...; the path of one run starts here) and its exit codes: 0; 1 when a
+    run diverged or a write failed mid-run; 2 for bad input or an output folder that cannot be made, written or
+    locked; 130 / 143 on SIGINT / SIGTERM; each failure one line on stderr."""
     stop = Stop()
     tasks.forget_data()                                # each command reads its files afresh
     if hasattr(sys.stdout, "reconfigure"):             # a path that is not UTF-8 prints, escaped
@@ -1138,6 +1368,7 @@ def main(argv=None):
     handlers = {}
     if threading.current_thread() is threading.main_thread():   # only it may set signal handlers
         handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    # -> train_all (above), where the path of one run goes on; the module docstring follows it to the end.
     args = None
     try:
         args = build_parser().parse_args(argv)
@@ -1165,20 +1396,21 @@ def main(argv=None):
 # === 8. The machinery: what makes a run safe to stop, resume, compare and share ====================
 # --- Errors: each is one line on stderr (main) ------------------------------------------------------
 class UsageError(Exception):
-    """Bad input from the user: one line on stderr, exit code 2."""
+    """Errors: bad input from the user (a flag, a folder, data): one line on stderr, exit code 2."""
 
-class Diverged(Exception):  # the training loss became NaN or infinite
-    pass
+class Diverged(Exception):
+    """Errors: the training loss became NaN or infinite (the loop's check, on any rank): result.json says
+    "diverged", a grid goes on with its next run, the command exits 1."""
 
 class WriteError(Exception):
-    """A file the run could not write (disk full, read-only, ...): the path and the OS's reason; exit 1.
-    advice: what is kept on disk, and what to do (kept())."""
+    """Errors, atomic writes: a file the run could not write (disk full, read-only, ...): the path and the OS's
+    reason; exit 1. advice: what is kept on disk, and what to do (kept())."""
     def __init__(self, path, err):
         super().__init__(f"cannot write {path}: {err.strerror or err}")
         self.advice = "no checkpoint was written, nothing to resume: rerun without --resume"
 
 class Interrupted(BaseException):
-    """SIGINT / SIGTERM: main exits 128 + its number with one line; a BaseException, so no `except
+    """Signals: SIGINT / SIGTERM; main exits 128 + its number with one line; a BaseException, so no `except
     Exception` eats it. at: where the run was ("epoch 3 (step 34)"); advice: what is kept (kept())."""
     def __init__(self, signum, at=None):
         super().__init__(signum)
@@ -1190,7 +1422,7 @@ class Interrupted(BaseException):
         return f"interrupted {where}; {self.advice}"
 
 class Stop:
-    """The SIGINT / SIGTERM handler. While a run trains, a first signal only sets `signal` (the loop
+    """Signals: the SIGINT / SIGTERM handler. While a run trains, a first signal only sets `signal` (the loop
     checkpoints its step, then stops); else, or at a second one, Interrupted is raised at once."""
     def __init__(self):
         self.pid, self.signal, self.training = os.getpid(), None, False
@@ -1208,7 +1440,8 @@ class Stop:
 
 # --- Files: written atomically, strict JSON, read back with their fields checked --------------------
 def write_atomic(path, data):
-    """Bytes or text to path via a temporary file, fsync, rename: never half a file; OSError -> WriteError."""
+    """Atomic writes: bytes or text to path via a temporary file, fsync, rename: never half a file, even
+    when the process is killed mid-write; OSError -> WriteError."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -1224,8 +1457,8 @@ def write_atomic(path, data):
         raise
 
 def finite(obj, where=""):
-    """(obj with every NaN or infinite float replaced by None, {where: "inf", ...} of those replaced):
-    result.json stays strict JSON, which has no Infinity or NaN."""
+    """Strict JSON (result.json, grid.json), which has no Infinity or NaN: (obj with every NaN or infinite float
+    replaced by None, {where: "inf", ...} of those replaced)."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None, {where: str(obj)}
     if not isinstance(obj, (dict, list)):
@@ -1237,17 +1470,20 @@ def finite(obj, where=""):
         bad.update(more)
     return (clean if isinstance(obj, dict) else list(clean.values())), bad
 
-def json_text(obj):               # strict JSON (no Infinity, NaN): what result.json and grid.json hold
+def json_text(obj):
+    """Strict JSON: the text of result.json and grid.json (JSON has no Infinity or NaN)."""
     return json.dumps(finite(obj)[0], indent=2, allow_nan=False) + "\n"
 
-def save_checkpoint(path, state):  # torch.save through write_atomic: never half a checkpoint
+def save_checkpoint(path, state):
+    """Atomic writes: torch.save through write_atomic, never half a checkpoint.pt or attention_*.pt."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     write_atomic(path, buffer.getvalue())
 
 def read_result(path, warn=True):
-    """A result.json as a dict, or None (with a warning naming it and the field, if warn) if it is
-    damaged or hand-edited into something the tables cannot read."""
+    """Reading results back (--summarize, --resume, --mask-from): a result.json as a dict, or None (with a
+    warning naming it and the field, if warn) if it is damaged or hand-edited into something the tables cannot
+    read."""
     try:
         with open(path, encoding="utf-8") as f:
             result = json.load(f)
@@ -1294,14 +1530,15 @@ def read_result(path, warn=True):
         return None
 
 # --- One writer per folder: the lock, and what a folder may already hold ----------------------------
+# The folder lock and a run's last line: the files a run writes in its folder.
 RUN_FILES = ("result.json", "checkpoint.pt", "attention_before.pt", "attention_after.pt", "attention.svg")
 
 @contextlib.contextmanager
 def folder_lock(folder):
-    """One writer per run folder: a flock on folder/.lock (holding the pid; the OS drops it when the process
-    ends, kill -9 too); else UsageError. Once locked, the temporary files of a writer killed mid-write
-    (write_atomic's <name>.tmp<pid>) are removed. At the end .lock goes, and the folder if the lock made
-    it and it stayed empty."""
+    """The folder lock: one writer per run folder, a flock on folder/.lock (holding the pid; the OS drops it
+    when the process ends, kill -9 too); else UsageError. Once locked, the temporary files of a writer killed
+    mid-write (write_atomic's <name>.tmp<pid>) are removed. At the end .lock goes, and the folder if the lock
+    made it and it stayed empty."""
     path, fd, made = os.path.join(folder, ".lock"), None, not os.path.isdir(folder)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -1337,9 +1574,10 @@ def folder_lock(folder):
         os.close(fd)
 
 def check_folder(folder, run=None):
-    """Before anything is written, one run per folder: UsageError when a live run holds folder's lock
-    (probed, not taken), or folder holds another thing: for a grid's root (run None) a run's files; for a
-    run a grid, or another run's files (with --resume: files but its checkpoint or this finished run)."""
+    """The folder lock, checked before anything is written: one run per folder. UsageError when a live run holds
+    folder's lock (probed, not taken), or folder holds another thing: for a grid's root (run None) a run's
+    files; for a run a grid, or another run's files (with --resume: files but its checkpoint or this finished
+    run)."""
     with contextlib.suppress(OSError):  # no lock file (OSError on open): no run holds the folder
         fd = os.open(os.path.join(folder, ".lock"), os.O_RDONLY)
         try:
@@ -1372,7 +1610,7 @@ def check_folder(folder, run=None):
 
 # --- Checkpoints and --resume: the same flags, the same data, or one line ---------------------------
 def resume_from(checkpoint, meta, exp, place):
-    """checkpoint.pt loaded into exp after checking it is this run's (flags and data); returns its state
+    """Resume: checkpoint.pt loaded into exp after checking it is this run's (flags and data); returns its state
     (a round a signal cut in state["partial"], this rank's part of it)."""
     saved = load_checkpoint(checkpoint, meta)
     exp.model.load_state_dict(saved["model"])
@@ -1385,8 +1623,8 @@ def resume_from(checkpoint, meta, exp, place):
     return state
 
 def load_checkpoint(path, meta=None):
-    """The checkpoint at path, or UsageError: missing, unreadable, not train.py's, or (given the meta of
-    this run) another run's: other flags, or other data."""
+    """Resume, and what a stopped run keeps (Run.kept): the checkpoint at path, or UsageError: missing,
+    unreadable, not train.py's, or (given the meta of this run) another run's: other flags, or other data."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError:
@@ -1431,8 +1669,9 @@ def load_checkpoint(path, meta=None):
 # their content and their paths relative to the data folder (a copy elsewhere, or a touched file, is the
 # same data). tasks.py's loaders name what they read in data["sources"].
 def data_fingerprint(data):
-    """{part of the data: its digest}: {"train set": "sha256 ..."} of generated tensors; of files "sha256
-    ..." for one, {"files": 12, "bytes": 3456, "sha256": ...} for a list, None for none (no --bpe-file)."""
+    """Data fingerprints: {part of the data: its digest}: {"train set": "sha256 ..."} of generated tensors; of
+    files "sha256 ..." for one, {"files": 12, "bytes": 3456, "sha256": ...} for a list, None for none (no
+    --bpe-file)."""
     if "sources" not in data:           # Boolean, arithmetic
         parts = {"train set": "train", "eval set": "eval"}
         return {name: digest_of(data[f"x_{part}"], data[f"y_{part}"]) for name, part in parts.items()
@@ -1452,8 +1691,8 @@ def data_fingerprint(data):
     return fingerprint
 
 def digest_of(*sources):
-    """"sha256 <hex>" of tensors (their dtypes, shapes and bytes) or of one file's content (read in 1 MiB
-    pieces: a corpus can be gigabytes)."""
+    """Data fingerprints: "sha256 <hex>" of tensors (their dtypes, shapes and bytes) or of one file's content
+    (read in 1 MiB pieces: a corpus can be gigabytes)."""
     digest = hashlib.sha256()
     for source in sources:
         if isinstance(source, str):
@@ -1468,11 +1707,13 @@ def digest_of(*sources):
 
 # --- Random streams: every one a step draws from, kept by checkpoints --------------------------------
 def rng_states(exp, device):
-    """Every random stream a step draws from: torch's CPU one, exp's generators, CUDA's (dropout)."""
+    """Resume, exactly (checkpoints keep them): every random stream a step draws from: torch's CPU one, exp's
+    generators, CUDA's (dropout)."""
     states = [torch.get_rng_state(), *[g.get_state() for g in exp.generators]]
     return states + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
 
 def set_rng_states(exp, device, states):
+    """Resume, exactly: the streams rng_states took put back, in its order (CUDA's on a CUDA run only)."""
     torch.set_rng_state(states[0])
     for generator, state in zip(exp.generators, states[1:]):
         generator.set_state(state)
@@ -1480,6 +1721,7 @@ def set_rng_states(exp, device, states):
         torch.cuda.set_rng_state(states[-1], device)
 
 # --- torchrun: one process per GPU (or CPU process, gloo), gradients averaged by DDP ----------------
+# torchrun: where a process trains, its device, rank and the number of ranks ((device, 0, 1) alone).
 Place = namedtuple("Place", "device rank world")    # where a process trains (torchrun: its rank)
 
 def distributed_setup(device):
@@ -1494,14 +1736,15 @@ def distributed_setup(device):
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Place(device, dist.get_rank(), world)
 
-def gather(obj, world):  # every rank's obj as a list indexed by rank ([obj] without torchrun)
+def gather(obj, world):
+    """torchrun: every rank's obj as a list indexed by rank ([obj] without torchrun)."""
     out = [obj] * world
     if world > 1:
         dist.all_gather_object(out, obj)
     return out
 
 def agreed(values, world, device):
-    """Under torchrun each value's maximum over the ranks: all ranks raise Diverged, or stop, at once."""
+    """torchrun: each value's maximum over the ranks: all ranks raise Diverged, or stop, at once."""
     if world == 1:
         return values
     flags = torch.tensor([float(v) for v in values], device=device)
@@ -1510,6 +1753,7 @@ def agreed(values, world, device):
 
 # --- The machine: device, threads, subnormal floats, memory ------------------------------------------
 def resolve_device(name):
+    """The machine (--device): auto is CUDA when there is one; a device this machine lacks is one line."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -1523,9 +1767,9 @@ def resolve_device(name):
     return device
 
 def choose_threads(given, device):
-    """(torch CPU threads for new runs, how the first line says it): --threads, else the cores no other
-    job keeps busy, at least one: torch's threads spin against other jobs, and a run at the default
-    count on a busy machine can take many times as long."""
+    """The machine, threads on a shared machine: (torch CPU threads for new runs, how the first line says it):
+    --threads, else the cores no other job keeps busy, at least one: torch's threads spin against other jobs,
+    and a run at the default count on a busy machine can take many times as long."""
     if given:
         return given, f"{given} thread{'s' * (given > 1)} (--threads)"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -1547,8 +1791,8 @@ def choose_threads(given, device):
 
 @contextlib.contextmanager
 def subnormals_flushed(device):
-    """On the CPU, floats below 1.2e-38 read as zero while a run trains: attention where M shuts pairs, and
-    its gradients, are such subnormals, many times slower on x86 (tests/bench_denormal.py)."""
+    """The machine, speed on the CPU: floats below 1.2e-38 read as zero while a run trains: attention where M
+    shuts pairs, and its gradients, are such subnormals, many times slower on x86 (tests/bench_denormal.py)."""
     was_on = (torch.tensor([torch.finfo(torch.float32).tiny]) / 4).item() == 0   # torch has no getter
     torch.set_flush_denormal(was_on or device.type == "cpu")
     try:
@@ -1557,7 +1801,8 @@ def subnormals_flushed(device):
         torch.set_flush_denormal(was_on)
 
 def check_fits(family, config):
-    """Refuse, before allocating, a model whose weights, Adam state and attention maps exceed the RAM."""
+    """The machine, memory: refuse, before allocating, a model whose weights, Adam state and attention maps
+    exceed the RAM."""
     L, H, D, B = (config[key] for key in ("layers", "heads", "dim", "batch_size"))
     longest_sum = 2 * tasks.OPERAND_DIGITS + max(tasks.ARITHMETIC_TASKS.values())   # operands, answer slots
     N = {"boolean": tasks.BOOLEAN_DIM + 1, "arithmetic": longest_sum, "language": config.get("block_size"),
@@ -1579,14 +1824,16 @@ def check_fits(family, config):
 
 # --- Flag types: one line for a bad value, never a traceback ----------------------------------------
 class Parser(argparse.ArgumentParser):
+    """Flags: argparse whose errors are one line (UsageError, exit 2)."""
     def error(self, message):  # argparse prints the whole usage block; one line is enough
         raise UsageError(message)
 
+# Flags: the largest value a float setting may take (number, make_config).
 FLOAT32_MAX = torch.finfo(torch.float32).max     # 3.4e38: a setting past it is inf inside the model
 
 def number(kind, strict=True, words=()):
-    """argparse type: kind(text) > 0 (>= 0 when not strict), finite in float32 (a whole number below 2^63),
-    or one of words (--eval-size all)."""
+    """Flags, one line for a bad value: the argparse type kind(text) > 0 (>= 0 when not strict), finite in
+    float32 (a whole number below 2^63), or one of words (--eval-size all)."""
     def parse(text):
         if text in words:
             return text
