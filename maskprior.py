@@ -496,8 +496,8 @@ def mask_addition(depth, heads):
     """Addition: c_k = (a_k + b_k + carry_k) mod 10, carry_k from column k - 1; K = 4 answer slots.
     Shared: a_i <-> b_i (the aligned column, Principle 1). Column k holds the pair (k, k) (none for
     the last slot, the final carry). Role 3 reads its column again, so two heads carry the
-    digit-wise sum. With these four roles the mask model learns addition from 0.4 % of the pairs
-    (Section 5.2)."""
+    digit-wise sum. These are the roles Appendix "Design of Mask Pattern" names for addition (the
+    aligned digits, the carry); Table 2's 0.4 % column is where they are meant to pay."""
     aligned = [(i, 3 + i) for i in range(3)] + [(3 + i, i) for i in range(3)]
     columns = [[(0, 0)], [(1, 1)], [(2, 2)], []]           # the digit pair (i, j) of each c_k
     return _arithmetic_mask(depth, heads, aligned, columns, [(column, []) for column in columns])

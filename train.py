@@ -10,11 +10,11 @@
 Read top to bottom beside the paper:
   1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu").
   2. Inits: the rows of Table 1 and of the vision and language tables.
-  3. A run's settings: ONE record (`Run`) from the command line to the run.
+  3. An experiment: the ONE record (`Experiment`) every family's setup builds for the loop.
   4. The experiment of each family: its model with the prior, optimizer, batches, loss and evaluation.
   5. THE training loop (`train`), the same for every family, every step in view.
   6. One run: the prior before, training, the prior after (Section 6.1), result.json.
-  7. The command line: the flags, the runs they ask for (`plan`), a grid, `main`.
+  7. The command line: the flags, ONE record per run (`Run`), the runs they ask for (`plan`), a grid, `main`.
   8. The machinery behind it: errors, atomic files, the folder lock, checkpoints, data fingerprints,
      signals, torchrun, the machine.
 Uses maskprior.py (models, masks, QK baselines) and tasks.py (data, metrics, tables).
@@ -23,7 +23,7 @@ The experiment itself is met in sections 4-6: a family's setup (boolean_setup: T
 model with its prior, the loop trains it, execute measures the prior before and after. Sections 7-8
 only get a run there and keep it safe; each of their definitions says first what it is for. One run,
 followed (python train.py --task majority --init mask; comments marked "->" say where a call goes):
-  main, train_all (7) -> plan, make_config (7): one Run (3) -> load_data (4) -> tasks.boolean_dataset
+  main, train_all (7) -> plan, make_config (7): one Run (7) -> load_data (4) -> tasks.boolean_dataset
   -> execute (6) -> boolean_setup (4): maskprior.boolean_mask, prior, build_encoder, encoder_experiment
   -> picture "before" (6) -> train (5), calling the setup's batches and loss_of (4) -> picture "after",
   persistence_fields, result.json (6); its last line names the files the run wrote.
@@ -173,81 +173,7 @@ MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask"
 TRAINED_MASK_INITS = tuple(i for i, (mode, _) in INITS.items() if mode in ("learnable", "hadamard"))
 TIMM_INITS = ("default", "mask", "mask-fixed")  # --model timm: its ViT as is, or M by add_mask_prior
 
-# === 3. A run's settings ========================================================================
-@dataclass
-class Run:
-    """One run of a command (a cell of its grid), everything it needs in one record, as nanoGPT keeps its
-    settings in one place; plan() builds it from the command line. config is what the paper's setup tables
-    set and what result.json records: the preset, the task's changes to it and the flags given, merged once
-    (make_config). The other fields say where the run reads and writes and how the machine runs it; they
-    leave its numbers alone (threads: up to their last digits)."""
-    # Which run: result.json's task, init, seed and config, and the folder it writes
-    family: str                        # boolean, arithmetic, language or vision (FAMILIES)
-    task: str
-    init: str
-    seed: int
-    config: dict
-    folder: str                        # result.json, checkpoint.pt and the pictures go here
-    # How --resume treats it
-    grid: bool = False                 # one cell of a grid: --resume continues it only if it has a checkpoint
-    resume: bool = False               # --resume
-    # Where its data is read
-    data_dir: str = "data"             # where corpora and images are read (--data-dir)
-    bpe_file: Optional[str] = None     # GPT-2's ranks file (--bpe-file)
-    download: bool = False             # vision: fetch CIFAR (--download)
-    # How this machine runs it
-    workers: int = 0                   # vision: loader processes (8 beside a GPU, else 0)
-    compile: bool = False              # vision: torch.compile (--compile)
-    progress: bool = True              # tqdm's bar, on a terminal
-    threads: int = 1                   # torch CPU threads (--threads, else the free cores)
-    threads_given: bool = False        # --threads was given (--resume otherwise keeps the checkpoint's)
-    device: torch.device = torch.device("cpu")   # --device (torchrun: each rank its own GPU)
-    # Set by train_all once the data is read (section 8: data fingerprints)
-    fingerprint: Optional[dict] = None  # the digest of its data (data_fingerprint), once it is read
-
-    @property
-    def name(self):
-        """"majority/mask/seed0": how the progress bar, the log lines and the messages name the run."""
-        return f"{self.task}/{self.init}/seed{self.seed}"
-
-    @property
-    def checkpoint(self):
-        """Where keep_checkpoint writes the run's state and --resume reads it back (section 8)."""
-        return os.path.join(self.folder, "checkpoint.pt")
-
-    def meta(self, world):
-        """Resume: what checkpoint.pt records of the run, for --resume to compare with the command that resumes."""
-        return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
-                "world_size": world, "data_fingerprint": self.fingerprint}
-
-    def finished(self):
-        """Resume (a finished run is left as it is): the folder's result.json if it is this very run (task,
-        init, seed, config, and data once read), done; else None."""
-        old = read_result(os.path.join(self.folder, "result.json"), warn=False)   # None: none, or damaged
-        if not old or old["status"] != "done":
-            return None
-        if [old["task"], old["init"], old["seed"], old["config"]] != [self.task, self.init, self.seed, self.config]:
-            return None
-        if self.fingerprint is not None and old.get("data_fingerprint") != self.fingerprint:
-            return None
-        return old
-
-    def kept(self):
-        """Signals and failed writes, the advice of the last line: what is on disk of a run that stopped,
-        and what to do: read from its folder."""
-        saved = None
-        with contextlib.suppress(UsageError):      # none, or damaged: as if there were none
-            saved = load_checkpoint(self.checkpoint)
-        if saved is not None:
-            state, cut = saved["state"], saved.get("partial")
-            unit = "iter" if self.family == "language" else "epoch"
-            at = position(unit, cut["round"] if cut else state["round"], state["step"])
-            return f"the checkpoint of {at} is kept in {self.folder}: rerun with --resume"
-        if self.grid:
-            return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
-        return "no checkpoint was written, nothing to resume: rerun without --resume"
-
-# === 4. The experiment of each family: its model with the prior, batches, loss and evaluation =======
+# === 3. An experiment: what each family's setup builds for the loop ==============================
 # The paper runs four families of experiments (Sections 5.1-5.3 and Appendix "Wiki-text and Tiny-stories"),
 # each with its own model, data, loss and metrics but the same shape of training: minibatch steps, an
 # evaluation now and then, the prior measured before and after. So each family has a setup function
@@ -275,6 +201,7 @@ class Experiment:
     generators: tuple = ()             # random streams besides torch's own, kept by checkpoints
     info: dict = field(default_factory=dict)  # further result.json fields (init_seconds: QK init)
 
+# === 4. The experiment of each family: its model with the prior, batches, loss and evaluation =======
 # --- Boolean GOTU (Section 5.1, Table 1): train on the seen points, test on the whole cube -----------
 def boolean_setup(run, data, place):
     """Section 5.1 as one experiment: the GOTU encoder over 15 bits and a CLS token, the task's pattern
@@ -974,6 +901,79 @@ def picture(run, exp, place, snapshots, when):
     return snapshots[when]
 
 # === 7. The command line: the flags, the runs they ask for, a grid; main ============================
+@dataclass
+class Run:
+    """One run of a command (a cell of its grid), everything it needs in one record, as nanoGPT keeps its
+    settings in one place; plan() builds it from the command line. config is what the paper's setup tables
+    set and what result.json records: the preset, the task's changes to it and the flags given, merged once
+    (make_config). The other fields say where the run reads and writes and how the machine runs it; they
+    leave its numbers alone (threads: up to their last digits)."""
+    # Which run: result.json's task, init, seed and config, and the folder it writes
+    family: str                        # boolean, arithmetic, language or vision (FAMILIES)
+    task: str
+    init: str
+    seed: int
+    config: dict
+    folder: str                        # result.json, checkpoint.pt and the pictures go here
+    # How --resume treats it
+    grid: bool = False                 # one cell of a grid: --resume continues it only if it has a checkpoint
+    resume: bool = False               # --resume
+    # Where its data is read
+    data_dir: str = "data"             # where corpora and images are read (--data-dir)
+    bpe_file: Optional[str] = None     # GPT-2's ranks file (--bpe-file)
+    download: bool = False             # vision: fetch CIFAR (--download)
+    # How this machine runs it
+    workers: int = 0                   # vision: loader processes (8 beside a GPU, else 0)
+    compile: bool = False              # vision: torch.compile (--compile)
+    progress: bool = True              # tqdm's bar, on a terminal
+    threads: int = 1                   # torch CPU threads (--threads, else the free cores)
+    threads_given: bool = False        # --threads was given (--resume otherwise keeps the checkpoint's)
+    device: torch.device = torch.device("cpu")   # --device (torchrun: each rank its own GPU)
+    # Set by train_all once the data is read (section 8: data fingerprints)
+    fingerprint: Optional[dict] = None  # the digest of its data (data_fingerprint), once it is read
+
+    @property
+    def name(self):
+        """"majority/mask/seed0": how the progress bar, the log lines and the messages name the run."""
+        return f"{self.task}/{self.init}/seed{self.seed}"
+
+    @property
+    def checkpoint(self):
+        """Where keep_checkpoint writes the run's state and --resume reads it back (section 8)."""
+        return os.path.join(self.folder, "checkpoint.pt")
+
+    def meta(self, world):
+        """Resume: what checkpoint.pt records of the run, for --resume to compare with the command that resumes."""
+        return {"task": self.task, "init": self.init, "seed": self.seed, "config": self.config,
+                "world_size": world, "data_fingerprint": self.fingerprint}
+
+    def finished(self):
+        """Resume (a finished run is left as it is): the folder's result.json if it is this very run (task,
+        init, seed, config, and data once read), done; else None."""
+        old = read_result(os.path.join(self.folder, "result.json"), warn=False)   # None: none, or damaged
+        if not old or old["status"] != "done":
+            return None
+        if [old["task"], old["init"], old["seed"], old["config"]] != [self.task, self.init, self.seed, self.config]:
+            return None
+        if self.fingerprint is not None and old.get("data_fingerprint") != self.fingerprint:
+            return None
+        return old
+
+    def kept(self):
+        """Signals and failed writes, the advice of the last line: what is on disk of a run that stopped,
+        and what to do: read from its folder."""
+        saved = None
+        with contextlib.suppress(UsageError):      # none, or damaged: as if there were none
+            saved = load_checkpoint(self.checkpoint)
+        if saved is not None:
+            state, cut = saved["state"], saved.get("partial")
+            unit = "iter" if self.family == "language" else "epoch"
+            at = position(unit, cut["round"] if cut else state["round"], state["step"])
+            return f"the checkpoint of {at} is kept in {self.folder}: rerun with --resume"
+        if self.grid:
+            return f"{self.folder} has no checkpoint yet and starts over: rerun with --resume"
+        return "no checkpoint was written, nothing to resume: rerun without --resume"
+
 # Grids: the flags whose values a grid sweeps, by config key; each value given twice runs once.
 SWEEPS = ("train_frac", "mask_magnitude", "mask_decay", "mask_error", "mask_lr", "mask_threshold")
 
@@ -1106,7 +1106,7 @@ def plan(args):
     workers = args.workers
     if workers is None:                         # vision's loader processes: 8 beside a GPU, else none
         workers = 8 if device.type == "cuda" else 0
-    # One Run (section 3) a cell, its config merged once by make_config (below); a single run's folder is
+    # One Run (above) a cell, its config merged once by make_config (below); a single run's folder is
     # runs/<name> (majority with the mask init: runs/majority-mask-seed0), a grid's cells sit under one root.
     runs = []
     for task, init, seed, settings in cells:
@@ -1257,7 +1257,7 @@ def train_all(args, stop):
     """One command, from its runs to its tables: every run of the command, each in its locked folder, then a
     grid's tables (the grid's folder locked too). Every run's config, data and folder are checked before the
     first one trains."""
-    # -> plan (above): the flags become Runs, one per cell of the grid (section 3's record)
+    # -> plan (above): the flags become Runs, one per cell of the grid (the Run record, above)
     runs = plan(args)
     device, grid = runs[0].device, runs[0].grid
     root = args.out or "runs/grid"
