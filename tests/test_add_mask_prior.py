@@ -254,12 +254,22 @@ def test_wrong_head_count_is_refused_at_call_time():
         maskprior.add_mask_prior(vit(), maskprior.impulse_mask(LAYERS, 3, 4))
 
 
-def test_wrong_sequence_length_is_refused_at_forward_time():
+@pytest.mark.parametrize("grid", [3, 5])
+def test_a_mask_for_another_grid_is_refused_at_forward_time(grid):
+    """torchvision's ViT (CLS + 4 x 4 patches, N = 17) with the impulse mask of a 3 x 3 or a 5 x 5
+    grid: one ValueError naming the layer, the image's tokens (1 prefix token + 16 patches), M's N and
+    the impulse mask of this grid; the longer M's top-left block would give each patch another's prior."""
     model = vit()
-    maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, HEADS, 3))  # 10 x 10, N = 17
-    message = re.escape(FIRST_VIT_ATTENTION) + r".*\(2, 10, 10\).*at most 10.*got position 16"
+    n = grid * grid + 1
+    maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, HEADS, grid))
+    message = (re.escape(FIRST_VIT_ATTENTION) + r": an image layer takes exactly the N tokens its mask was built "
+               rf"for; got 17 = 1 prefix tokens \(.*\) \+ 16 patches, M \(2, {n}, {n}\) is for N = {n}: build M "
+               r"\(heads, 17, 17\) for this layout, for a 4 x 4 grid maskprior\.impulse_mask\(depth, heads, grid=4\)")
     with pytest.raises(ValueError, match=message):
         model(torch.randn(1, 3, 32, 32))
+
+
+def test_wrong_sequence_length_is_refused_at_forward_time():
     model = encoder(batch_first=False)
     maskprior.add_mask_prior(model, random_masks(LAYERS, HEADS, ENCODER_TOKENS))
     with pytest.raises(ValueError, match=r"layers\.0\.self_attn.*at most 6.*got position 6"):
