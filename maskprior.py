@@ -917,71 +917,59 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
         # builds CLS + grid x grid (Section 5.3); its rows and columns indexed by [0] * prefix + the
         # patches give every prefix token the class token's prior (a grid without CLS: prefix 0).
         grid = math.isqrt(max(largest + 1 - prefix, 0))
-        raise ValueError(f"{attn.mask_prior_name}: an image layer takes exactly the N tokens its mask was built for; "
-                         f"got {largest + 1} = {prefix} prefix tokens (class, distillation and register tokens of the "
+        raise ValueError(f"{attn.mask_prior_name}: an image layer takes the N tokens its mask was built for; got "
+                         f"{largest + 1} = {prefix} prefix tokens (class, distillation, register tokens in the "
                          f"patched module) + {largest + 1 - prefix} patches, M {tuple(mask.shape)} is for N = {size}: "
-                         f"build M (heads, {largest + 1}, {largest + 1}) for this layout, for a {grid} x {grid} grid "
-                         f"maskprior.impulse_mask(depth, heads, grid={grid})[..., i, :][..., i] with i = [0] * {prefix} + "
-                         f"list(range(1, {grid ** 2 + 1}))")
-    compiled = torch.compiler.is_compiling() and torch.is_tensor(largest)   # a graph cannot branch on data
-    if compiled or largest >= size:
-        message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
-                   f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
-        if not compiled:
-            raise ValueError(f"{message}, got position {int(largest)}")
+                         f"for a {grid} x {grid} grid M = maskprior.impulse_mask(depth, heads, {grid})[..., i, :][...,"
+                         f" i], i = [0] * {prefix} + list(range(1, {grid ** 2 + 1}))")
+    message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
+               f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
+    if torch.compiler.is_compiling():         # a compiled graph cannot branch on data: it asserts
         torch._assert_async(torch.as_tensor(largest < size), message)
+    elif largest >= size:
+        raise ValueError(f"{message}, got position {int(largest)}")
     if not isinstance(rows, slice):                                 # positions as data: M gathered
         heads = torch.arange(len(mask), device=mask.device)[:, None, None]                    # (H, 1, 1)
-        rows, cols = rows[:, None, :, None], cols.clamp(0, size - 1)[:, None, None, :]        # (B, 1, n, 1), (B, 1, 1, n_keys)
+        rows, cols = rows[:, None, :, None], cols.clamp(0, size - 1)[:, None, None, :]   # (B, 1, n, 1), (B, 1, 1, k)
         return F.logsigmoid(attn.mask_scale * mask[heads, rows, cols])                        # (B, H, n, n_keys)
     if mask.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
         bias = F.logsigmoid(attn.mask_scale * mask[None, :, rows, cols])                      # (1, H, n, n_keys)
     else:
-        version = (mask._version, mask.data_ptr(), torch.is_inference_mode_enabled())
-        if attn.mask_prior_table[0] != version:
-            attn.mask_prior_table = version, F.logsigmoid(attn.mask_scale * mask[None])       # (1, H, N, N)
+        if attn.mask_prior_table[0] != (key := (mask._version, mask.data_ptr(), torch.is_inference_mode_enabled())):
+            attn.mask_prior_table = key, F.logsigmoid(attn.mask_scale * mask[None])           # (1, H, N, N)
         bias = attn.mask_prior_table[1][:, :, rows, cols]                                     # (1, H, n, n_keys)
     future = torch.ones(bias.shape[-2:], dtype=torch.bool, device=bias.device).triu(1) if causal else None
     return bias if future is None else bias.masked_fill(future, float("-inf"))
 
 def _add_mask_prior_to_call(attn, args, kwargs):
-    """The nn.MultiheadAttention door (torchvision's ViT, nn.TransformerEncoder, nn.Transformer), its
-    forward pre-hook: attn_mask = log sigmoid(s M) + the caller's mask, (B * heads, N, N)."""
+    """The doors of the layers that take an additive float attn_mask, their forward pre-hook:
+    attn_mask = log sigmoid(s M) + the caller's mask. nn.MultiheadAttention (torchvision's ViT,
+    nn.TransformerEncoder, nn.Transformer) takes (B * heads, N, N), its is_causal a hint beside
+    attn_mask; timm's Attention (every timm ViT and DeiT; timm >= 1.0.16) takes (B, H, N, N) on both its
+    fused and its written-out path, and its is_causal goes into the bias (with it timm's written-out
+    path ignores attn_mask and its fused one, F.scaled_dot_product_attention, refuses both at once)."""
     call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
-    query, key = call["query"], call["key"]                     # (B, N, E), (N, B, E) or unbatched (N, E)
+    # timm's forward(x, attn_mask, is_causal); nn.MultiheadAttention's: (B, N, E), (N, B, E) or unbatched (N, E)
+    query, key = (call["x"], call["x"]) if (timm := "x" in call) else (call["query"], call["key"])
     batched = query.dim() == 3
-    n = query.shape[1 if batched and attn.batch_first else 0]
+    n = query.shape[1 if batched and (timm or attn.batch_first) else 0]
     if key is not query and not (key.shape == query.shape and torch.equal(key, query)):   # SigLIP's pooling
         raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got "
                          f"query {tuple(query.shape)} and key {tuple(key.shape)} from another sequence: "
                          f"patch the part of the model that holds its self-attention layers")
-    caller_mask = _as_logits(call.get("attn_mask"), query.dtype)            # (N, N), (B * H, N, N)
-    # is_causal is a hint beside attn_mask; alone, the causal -inf goes into the bias
-    causal = caller_mask is None and bool(call.get("is_causal"))
-    bias = _prior_bias(attn, slice(0, n), slice(0, n), n - 1, causal)[0].to(query.dtype)   # (H, N, N)
-    if batched:                   # row b * H + h: (B * H, N, N), the only per-head shape attn_mask takes
-        bias = bias.repeat(query.shape[0 if attn.batch_first else 1], 1, 1)
+    caller_mask = _as_logits(call.get("attn_mask"), query.dtype, blocked=not timm)   # (N, N), (B * H or B, ., N, N)
+    causal = (timm or caller_mask is None) and bool(call.get("is_causal"))   # alone, the causal -inf joins the bias
+    bias = _prior_bias(attn, slice(0, n), slice(0, n), n - 1, causal).to(query.dtype)      # (1, H, N, N)
+    if not timm:                  # row b * H + h: (B * H, N, N), the only per-head shape attn_mask takes
+        bias = bias[0].repeat(query.shape[0 if attn.batch_first else 1], 1, 1) if batched else bias[0]
+        call.update(key_padding_mask=_as_logits(call.get("key_padding_mask"), query.dtype))
+    bias = bias if caller_mask is None else bias + caller_mask
     # is_causal=False: with is_causal=True (and no padding mask, no weights asked for)
     # F.multi_head_attention_forward drops attn_mask and lets SDPA apply the causal mask alone; the
-    # causal -inf is in attn_mask. A Boolean key_padding_mask beside a float attn_mask draws a
+    # causal -inf is in attn_mask. timm's mask goes 4-D: the CPU's fused kernel takes it (a 3-D one
+    # goes to the slower math kernel). A Boolean key_padding_mask beside a float attn_mask draws a
     # deprecation warning: it goes as logits, the same values.
-    call.update(attn_mask=bias if caller_mask is None else bias + caller_mask, is_causal=False,   # (B * H, N, N)
-                key_padding_mask=_as_logits(call.get("key_padding_mask"), query.dtype))
-    return (), call
-
-def _add_mask_prior_to_timm_call(attn, args, kwargs):
-    """The timm door (every timm ViT and DeiT), Attention's forward pre-hook: attn_mask = log sigmoid(s M)
-    (+ the caller's mask), (B, H, N, N). is_causal goes into the bias and is passed as False: with
-    it timm's written-out path ignores attn_mask and its fused one (F.scaled_dot_product_attention)
-    refuses both at once."""
-    call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
-    x = call["x"]                                                           # (B, N, C)
-    n = x.shape[1]
-    bias = _prior_bias(attn, slice(0, n), slice(0, n), n - 1, bool(call.get("is_causal"))).to(x.dtype)
-    caller_mask = _as_logits(call.get("attn_mask"), x.dtype, blocked=False)  # (N, N), (B, 1 or H, N, N)
-    bias = bias if caller_mask is None else bias + caller_mask              # (1 or B, H, N, N)
-    # 4-D: the CPU's fused kernel takes it (a 3-D mask goes to the slower math kernel)
-    call.update(attn_mask=bias.expand(len(x), -1, -1, -1), is_causal=False)
+    call.update(attn_mask=bias.expand(len(query), -1, -1, -1) if timm else bias, is_causal=False)
     return (), call
 
 def _add_mask_prior_to_transformers_call(attn, args, kwargs):
@@ -1009,21 +997,19 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     cache = getattr(cache, "self_attention_cache", cache)                   # an encoder-decoder's
     first, (length, offset) = (0, (n, 0)) if cache is None else (   # the queries' first cache index, the keys'
         cache.get_query_offset(attn.layer_idx), cache.get_mask_sizes(n, attn.layer_idx))   # number and first index
-    positions = call.get("position_ids")
-    if positions is not None and (positions.dim() != 2 or positions.shape[-1] != n):   # (3, B, n): mRoPE's
-        positions = None
+    positions = call.get("position_ids")                                 # (B or 1, n), or mRoPE's (3, B, n)
+    positions = positions if positions is not None and positions.dim() == 2 and positions.shape[-1] == n else None
     if offset + length <= attn.mask.shape[-1] and (positions is None or not torch.compiler.is_compiling() and (
             positions.item() == first if positions.numel() == 1 else     # a cached token's step: one position
             torch.equal(positions, (torch.arange(n, device=device) + first).expand_as(positions)))):
-        first = int(first)
-        attn.mask_prior_bias = _prior_bias(attn, slice(first, first + n), slice(offset, offset + length), first + n - 1)
+        rows = slice(int(first), int(first) + n)
+        attn.mask_prior_bias = _prior_bias(attn, rows, slice(offset, offset + length), rows.stop - 1)
         return
     positions = torch.arange(n, device=device)[None] + first if positions is None else positions   # (B or 1, n)
-    keys = positions                                                        # no cache: the same tokens
-    if cache is not None:       # key k lies relative = k's cache index - first after the first query
-        relative = torch.arange(length, device=device) + offset - first     # (n_keys,)
-        inside = relative.clamp(0, n - 1)     # the new keys are the queries' tokens, at their positions
-        keys = positions[:, inside] + (relative - inside)                   # (B or 1, n_keys)
+    # key k lies relative = k's cache index - first after the first query (no cache: the queries)
+    relative = torch.arange(length, device=device) + offset - first         # (n_keys,)
+    inside = relative.clamp(0, n - 1)         # the new keys are the queries' tokens, at their positions
+    keys = positions[:, inside] + (relative - inside)                       # (B or 1, n_keys)
     # on the layer, not in the layer's attention_mask: some layers (VideoMAE's, transformers' ViT)
     # hand their attention function none; the function reads the bias and clears it, for one call
     attn.mask_prior_bias = _prior_bias(attn, positions, keys, positions.max())   # (B or 1, H, n, n_keys)
@@ -1046,26 +1032,22 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     bias = kwargs.pop("position_bias", None)                  # a family's own (LayoutLMv3's): both add
     if hasattr(module, "mask_prior_name"):
         prior, module.mask_prior_bias = module.mask_prior_bias, None            # (B or 1, H, n, n_keys)
-        if prior is None or prior.shape[-2:] != (query.shape[-2], key.shape[-2]):
-            raise ValueError(f"{module.mask_prior_name}: {query.shape[-2]} queries and {key.shape[-2]} keys, where the "
-                             f"layer's forward (whose positions and cache place them) gives "
-                             f"{'none' if prior is None else tuple(prior.shape[-2:])}")
+        if prior is None or prior.shape[-2:] != (query.shape[-2], key.shape[-2]):   # called outside the forward
+            raise ValueError(f"{module.mask_prior_name}: {query.shape[-2]} queries and {key.shape[-2]} keys where its "
+                             f"forward's positions, cache give {None if prior is None else tuple(prior.shape[-2:])}")
         bias = prior if bias is None else prior + bias
-    if type(module) not in _ATTENTION_OF:            # a class no patch has met: a cross-attention's
-        _ATTENTION_OF[type(module)] = _eager_attention(type(module))
-    eager = _ATTENTION_OF[type(module)]
+    # a class no patch has met (a cross-attention's) is looked up here, where compiling cannot
+    eager = _ATTENTION_OF[type(module)] if type(module) in _ATTENTION_OF else _eager_attention(type(module))
     # transformers' capture_outputs records each layer's weights (output_attentions=True), GPT-2's
     # without telling the layer; SDPA gives none
     collected = kwargs.get("output_attentions") or "attentions" in (output_capturing._active_collector.get() or ())
     if eager is None and (bias is None or not (bias.requires_grad or collected)):
-        bias = None if bias is None else bias.to(query.dtype)
         return sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs,
-                                                     position_bias=bias)
+                                                     position_bias=bias if bias is None else bias.to(query.dtype))
     # sdpa_attention_forward's rule: a causal layer's mask is None where is_causal serves (no padding,
     # as many queries as keys or queries from cache index 0: the causal mask is the top-left triangle)
-    is_causal = kwargs.pop("is_causal", None)
     causal = query.shape[2] > 1 and attention_mask is None and (
-        getattr(module, "is_causal", True) if is_causal is None else is_causal)
+        getattr(module, "is_causal", True) if (is_causal := kwargs.pop("is_causal", None)) is None else is_causal)
     # a blocked entry takes the dtype's lowest value in place of the bias, as transformers' eager_mask
     # gives it: a row of padding stays finite in float16
     mask = sdpa_attention.create_position_bias_mask(query.new_zeros(()) if bias is None else bias, attention_mask,
@@ -1076,10 +1058,9 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     # rather than the logits (n x n); K, V repeated for grouped-query attention as transformers' repeat_kv
     groups = query.shape[1] // key.shape[1]
     key, value = (t.repeat_interleave(groups, 1) for t in (key, value)) if groups > 1 else (key, value)
-    scaling, dropout = kwargs.get("scaling") or query.shape[-1] ** -0.5, kwargs.get("dropout", 0.0)
-    weights = torch.matmul(query * scaling, key.transpose(-1, -2)) + mask  # (B, H, n, n_keys)
-    weights = weights.softmax(-1, dtype=torch.float32).to(value.dtype)
-    weights = F.dropout(weights, dropout, module.training) if dropout else weights
+    weights = torch.matmul(query * (kwargs.get("scaling") or query.shape[-1] ** -0.5), key.transpose(-1, -2)) + mask
+    weights = weights.softmax(-1, dtype=torch.float32).to(value.dtype)    # (B, H, n, n_keys)
+    weights = F.dropout(weights, kwargs.get("dropout", 0.0), module.training)   # p = 0 gives weights back
     return torch.matmul(weights, value).transpose(1, 2), weights
 
 def _self_attention_layers(model):
@@ -1111,7 +1092,7 @@ def _self_attention_layers(model):
         if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
             named.append((name, module, _add_mask_prior_to_call, prefix if torchvision else None))
         elif isinstance(module, timm_attention):
-            named.append((name, module, _add_mask_prior_to_timm_call, prefix))
+            named.append((name, module, _add_mask_prior_to_call, prefix))
         elif transformers_layer:
             named.append((name, module, _add_mask_prior_to_transformers_call, prefix if image else None))
     return named
@@ -1135,16 +1116,15 @@ def _patch(named, masks, mode, scale):
                              f"{type(attn).__name__} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
         record = getattr(getattr(attn, "config", None), "mask_prior", None)
         if record and ((record["scale"], record["mode"]) != (scale, mode) or name in record["layers"]):
-            raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, mode={record['mode']!r} "
-                             f"and layers {list(record['layers'])}, got scale={scale}, mode={mode!r} (patch the parts "
-                             f"in one call, on a module that holds them, so config.json names each)")
+            raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, mode="
+                             f"{record['mode']!r}, layers {list(record['layers'])}; got scale={scale}, mode={mode!r} "
+                             f"(patch the parts in one call, on a module that holds them, so config.json names each)")
     for (name, attn, hook, prefix), mask in zip(named, masks):
-        weight = next(attn.parameters())              # M takes the module's dtype and device
-        attn.mask = nn.Parameter(mask.detach().to(weight).clone(), requires_grad=(mode == "learnable"))
-        attn.mask_scale = scale
-        attn.mask_prior_name = name or "model"        # for the forward-time messages
-        attn.mask_prior_prefix = prefix               # None over a sequence, else an image's prefix tokens
-        attn.mask_prior_table = (None, None)          # (M's version, log sigmoid(s M)), for _prior_bias
+        # M takes the module's dtype and device
+        attn.mask = nn.Parameter(mask.detach().to(next(attn.parameters())).clone(), requires_grad=mode == "learnable")
+        attn.mask_scale, attn.mask_prior_name = scale, name or "model"     # the name for the forward-time messages
+        # None over a sequence, else an image's prefix tokens; (M's version, log sigmoid(s M)) for _prior_bias
+        attn.mask_prior_prefix, attn.mask_prior_table = prefix, (None, None)
         # the names of forward's arguments, by which each hook reads a call's positional ones
         attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
         attn.register_forward_pre_hook(hook, with_kwargs=True)
@@ -1187,11 +1167,9 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
         raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) for the "
                          f"modules {[layer[0] for layer in named]}, got {tuple(mask_init.shape)}")
-    masks = mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1)
-    _patch(named, masks, mode, scale)
-    for encoder in model.modules():
-        if isinstance(encoder, nn.TransformerEncoder):
-            encoder.use_nested_tensor = False
+    _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale)
+    for encoder in (m for m in model.modules() if isinstance(m, nn.TransformerEncoder)):
+        encoder.use_nested_tensor = False
     return [layer[1] for layer in named]
 
 def from_pretrained(model_class, path, **kwargs):
@@ -1224,26 +1202,22 @@ def from_pretrained(model_class, path, **kwargs):
     prefix = model.base_model_prefix + "."            # the checkpoint may hold the model with a head or without
     layers = {saved: layer for layer in _self_attention_layers(model)
               for saved in (layer[0], prefix + layer[0], layer[0].removeprefix(prefix))}
-    configs = {id(layer[1].config): layer[1].config for layer in layers.values()
-               if getattr(getattr(layer[1], "config", None), "mask_prior", None)}
-    if not configs and not masks:
-        raise ValueError(f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
+    configs = {id(c): c for _, m, _, _ in layers.values() if getattr(c := getattr(m, "config", None), "mask_prior", 0)}
     for config in configs.values():
         record, config.mask_prior = config.mask_prior, None     # rebuilt by _patch under the loaded names
-        named, chosen = [], []
+        chosen = []                                             # (layer, its M) for each recorded layer
         for recorded, shape in record["layers"].items():
             keys = [key for key in masks if recorded in ("", key) or key.endswith("." + recorded)]
-            found = [f"{key}.mask of shape {tuple(masks[key].shape)}" for key in keys]
             if len(keys) != 1 or list(masks[keys[0]].shape) != shape or keys[0] not in layers:
-                raise ValueError(f"{path}: config.json records a mask prior of shape {tuple(shape)} in layer "
-                                 f"{recorded!r} of a {model_class.__name__}; the weight files hold "
-                                 f"{found or 'no M for it'}")
-            named.append(layers[keys[0]])
-            chosen.append(masks.pop(keys[0]))
-        _patch(named, chosen, record["mode"], record["scale"])
-    if masks:
+                held = [f"{key}.mask {tuple(masks[key].shape)}" for key in keys] or "no M for it"
+                raise ValueError(f"{path}: config.json records a mask prior {tuple(shape)} in layer {recorded!r} of a "
+                                 f"{model_class.__name__}; the weight files hold {held}")
+            chosen.append((layers[keys[0]], masks.pop(keys[0])))
+        _patch([layer for layer, _ in chosen], [mask for _, mask in chosen], record["mode"], record["scale"])
+    if masks or not configs:        # an M config.json does not record, or no prior at all
         raise ValueError(f"{path}: the weight files hold M for layers config.json records no prior in: "
-                         f"{[key + '.mask' for key in sorted(masks)]}")
+                         f"{[key + '.mask' for key in sorted(masks)]}" if masks else
+                         f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
     return model
 
 def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=False):
@@ -1265,14 +1239,9 @@ def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=Fa
                 for pattern in module.no_weight_decay()]
     decayed, kept, mask = ({"params": [], "weight_decay": decay} for decay in (weight_decay, 0.0, mask_decay))
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if id(p) in masks:
-            mask["params"].append(p)
-        elif decay_all or p.dim() >= 2 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in no_decay):
-            decayed["params"].append(p)
-        else:
-            kept["params"].append(p)
+        if p.requires_grad:                   # each trainable parameter once: M, else decayed or kept
+            decay = decay_all or p.dim() >= 2 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in no_decay)
+            (mask if id(p) in masks else decayed if decay else kept)["params"].append(p)
     if mask_lr:
         mask["lr"] = mask_lr
     return [group for group in (decayed, kept, mask) if group["params"]]
