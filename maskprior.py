@@ -812,24 +812,33 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # decoders: left padding, cached decoding and offsets included), else the token's index in the
 # sequence or the cache (BERT, ViT, timm, nn.MultiheadAttention). So a cached, padded or offset run
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
-# position past N is a ValueError. Three kinds of layer, each reached through its own door:
+# position past N is a ValueError. A layer over text takes any n <= N tokens; an image's layer (timm's
+# ViTs, torchvision's, transformers' vision models) exactly the N its M was built for, its prefix
+# tokens and its grid: with fewer, M's top-left block would give each patch another patch's prior.
+# Three kinds of layer, each reached through its own door:
 #   nn.MultiheadAttention (torchvision's ViT, nn.TransformerEncoder, nn.Transformer): a forward
 #     pre-hook passes the bias as attn_mask (B * heads, N, N). No fused shortcut bypasses it:
 #     nn.MultiheadAttention's is never taken with a float attn_mask, nor nn.TransformerEncoderLayer's
 #     while a sub-module has a forward hook; nn.TransformerEncoder's nested-tensor path is turned off.
-#   timm's Attention (every timm ViT and DeiT): a forward pre-hook passes the bias as its additive
+#   timm's Attention (every timm ViT and DeiT): the same pre-hook passes the bias as its additive
 #     float attn_mask (timm >= 1.0.16), which both its fused and its written-out path add.
 #   transformers' layers on the AttentionInterface (GPT-2, Llama, Gemma, BERT, ViT, CLIP, ...): their
-#     config's attn_implementation becomes MASK_PRIOR_ATTENTION, a function that adds the bias to the
-#     model's float attention_mask and hands both to the family's own eager attention. Every eager
-#     attention there adds attention_mask to its scores after its own changes (scaling, Gemma2's
-#     softcap, T5's position bias) and before its softmax (GPT-OSS's sinks), so the prior joins all
-#     of them as the causal and padding masks do. A forward pre-hook on each patched layer finds the
-#     positions as the model's masks do (position_ids, and for the keys a cache holds, dynamic,
-#     static or sliding-window, the cache's get_query_offset and get_mask_sizes) and leaves the bias
-#     at those positions on the layer for that function.
+#     config's attn_implementation becomes MASK_PRIOR_ATTENTION, a function that runs the attention
+#     the stock model runs with the bias in its mask: transformers' sdpa_attention_forward (the bias
+#     as its position_bias) or, where a gradient reaches M, the same softmax written out, for a
+#     family transformers runs on SDPA; the family's eager attention with the bias in its float mask
+#     for the others. Every eager attention there adds its mask to its scores after its own changes
+#     (scaling, Gemma2's softcap, T5's position bias) and before its softmax (GPT-OSS's sinks), so the
+#     prior joins all of them as the causal and padding masks do. A forward pre-hook on each patched
+#     layer finds the positions as the model's masks do (position_ids, and for the keys a cache holds,
+#     dynamic, static or sliding-window, the cache's get_query_offset and get_mask_sizes) and leaves
+#     the bias at those positions on the layer for that function.
 # Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers) is
 # left unpatched: its keys are another sequence, which has no positions in M.
+# The prior costs the model little (tests/bench_add_mask_prior.py): where the positions are 0..n-1
+# (training, plain generation) M is read by one slice, not gathered; where no gradient reaches M its
+# log sigmoid is kept until M changes; the CPU's fused SDPA kernels give no gradient for a mask, so a
+# trained M takes the written-out softmax with the scaling on Q.
 # timm and transformers are never imported at module level: a model holds their modules only once
 # they are imported, so they are looked up in sys.modules.
 MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
@@ -1029,7 +1038,7 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     family's stock attention alone."""
     from transformers.integrations import sdpa_attention
     from transformers.utils import output_capturing
-    bias = kwargs.pop("position_bias", None)                  # a family's own (LayoutLMv3's): both add
+    bias = kwargs.pop("position_bias", None)           # a family's own (PP-DocLayout-V2's): both add
     if hasattr(module, "mask_prior_name"):
         prior, module.mask_prior_bias = module.mask_prior_bias, None            # (B or 1, H, n, n_keys)
         if prior is None or prior.shape[-2:] != (query.shape[-2], key.shape[-2]):   # called outside the forward
@@ -1221,7 +1230,8 @@ def from_pretrained(model_class, path, **kwargs):
     return model
 
 def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=False):
-    """Optimizer parameter groups, each trainable parameter once: weight matrices and embeddings
+    """Serves the prior's persistence under training, M kept out of weight decay: optimizer parameter
+    groups, each trainable parameter once: weight matrices and embeddings
     (dim >= 2) decayed by weight_decay, but for the names that no_weight_decay() lists, of the model
     or of any module inside it (timm's pos_embed, cls_token; fnmatch patterns, as timm reads them);
     biases and norm gains not; every M (MaskedSelfAttention's and add_mask_prior's) by mask_decay

@@ -3,13 +3,15 @@
     python tests/bench_add_mask_prior.py [--threads 1 2] [--repeats 15] [--steps 3] [--only NAME ...]
 
 Not collected by pytest. Needs the test extras (timm, transformers; torchvision is in requirements.txt).
-Each NAME builds one model twice from one seed, the stock one and a deep copy patched by
+Each NAME builds one model from one seed, the stock one and a deep copy patched by
 maskprior.add_mask_prior (M learnable, the prior of the README's examples), and times the two side
-by side: each round times `steps` calls of each (the one that starts alternating round by round,
+by side: each round times `steps` calls of each (which one starts alternates round by round,
 bench_util.clean_rounds), and the table gives the median over the rounds of the paired ratio
-patched / unpatched with its quartiles (above 1: the prior costs time). Both use the model's
-default attention: the stock model its own (SDPA in transformers and timm), the patched one what
-add_mask_prior gives it.
+patched / unpatched, with its quartiles (above 1: the prior costs time), and each one's median ms
+per training step or per generated token. Rounds during which other processes used more than
+--max-other cores (read from /proc) are dropped, up to --max-rounds; if fewer than --repeats were
+clean, every round counts. Both run the model's default attention: the stock model its own (SDPA
+in transformers, timm and torch), the patched one what add_mask_prior gives it.
 
   gpt2             training step (forward, backward, AdamW on param_groups): GPT2LMHeadModel, 4 layers,
                    width 128, 4 heads, vocabulary 256, batch 8 x 128 tokens; M relative_distance_mask
@@ -128,11 +130,12 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", choices=list(BENCHES), default=list(BENCHES))
     p.add_argument("--max-other", type=float, default=0.15,
                    help="count only rounds during which other processes used at most this many cores")
+    p.add_argument("--max-rounds", type=int, help="give up on clean rounds after this many (default 3 x repeats)")
     args = p.parse_args(argv)
     print(f"torch {torch.__version__}, {os.cpu_count()} cores; {args.repeats} paired rounds of {args.steps} "
           f"calls each; ratio = patched / unpatched, median (quartiles)")
-    print("| bench | threads | unpatched (ms) | patched (ms) | ratio | clean / all rounds |")
-    print("|---|---|---|---|---|---|")
+    print("| bench | threads | unpatched (ms) | patched (ms) | ratio | clean / all rounds | seconds |")
+    print("|---|---|---|---|---|---|---|")
     for name in args.only:
         kind, build = BENCHES[name]
         calls = kind(build)
@@ -144,12 +147,12 @@ def main(argv=None):
                 call()
             fns = {label: (lambda call=call: [call() for _ in range(args.steps)]) for label, call in calls.items()}
             start = time.perf_counter()
-            clean, every = clean_rounds(fns, args.repeats, args.max_other)
+            clean, every = clean_rounds(fns, args.repeats, args.max_other, args.max_rounds or 3 * args.repeats)
             rounds = clean if len(clean) >= args.repeats else every
             ms = {label: 1e3 * statistics.median(r[label] for r in rounds) / per for label in calls}
             q = quartiles([r["patched"] / r["unpatched"] for r in rounds])
             print(f"| {name} | {threads} | {ms['unpatched']:.2f} | {ms['patched']:.2f} | {q[1]:.3f} "
-                  f"({q[0]:.3f}-{q[2]:.3f}) | {len(clean)} / {len(every)} |  ({time.perf_counter() - start:.0f} s)",
+                  f"({q[0]:.3f}-{q[2]:.3f}) | {len(clean)} / {len(every)} | {time.perf_counter() - start:.0f} |",
                   flush=True)
 
 

@@ -12,9 +12,10 @@ import os
 
 import pytest
 import torch
-import transformers as T
 
 import maskprior
+
+T = pytest.importorskip("transformers", reason="needs the test extras (pip install .[test]): Hugging Face transformers")
 
 VOCAB, WIDTH, LAYERS = 64, 32, 2
 N = 16                  # M covers positions 0..15: a prompt of 5 and 8 new tokens fit, 13 do not

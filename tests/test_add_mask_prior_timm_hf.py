@@ -14,15 +14,16 @@ import subprocess
 import sys
 
 import pytest
-import timm
-import timm.optim
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import transformers as T
 
 import maskprior
 from helpers import ROOT, random_masks, split_heads
+
+timm = pytest.importorskip("timm", reason="needs the test extras (pip install .[test]): timm")
+T = pytest.importorskip("transformers", reason="needs the test extras (pip install .[test]): Hugging Face transformers")
+import timm.optim  # noqa: E402  (the optimizer factory, after timm is known to be there)
 
 WIDTH, LAYERS, VOCAB = 32, 2, 64
 TEXT_N, TEXT_LEN = 8, 6              # M covers 8 tokens; inputs of 6 use its top-left 6 x 6 block
