@@ -931,12 +931,12 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
                          f"patched module) + {largest + 1 - prefix} patches, M {tuple(mask.shape)} is for N = {size}: "
                          f"for a {grid} x {grid} grid M = maskprior.impulse_mask(depth, heads, {grid})[..., i, :][...,"
                          f" i], i = [0] * {prefix} + list(range(1, {grid ** 2 + 1}))")
-    message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
-               f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
-    if torch.compiler.is_compiling():         # a compiled graph cannot branch on data: it asserts
+    if torch.compiler.is_compiling() or largest >= size:   # a compiled graph cannot branch on data: it asserts
+        message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
+                   f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
+        if not torch.compiler.is_compiling():
+            raise ValueError(f"{message}, got position {int(largest)}")
         torch._assert_async(torch.as_tensor(largest < size), message)
-    elif largest >= size:
-        raise ValueError(f"{message}, got position {int(largest)}")
     if not isinstance(rows, slice):                                 # positions as data: M gathered
         heads = torch.arange(len(mask), device=mask.device)[:, None, None]                    # (H, 1, 1)
         rows, cols = rows[:, None, :, None], cols.clamp(0, size - 1)[:, None, None, :]   # (B, 1, n, 1), (B, 1, 1, k)
@@ -1011,9 +1011,9 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     if offset + length <= attn.mask.shape[-1] and (positions is None or not torch.compiler.is_compiling() and (
             positions.item() == first if positions.numel() == 1 else     # a cached token's step: one position
             torch.equal(positions, (torch.arange(n, device=device) + first).expand_as(positions)))):
-        rows = slice(int(first), int(first) + n)
-        attn.mask_prior_bias = _prior_bias(attn, rows, slice(offset, offset + length), rows.stop - 1)
-        return
+        rows = slice(int(first), int(first) + n)       # object.__setattr__: nn.Module's costs a microsecond
+        return object.__setattr__(attn, "mask_prior_bias", _prior_bias(attn, rows, slice(offset, offset + length),
+                                                                       rows.stop - 1))
     positions = torch.arange(n, device=device)[None] + first if positions is None else positions   # (B or 1, n)
     # key k lies relative = k's cache index - first after the first query (no cache: the queries)
     relative = torch.arange(length, device=device) + offset - first         # (n_keys,)
@@ -1021,7 +1021,7 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     keys = positions[:, inside] + (relative - inside)                       # (B or 1, n_keys)
     # on the layer, not in the layer's attention_mask: some layers (VideoMAE's, transformers' ViT)
     # hand their attention function none; the function reads the bias and clears it, for one call
-    attn.mask_prior_bias = _prior_bias(attn, positions, keys, positions.max())   # (B or 1, H, n, n_keys)
+    object.__setattr__(attn, "mask_prior_bias", _prior_bias(attn, positions, keys, positions.max()))  # (B, H, n, k)
 
 def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     """The transformers door's second half, transformers' AttentionInterface function under
@@ -1040,7 +1040,7 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     from transformers.utils import output_capturing
     bias = kwargs.pop("position_bias", None)           # a family's own (PP-DocLayout-V2's): both add
     if hasattr(module, "mask_prior_name"):
-        prior, module.mask_prior_bias = module.mask_prior_bias, None            # (B or 1, H, n, n_keys)
+        prior = vars(module).pop("mask_prior_bias", None)       # (B or 1, H, n, n_keys), for this call alone
         if prior is None or prior.shape[-2:] != (query.shape[-2], key.shape[-2]):   # called outside the forward
             raise ValueError(f"{module.mask_prior_name}: {query.shape[-2]} queries and {key.shape[-2]} keys where its "
                              f"forward's positions, cache give {None if prior is None else tuple(prior.shape[-2:])}")
@@ -1140,7 +1140,6 @@ def _patch(named, masks, mode, scale):
         if hook is _add_mask_prior_to_transformers_call:
             from transformers import AttentionInterface, AttentionMaskInterface
             from transformers.masking_utils import sdpa_mask
-            attn.mask_prior_bias = None
             record = getattr(attn.config, "mask_prior", None) or {"scale": scale, "mode": mode, "layers": {}}
             record["layers"][name] = list(mask.shape)
             attn.config.mask_prior = record
