@@ -4,8 +4,8 @@ from configs (no download): M is indexed by the positions the model uses, so cac
 prefill read the entries of M that the no-cache run of the same tokens reads, and give its tokens
 and logits; a position past M's N is a ValueError on every path. A part of a model (its ModuleList,
 one layer) takes the prior in exactly those layers; switching the attention implementation away is
-refused; save_pretrained and maskprior.from_pretrained restore a trained prior; cross-attention is
-left unpatched."""
+refused; save_pretrained and maskprior.from_pretrained restore a trained prior, exactly the layers
+config.json records, and refuse a damaged or edited folder by layer; cross-attention is left unpatched."""
 import copy
 import json
 import os

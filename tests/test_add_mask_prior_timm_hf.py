@@ -5,7 +5,9 @@ Mistral, Qwen2, Gemma2 with its softcap, Gemma3, GPT-OSS with its sinks, OPT, GP
 encoders (BERT, ModernBERT) and vision models (ViT, DeiT, CLIP, DINOv2 with registers, BEiT). A
 patched layer computes softmax(Q K^T / sqrt(d) + log sigmoid(s M) + the model's own scores' changes
 and masks) V (Section 4.1), trains M, and refuses what it cannot patch; a constant M leaves every
-family unchanged. Cached generation, padding and saving are in tests/test_add_mask_prior_positions.py."""
+family unchanged. An image layer takes exactly the tokens its mask was built for (every image family
+here, at another grid: one ValueError that says how to build M). Cached generation, padding and saving
+are in tests/test_add_mask_prior_positions.py."""
 import copy
 import inspect
 import math
