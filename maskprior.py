@@ -880,35 +880,52 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # decoders: left padding, cached decoding and offsets included), else the token's index in the
 # sequence or the cache (BERT, ViT, timm, nn.MultiheadAttention). So a cached, padded or offset run
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
-# position past N is a ValueError. Three kinds of layer, each reached through its own door:
+# position past N is a ValueError. A layer over text takes any n <= N tokens; an image's layer (timm's
+# ViTs, torchvision's, transformers' vision models) exactly the N its M was built for, its prefix
+# tokens and its grid: with fewer, M's top-left block would give each patch another patch's prior.
+# Three kinds of layer, each reached through its own door:
 #   nn.MultiheadAttention (torchvision's ViT, nn.TransformerEncoder, nn.Transformer): a forward
 #     pre-hook passes the bias as attn_mask (B * heads, N, N). No fused shortcut bypasses it:
 #     nn.MultiheadAttention's is never taken with a float attn_mask, nor nn.TransformerEncoderLayer's
 #     while a sub-module has a forward hook; nn.TransformerEncoder's nested-tensor path is turned off.
-#   timm's Attention (every timm ViT and DeiT): a forward pre-hook passes the bias as its additive
+#   timm's Attention (every timm ViT and DeiT): the same pre-hook passes the bias as its additive
 #     float attn_mask (timm >= 1.0.16), which both its fused and its written-out path add.
 #   transformers' layers on the AttentionInterface (GPT-2, Llama, Gemma, BERT, ViT, CLIP, ...): their
-#     config's attn_implementation becomes MASK_PRIOR_ATTENTION, a function that adds the bias to the
-#     model's float attention_mask and hands both to the family's own eager attention. Every eager
-#     attention there adds attention_mask to its scores after its own changes (scaling, Gemma2's
-#     softcap, T5's position bias) and before its softmax (GPT-OSS's sinks), so the prior joins all
-#     of them as the causal and padding masks do. A forward pre-hook on each patched layer finds the
-#     positions as the model's masks do (position_ids, and for the keys a cache holds, dynamic,
-#     static or sliding-window, the cache's get_query_offset and get_mask_sizes) and leaves the bias
-#     at those positions on the layer for that function.
+#     config's attn_implementation becomes MASK_PRIOR_ATTENTION, a function that runs the attention
+#     the stock model runs with the bias in its mask: transformers' sdpa_attention_forward (the bias
+#     as its position_bias) or, where a gradient reaches M, the same softmax written out, for a
+#     family transformers runs on SDPA; the family's eager attention with the bias in its float mask
+#     for the others. Every eager attention there adds its mask to its scores after its own changes
+#     (scaling, Gemma2's softcap, T5's position bias) and before its softmax (GPT-OSS's sinks), so the
+#     prior joins all of them as the causal and padding masks do. A forward pre-hook on each patched
+#     layer finds the positions as the model's masks do (position_ids, and for the keys a cache holds,
+#     dynamic, static or sliding-window, the cache's get_query_offset and get_mask_sizes) and leaves
+#     the bias at those positions on the layer for that function.
 # Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers) is
 # left unpatched: its keys are another sequence, which has no positions in M.
+# The prior costs the model little (tests/bench_add_mask_prior.py): where the positions are 0..n-1
+# (training, plain generation) M is read by one slice, not gathered; where no gradient reaches M its
+# log sigmoid is kept until M changes; the CPU's fused SDPA kernels give no gradient for a mask, so a
+# trained M takes the written-out softmax with the scaling on Q.
 # timm and transformers are never imported at module level: a model holds their modules only once
 # they are imported, so they are looked up in sys.modules.
 MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
 _CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")   # transformers' names for the KV cache
                                                                    # (past_key_values before 5.24)
 _CROSS_ARGUMENTS = ("encoder_hidden_states", "key_value_states")   # and for another sequence's states
-_EAGER_ATTENTION_OF = {}   # transformers layer class -> its eager attention, found at patch time (a
-                           # compiled forward cannot run the look-up: torch.compile traces no bytecode)
+# An image model's prefix tokens, the tokens before its grid of patches, by the names of the
+# parameters that hold them, (1, k, C) for k tokens or (C,) for one: timm's cls_token, reg_token
+# (registers) and dist_token (DeiT); torchvision's class_token; transformers' cls_token,
+# distillation_token (DeiT), register_tokens (DINOv2 with registers) and class_embedding (CLIP).
+_PREFIX_TOKENS = ("cls_token", "reg_token", "dist_token", "class_token", "distillation_token", "register_tokens",
+                  "class_embedding")
+_ATTENTION_OF = {}   # transformers layer class -> its family's eager attention, or None where transformers
+                     # runs the family on SDPA (_supports_sdpa: no softcap, no sinks); found at patch time, as
+                     # a compiled forward cannot run the look-up (torch.compile traces no bytecode)
 
 def _eager_attention(layer_class):
-    """The eager attention function a transformers layer class falls back on (the default of its
+    """Serves the patch's refusals and the families SDPA does not run (Gemma2's softcap, GPT-OSS's
+    sinks): the eager attention function a transformers layer class falls back on (the default of its
     ALL_ATTENTION_FUNCTIONS.get_interface call: eager_attention_forward or a family's own name), if
     it reads attention_mask; else None (Qwen2.5-Omni's DiT never does: a mask would be dropped)."""
     import dis
@@ -922,11 +939,12 @@ def _eager_attention(layer_class):
     return None
 
 def _check_transformers_part(where, module, layer, pretrained):
-    """ValueError, the message starting with where, unless add_mask_prior can patch module, a
-    transformers layer or (layer False) model (pretrained: transformers' PreTrainedModel). A family
-    must support attention backends (transformers' _supports_attention_backend: BLOOM, T5, BART and
-    Whisper do not), its eager attention must read attention_mask, and its attention must span the
-    sequence with one head count (Swin's attends within windows, stage by stage)."""
+    """Serves the rule that what cannot take the prior is refused at the patch, by name: ValueError,
+    the message starting with where, unless add_mask_prior can patch module, a transformers layer or
+    (layer False) model (pretrained: transformers' PreTrainedModel). A family must support attention
+    backends (transformers' _supports_attention_backend: BLOOM, T5, BART and Whisper do not), its
+    eager attention must read attention_mask, and its attention must span the sequence with one head
+    count (Swin's attends within windows, stage by stage). A layer's class is entered in _ATTENTION_OF."""
     import sys
     name = type(module).__name__
     family = [type(module)] if isinstance(module, pretrained) else [
@@ -941,86 +959,109 @@ def _check_transformers_part(where, module, layer, pretrained):
     if layer and not isinstance(_heads(module), int):
         raise ValueError(f"{where}: {name} takes a head count per stage, num_heads={_heads(module)}: a hierarchical "
                          f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")
+    if layer:
+        _ATTENTION_OF[type(module)] = None if any(c._supports_sdpa for c in family) else _eager_attention(type(module))
 
 def _heads(attn):
-    """The query heads of a supported layer: num_heads, or its transformers config's count."""
+    """Serves the patch's shape check: the query heads of a supported layer, num_heads or its
+    transformers config's count."""
     return attn.num_heads if hasattr(attn, "num_heads") else attn.config.num_attention_heads
 
 def _as_logits(mask, dtype, blocked=True):
-    """A caller's mask as additive logits of dtype: a Boolean one is -inf where it holds `blocked`
-    (True in nn.MultiheadAttention's meaning, False in SDPA's, which timm takes), else 0; a float
-    one and None are kept."""
+    """Serves the caller's own masks, kept beside the prior at the nn.MultiheadAttention and timm
+    doors: a Boolean mask as additive logits of dtype, -inf where it holds `blocked` (True in
+    nn.MultiheadAttention's meaning, False in SDPA's, which timm takes), else 0; a float one and None
+    are kept."""
     if mask is not None and mask.dtype == torch.bool:
         return torch.zeros_like(mask, dtype=dtype).masked_fill(mask == blocked, float("-inf"))
     return None if mask is None else mask.to(dtype)
 
-def _prior_bias(attn, query_positions, key_positions, largest, causal=False):
-    """log sigmoid(s M[h, i, j]) of a patched layer for queries at query_positions (B or 1, n) and
-    keys at key_positions (B or 1, n_keys): (B or 1, H, n, n_keys), + -inf where j > i if causal.
-    largest: the largest query position (an int, or a tensor where positions are data), which must
-    lie below M's N. A key outside 0..N-1 is a slot every mask blocks (a padding, a static cache's
-    unwritten slot): it reads M's edge."""
-    size = attn.mask.shape[-1]
-    message = (f"{attn.mask_prior_name}: mask of shape {tuple(attn.mask.shape)} is for "
-               f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
-    if torch.compiler.is_compiling():         # a compiled graph cannot branch on data: it asserts
+def _prior_bias(attn, rows, cols, largest, causal=False):
+    """The prior itself, read by all three doors, and the rule that a call's tokens fit M: log
+    sigmoid(s M[h, i, j]) of a patched layer for queries at positions rows and keys at cols, (B or 1,
+    H, n, n_keys), + -inf where j > i if causal (slices from 0). rows, cols: tensors (B or 1, n) and
+    (B or 1, n_keys), or slices where the positions are first, ..., first + n - 1 in every row: then
+    M is read by one slice, which costs no gather forward and no scatter backward, and where no
+    gradient reaches M (generation, eval, a fixed M) from the table log sigmoid(s M), kept until M
+    changes (its version counter). largest: the largest query position (an int, or a tensor where
+    positions are data), which must lie below M's N; an image's layer (mask_prior_prefix set: prefix
+    tokens, then a grid of patches) takes exactly the N tokens M was built for. A key outside 0..N-1
+    is a slot every mask blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
+    mask, prefix = attn.mask, attn.mask_prior_prefix
+    size = mask.shape[-1]
+    if prefix is not None and largest != size - 1:
+        # Another grid's M: its top-left block would give each patch another patch's prior. impulse_mask
+        # builds CLS + grid x grid (Section 5.3); its rows and columns indexed by [0] * prefix + the
+        # patches give every prefix token the class token's prior (a grid without CLS: prefix 0).
+        grid = math.isqrt(max(largest + 1 - prefix, 0))
+        raise ValueError(f"{attn.mask_prior_name}: an image layer takes the N tokens its mask was built for; got "
+                         f"{largest + 1} = {prefix} prefix tokens (class, distillation, register tokens in the "
+                         f"patched module) + {largest + 1 - prefix} patches, M {tuple(mask.shape)} is for N = {size}: "
+                         f"for a {grid} x {grid} grid M = maskprior.impulse_mask(depth, heads, {grid})[..., i, :][...,"
+                         f" i], i = [0] * {prefix} + list(range(1, {grid ** 2 + 1}))")
+    if torch.compiler.is_compiling() or largest >= size:   # a compiled graph cannot branch on data: it asserts
+        message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
+                   f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
+        if not torch.compiler.is_compiling():
+            raise ValueError(f"{message}, got position {int(largest)}")
         torch._assert_async(torch.as_tensor(largest < size), message)
-    elif largest >= size:
-        raise ValueError(f"{message}, got position {int(largest)}")
-    heads = torch.arange(len(attn.mask), device=attn.mask.device)[:, None, None]     # (H, 1, 1)
-    rows = query_positions[:, None, :, None]                                          # (B, 1, n, 1)
-    cols = key_positions.clamp(0, size - 1)[:, None, None, :]                         # (B, 1, 1, n_keys)
-    bias = F.logsigmoid(attn.mask_scale * attn.mask[heads, rows, cols])              # (B, H, n, n_keys)
-    return bias.masked_fill(cols > rows, float("-inf")) if causal else bias
+    if not isinstance(rows, slice):                                 # positions as data: M gathered
+        heads = torch.arange(len(mask), device=mask.device)[:, None, None]                    # (H, 1, 1)
+        rows, cols = rows[:, None, :, None], cols.clamp(0, size - 1)[:, None, None, :]   # (B, 1, n, 1), (B, 1, 1, k)
+        return F.logsigmoid(attn.mask_scale * mask[heads, rows, cols])                        # (B, H, n, n_keys)
+    if mask.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
+        bias = F.logsigmoid(attn.mask_scale * mask[None, :, rows, cols])                      # (1, H, n, n_keys)
+    else:
+        if attn.mask_prior_table[0] != (key := (mask._version, mask.data_ptr(), torch.is_inference_mode_enabled())):
+            attn.mask_prior_table = key, F.logsigmoid(attn.mask_scale * mask[None])           # (1, H, N, N)
+        bias = attn.mask_prior_table[1][:, :, rows, cols]                                     # (1, H, n, n_keys)
+    future = torch.ones(bias.shape[-2:], dtype=torch.bool, device=bias.device).triu(1) if causal else None
+    return bias if future is None else bias.masked_fill(future, float("-inf"))
 
 def _add_mask_prior_to_call(attn, args, kwargs):
-    """nn.MultiheadAttention's pre-hook: attn_mask = log sigmoid(s M) + the caller's mask."""
+    """The doors of the layers that take an additive float attn_mask, their forward pre-hook:
+    attn_mask = log sigmoid(s M) + the caller's mask. nn.MultiheadAttention (torchvision's ViT,
+    nn.TransformerEncoder, nn.Transformer) takes (B * heads, N, N), its is_causal a hint beside
+    attn_mask; timm's Attention (every timm ViT and DeiT; timm >= 1.0.16) takes (B, H, N, N) on both its
+    fused and its written-out path, and its is_causal goes into the bias (with it timm's written-out
+    path ignores attn_mask and its fused one, F.scaled_dot_product_attention, refuses both at once)."""
     call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
-    query, key = call["query"], call["key"]                     # (B, N, E), (N, B, E) or unbatched (N, E)
+    # timm's forward(x, attn_mask, is_causal); nn.MultiheadAttention's: (B, N, E), (N, B, E) or unbatched (N, E)
+    query, key = (call["x"], call["x"]) if (timm := "x" in call) else (call["query"], call["key"])
     batched = query.dim() == 3
-    n = query.shape[1 if batched and attn.batch_first else 0]
+    n = query.shape[1 if batched and (timm or attn.batch_first) else 0]
     if key is not query and not (key.shape == query.shape and torch.equal(key, query)):   # SigLIP's pooling
         raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got "
                          f"query {tuple(query.shape)} and key {tuple(key.shape)} from another sequence: "
                          f"patch the part of the model that holds its self-attention layers")
-    caller_mask = _as_logits(call.get("attn_mask"), query.dtype)            # (N, N), (B * H, N, N)
-    # is_causal is a hint beside attn_mask; alone, the causal -inf goes into the bias
-    causal = caller_mask is None and bool(call.get("is_causal"))
-    positions = torch.arange(n, device=query.device)[None]                 # (1, N): 0, ..., N - 1
-    bias = _prior_bias(attn, positions, positions, n - 1, causal)[0].to(query.dtype)   # (H, N, N)
-    if batched:                                                             # row b * H + h: (B * H, N, N)
-        bias = bias.repeat(query.shape[0 if attn.batch_first else 1], 1, 1)
+    caller_mask = _as_logits(call.get("attn_mask"), query.dtype, blocked=not timm)   # (N, N), (B * H or B, ., N, N)
+    causal = (timm or caller_mask is None) and bool(call.get("is_causal"))   # alone, the causal -inf joins the bias
+    bias = _prior_bias(attn, slice(0, n), slice(0, n), n - 1, causal).to(query.dtype)      # (1, H, N, N)
+    if not timm:                  # row b * H + h: (B * H, N, N), the only per-head shape attn_mask takes
+        bias = bias[0].repeat(query.shape[0 if attn.batch_first else 1], 1, 1) if batched else bias[0]
+        call.update(key_padding_mask=_as_logits(call.get("key_padding_mask"), query.dtype))
+    bias = bias if caller_mask is None else bias + caller_mask
     # is_causal=False: with is_causal=True (and no padding mask, no weights asked for)
     # F.multi_head_attention_forward drops attn_mask and lets SDPA apply the causal mask alone; the
-    # causal -inf is in attn_mask. A Boolean key_padding_mask beside a float attn_mask draws a
+    # causal -inf is in attn_mask. timm's mask goes 4-D: the CPU's fused kernel takes it (a 3-D one
+    # goes to the slower math kernel). A Boolean key_padding_mask beside a float attn_mask draws a
     # deprecation warning: it goes as logits, the same values.
-    call.update(attn_mask=bias if caller_mask is None else bias + caller_mask, is_causal=False,   # (B * H, N, N)
-                key_padding_mask=_as_logits(call.get("key_padding_mask"), query.dtype))
-    return (), call
-
-def _add_mask_prior_to_timm_call(attn, args, kwargs):
-    """timm Attention's pre-hook: attn_mask = log sigmoid(s M) (+ the caller's mask), (B, H, N, N).
-    is_causal goes into the bias and is passed as False: with it timm's written-out path ignores
-    attn_mask and its fused one (F.scaled_dot_product_attention) refuses both at once."""
-    call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
-    x = call["x"]                                                           # (B, N, C)
-    positions = torch.arange(x.shape[1], device=x.device)[None]             # (1, N): 0, ..., N - 1
-    bias = _prior_bias(attn, positions, positions, x.shape[1] - 1, bool(call.get("is_causal"))).to(x.dtype)
-    caller_mask = _as_logits(call.get("attn_mask"), x.dtype, blocked=False)  # (N, N), (B, 1 or H, N, N)
-    bias = bias if caller_mask is None else bias + caller_mask              # (1 or B, H, N, N)
-    # 4-D: the CPU's fused kernel takes it (a 3-D mask goes to the slower math kernel)
-    call.update(attn_mask=bias.expand(len(x), -1, -1, -1), is_causal=False)
+    call.update(attn_mask=bias.expand(len(query), -1, -1, -1) if timm else bias, is_causal=False)
     return (), call
 
 def _add_mask_prior_to_transformers_call(attn, args, kwargs):
-    """A transformers layer's pre-hook: leaves its attention function mask_prior_bias, log sigmoid(s M)
-    (B or 1, H, n, n_keys) at the positions of its queries and keys, found as the model's own masks
-    find them. The queries sit at position_ids (else at their cache indices, from get_query_offset
-    on); the keys at cache indices kv_offset, ..., kv_offset + kv_length - 1 (get_mask_sizes): the
-    new ones are the queries' tokens, at the queries' positions, and one cached d indices before the
-    first query lies d positions before it (a row's tokens are contiguous; left padding only shifts
-    them, and a padding's position below 0 is blocked anyway). ValueError where the model was
-    switched off MASK_PRIOR_ATTENTION (set_attn_implementation), which would drop M."""
+    """The transformers door's first half, a patched layer's forward pre-hook, which serves the rule
+    that a cached, padded or offset run reads the entries of M its tokens' positions name: leaves
+    its attention function mask_prior_bias, log sigmoid(s M) (B or 1, H, n, n_keys) at the
+    positions of its queries and keys, found as the model's own masks find them. The queries sit at
+    position_ids (else at their cache indices, from get_query_offset on); the keys at cache indices
+    kv_offset, ..., kv_offset + kv_length - 1 (get_mask_sizes): the new ones are the queries'
+    tokens, at the queries' positions, and one cached d indices before the first query lies d
+    positions before it (a row's tokens are contiguous; left padding only shifts them, and a
+    padding's position below 0 is blocked anyway). Where the positions are the cache indices
+    themselves (no padding, no offset: training, plain generation), so are the keys', and M is read
+    by one slice. ValueError where the model was switched off MASK_PRIOR_ATTENTION
+    (set_attn_implementation), which would drop M."""
     if attn.config._attn_implementation != MASK_PRIOR_ATTENTION:
         raise ValueError(f"{attn.mask_prior_name} has a mask prior, which needs attn_implementation="
                          f"{MASK_PRIOR_ATTENTION!r}; got {attn.config._attn_implementation!r}: call "
@@ -1028,57 +1069,94 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
     if any(call.get(argument) is not None for argument in _CROSS_ARGUMENTS):
         raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got another sequence's keys")
-    hidden = call[attn.mask_prior_arguments[0]]                             # (B, n, C)
-    n = hidden.shape[1]
+    n, device = call[attn.mask_prior_arguments[0]].shape[1], attn.mask.device      # hidden states (B, n, C)
     cache = next((call[a] for a in _CACHE_ARGUMENTS if call.get(a) is not None), None)
     cache = getattr(cache, "self_attention_cache", cache)                   # an encoder-decoder's
-    first = cache.get_query_offset(attn.layer_idx) if cache is not None else 0   # the queries' cache index
-    positions = call.get("position_ids")
-    if positions is None or positions.dim() != 2 or positions.shape[-1] != n:   # (3, B, n): mRoPE's
-        positions = torch.arange(n, device=hidden.device)[None] + first        # (1, n)
-    keys = positions                                                        # no cache: the same tokens
-    if cache is not None:       # key k lies relative = k's cache index - first after the first query
-        length, offset = cache.get_mask_sizes(n, attn.layer_idx)
-        relative = torch.arange(length, device=hidden.device) + offset - first     # (n_keys,)
-        inside = relative.clamp(0, n - 1)     # the new keys are the queries' tokens, at their positions
-        keys = positions[:, inside] + (relative - inside)                   # (B or 1, n_keys)
+    first, (length, offset) = (0, (n, 0)) if cache is None else (   # the queries' first cache index, the keys'
+        cache.get_query_offset(attn.layer_idx), cache.get_mask_sizes(n, attn.layer_idx))   # number and first index
+    positions = call.get("position_ids")                                 # (B or 1, n), or mRoPE's (3, B, n)
+    positions = positions if positions is not None and positions.dim() == 2 and positions.shape[-1] == n else None
+    if offset + length <= attn.mask.shape[-1] and (positions is None or not torch.compiler.is_compiling() and (
+            positions.item() == first if positions.numel() == 1 else     # a cached token's step: one position
+            torch.equal(positions, (torch.arange(n, device=device) + first).expand_as(positions)))):
+        rows = slice(int(first), int(first) + n)       # object.__setattr__: nn.Module's costs a microsecond
+        return object.__setattr__(attn, "mask_prior_bias", _prior_bias(attn, rows, slice(offset, offset + length),
+                                                                       rows.stop - 1))
+    positions = torch.arange(n, device=device)[None] + first if positions is None else positions   # (B or 1, n)
+    # key k lies relative = k's cache index - first after the first query (no cache: the queries)
+    relative = torch.arange(length, device=device) + offset - first         # (n_keys,)
+    inside = relative.clamp(0, n - 1)         # the new keys are the queries' tokens, at their positions
+    keys = positions[:, inside] + (relative - inside)                       # (B or 1, n_keys)
     # on the layer, not in the layer's attention_mask: some layers (VideoMAE's, transformers' ViT)
     # hand their attention function none; the function reads the bias and clears it, for one call
-    attn.mask_prior_bias = _prior_bias(attn, positions, keys, positions.max())   # (B or 1, H, n, n_keys)
+    object.__setattr__(attn, "mask_prior_bias", _prior_bias(attn, positions, keys, positions.max()))  # (B, H, n, k)
 
-def _mask_prior_attention(module, query, key, value, attention_mask, *args, **kwargs):
-    """transformers' AttentionInterface function: the family's eager attention, with the bias
-    log sigmoid(s M) the pre-hook left on the layer added to the model's float attention_mask (B, 1, n, n_keys).
-    query (B, H, n, d); key, value (B, H_kv, n_keys, d). An unpatched layer (cross-attention, a layer
-    left out of a partial patch) runs the eager attention alone."""
+def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
+    """The transformers door's second half, transformers' AttentionInterface function under
+    MASK_PRIOR_ATTENTION, which serves the rule that the prior costs the model little: the attention
+    the stock model runs, with the bias the pre-hook left on the layer, log sigmoid(s M), in its
+    mask. query (B, H, n, d); key, value (B, H_kv, n_keys, d); attention_mask: sdpa_mask's (the mask
+    function of MASK_PRIOR_ATTENTION), None (causal, or nothing masked) or Boolean (B, 1, n, n_keys),
+    True where a query may look. A family transformers runs on SDPA (GPT-2, Llama, BERT, ViT, ...)
+    goes to its sdpa_attention_forward with the bias as position_bias, the fused kernel, unless a
+    gradient reaches M or the model collects the weights: then to the same function written out
+    (the CPU's fused kernels give no gradient for a mask; SDPA's math fallback costs more). A family
+    SDPA does not run (Gemma2's softcap, GPT-OSS's sinks) goes to its eager attention, the bias in
+    its float mask. An unpatched layer (cross-attention, a layer a partial patch left out) runs the
+    family's stock attention alone."""
+    from transformers.integrations import sdpa_attention
+    from transformers.utils import output_capturing
+    bias = kwargs.pop("position_bias", None)           # a family's own (PP-DocLayout-V2's): both add
     if hasattr(module, "mask_prior_name"):
-        bias, module.mask_prior_bias = module.mask_prior_bias, None             # (B or 1, H, n, n_keys)
-        if bias is None:
-            raise ValueError(f"{module.mask_prior_name}: the attention function was called for "
-                             f"{type(module).__name__} outside its forward, where its tokens' positions are found")
-        if bias.shape[-2:] != (query.shape[-2], key.shape[-2]):
-            raise ValueError(f"{module.mask_prior_name}: {query.shape[-2]} queries and {key.shape[-2]} keys, where "
-                             f"the model's positions and cache give {bias.shape[-2]} and {bias.shape[-1]}")
-        attention_mask = bias if attention_mask is None else attention_mask + bias
-        # the model's blocked entries hold its dtype's lowest value, which a bias pushes to -inf in
-        # float16: a row of padding would then be all -inf, a NaN; the lowest value keeps it finite
-        attention_mask = attention_mask.clamp_min(torch.finfo(attention_mask.dtype).min)
-    if type(module) not in _EAGER_ATTENTION_OF:       # a class no patch has met: a cross-attention's
-        _EAGER_ATTENTION_OF[type(module)] = _eager_attention(type(module))
-    return _EAGER_ATTENTION_OF[type(module)](module, query, key, value, attention_mask, *args, **kwargs)
+        prior = vars(module).pop("mask_prior_bias", None)       # (B or 1, H, n, n_keys), for this call alone
+        if prior is None or prior.shape[-2:] != (query.shape[-2], key.shape[-2]):   # called outside the forward
+            raise ValueError(f"{module.mask_prior_name}: {query.shape[-2]} queries and {key.shape[-2]} keys where its "
+                             f"forward's positions, cache give {None if prior is None else tuple(prior.shape[-2:])}")
+        bias = prior if bias is None else prior + bias
+    # a class no patch has met (a cross-attention's) is looked up here, where compiling cannot
+    eager = _ATTENTION_OF[type(module)] if type(module) in _ATTENTION_OF else _eager_attention(type(module))
+    # transformers' capture_outputs records each layer's weights (output_attentions=True), GPT-2's
+    # without telling the layer; SDPA gives none
+    collected = kwargs.get("output_attentions") or "attentions" in (output_capturing._active_collector.get() or ())
+    if eager is None and (bias is None or not (bias.requires_grad or collected)):
+        return sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs,
+                                                     position_bias=bias if bias is None else bias.to(query.dtype))
+    # sdpa_attention_forward's rule: a causal layer's mask is None where is_causal serves (no padding,
+    # as many queries as keys or queries from cache index 0: the causal mask is the top-left triangle)
+    causal = query.shape[2] > 1 and attention_mask is None and (
+        getattr(module, "is_causal", True) if (is_causal := kwargs.pop("is_causal", None)) is None else is_causal)
+    # a blocked entry takes the dtype's lowest value in place of the bias, as transformers' eager_mask
+    # gives it: a row of padding stays finite in float16
+    mask = sdpa_attention.create_position_bias_mask(query.new_zeros(()) if bias is None else bias, attention_mask,
+                                                    causal, query, key)    # (B or 1, H or 1, n, n_keys)
+    if eager is not None:
+        return eager(module, query, key, value, mask, **kwargs)
+    # softmax(scaling Q K^T + mask) V, Section 4.1 with the model's masks; the scaling on Q (n x d)
+    # rather than the logits (n x n); K, V repeated for grouped-query attention as transformers' repeat_kv
+    groups = query.shape[1] // key.shape[1]
+    key, value = (t.repeat_interleave(groups, 1) for t in (key, value)) if groups > 1 else (key, value)
+    weights = torch.matmul(query * (kwargs.get("scaling") or query.shape[-1] ** -0.5), key.transpose(-1, -2)) + mask
+    weights = weights.softmax(-1, dtype=torch.float32).to(value.dtype)    # (B, H, n, n_keys)
+    weights = F.dropout(weights, kwargs.get("dropout", 0.0), module.training)   # p = 0 gives weights back
+    return torch.matmul(weights, value).transpose(1, 2), weights
 
 def _self_attention_layers(model):
-    """[(name, module, pre-hook)] of every supported self-attention layer in model, in named_modules()
-    order, each with the forward pre-hook of its door: nn.MultiheadAttention (but the multihead_attn
-    of nn.TransformerDecoderLayer, cross-attention with keys from the memory), timm's Attention, or a
-    transformers layer, one whose forward looks up ALL_ATTENTION_FUNCTIONS (the registry behind
-    attn_implementation=) but its family's cross-attention layers. ValueError naming a transformers
-    model or layer that cannot take the prior (_check_transformers_part)."""
+    """Serves add_mask_prior's reach and from_pretrained's: [(name, module, pre-hook, prefix)] of
+    every supported self-attention layer in model, in named_modules() order, each with the forward
+    pre-hook of its door: nn.MultiheadAttention (but the multihead_attn of nn.TransformerDecoderLayer,
+    cross-attention with keys from the memory), timm's Attention, or a transformers layer, one whose
+    forward looks up ALL_ATTENTION_FUNCTIONS (the registry behind attn_implementation=) but its
+    family's cross-attention layers. prefix: None for a layer over a sequence; for an image's layer
+    (timm's, torchvision's ViT's, a transformers layer whose config has an image_size) the prefix
+    tokens model puts before its patches (_PREFIX_TOKENS). ValueError naming a transformers model
+    or layer that cannot take the prior (_check_transformers_part)."""
     import inspect
     import sys
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
+    prefix = sum(p.numel() // p.shape[-1] for name, p in model.named_parameters() if name.endswith(_PREFIX_TOKENS))
+    torchvision = any(type(m).__module__.startswith("torchvision.") for m in model.modules())  # its ViT's layers
     named = []
     for name, module in model.named_modules():
         forward = inspect.unwrap(type(module).forward) if "transformers" in sys.modules else None
@@ -1087,24 +1165,26 @@ def _self_attention_layers(model):
         transformers_layer = on_interface and not cross
         if transformers_layer or isinstance(module, pretrained):
             _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
+        image = getattr(getattr(module, "config", None), "image_size", None) is not None
         if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
-            named.append((name, module, _add_mask_prior_to_call))
+            named.append((name, module, _add_mask_prior_to_call, prefix if torchvision else None))
         elif isinstance(module, timm_attention):
-            named.append((name, module, _add_mask_prior_to_timm_call))
+            named.append((name, module, _add_mask_prior_to_call, prefix))
         elif transformers_layer:
-            named.append((name, module, _add_mask_prior_to_transformers_call))
+            named.append((name, module, _add_mask_prior_to_transformers_call, prefix if image else None))
     return named
 
 def _patch(named, masks, mode, scale):
-    """Give each (name, layer, pre-hook) of named its M (a Parameter from masks), its pre-hook and,
-    for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which
-    save_pretrained writes to config.json): scale, mode and each layer's M shape under its name in
-    the module add_mask_prior was given (from_pretrained finds the layers by the checkpoint's M).
-    First a ValueError naming the module unless every layer is unpatched, its mask is (heads, N, N),
-    and (a transformers layer) its config records no prior of another scale or mode (config.json
-    holds one)."""
+    """Serves add_mask_prior and from_pretrained, the one place a layer takes the prior: give each
+    (name, layer, pre-hook, prefix) of named its M (a Parameter from masks), its pre-hook and, for a
+    transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which save_pretrained
+    writes to config.json): scale, mode and each layer's M shape under its name in the module
+    add_mask_prior was given. First a ValueError naming the module unless every layer is unpatched,
+    its mask is (heads, N, N), and (a transformers layer) its config records no prior of another
+    scale or mode (config.json holds one) nor another layer of this name (a part of the model
+    patched alone before: config.json could not tell the two apart)."""
     import inspect
-    for (name, attn, _), mask in zip(named, masks):
+    for (name, attn, _, _), mask in zip(named, masks):
         heads, rows, cols = mask.shape
         if hasattr(attn, "mask_prior_name"):
             raise ValueError(f"{name or 'model'} already has a mask prior")
@@ -1112,42 +1192,45 @@ def _patch(named, masks, mode, scale):
             raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
                              f"{type(attn).__name__} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
         record = getattr(getattr(attn, "config", None), "mask_prior", None)
-        if record and (record["scale"], record["mode"]) != (scale, mode):
-            raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, "
-                             f"mode={record['mode']!r}, got scale={scale}, mode={mode!r}")
-    for (name, attn, hook), mask in zip(named, masks):
-        weight = next(attn.parameters())              # M takes the module's dtype and device
-        attn.mask = nn.Parameter(mask.detach().to(weight).clone(), requires_grad=(mode == "learnable"))
-        attn.mask_scale = scale
-        attn.mask_prior_name = name or "model"        # for the forward-time messages
+        if record and ((record["scale"], record["mode"]) != (scale, mode) or name in record["layers"]):
+            raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, mode="
+                             f"{record['mode']!r}, layers {list(record['layers'])}; got scale={scale}, mode={mode!r} "
+                             f"(patch the parts in one call, on a module that holds them, so config.json names each)")
+    for (name, attn, hook, prefix), mask in zip(named, masks):
+        # M takes the module's dtype and device
+        attn.mask = nn.Parameter(mask.detach().to(next(attn.parameters())).clone(), requires_grad=mode == "learnable")
+        attn.mask_scale, attn.mask_prior_name = scale, name or "model"     # the name for the forward-time messages
+        # None over a sequence, else an image's prefix tokens; (M's version, log sigmoid(s M)) for _prior_bias
+        attn.mask_prior_prefix, attn.mask_prior_table = prefix, (None, None)
         # the names of forward's arguments, by which each hook reads a call's positional ones
         attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
         attn.register_forward_pre_hook(hook, with_kwargs=True)
         if hook is _add_mask_prior_to_transformers_call:
             from transformers import AttentionInterface, AttentionMaskInterface
-            from transformers.masking_utils import eager_mask
-            attn.mask_prior_bias = None
-            _EAGER_ATTENTION_OF[type(attn)] = _eager_attention(type(attn))
+            from transformers.masking_utils import sdpa_mask
             record = getattr(attn.config, "mask_prior", None) or {"scale": scale, "mode": mode, "layers": {}}
             record["layers"][name] = list(mask.shape)
             attn.config.mask_prior = record
             # _mask_prior_attention becomes the config's attn_implementation (every layer on the config
-            # takes it), with transformers' eager_mask as its mask function (a name without one gets
-            # attention_mask=None: no causal, no padding mask)
+            # takes it), with transformers' sdpa_mask as its mask function, SDPA's: None where is_causal
+            # serves, else Boolean (a name without one gets attention_mask=None: no causal, no padding mask)
             AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
-            AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, eager_mask)
+            AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, sdpa_mask)
             attn.config._attn_implementation = MASK_PRIOR_ATTENTION
 
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
-    """Put the Section 4.1 mask prior log sigmoid(scale * M) into every self-attention layer of
-    model (a whole model or a part: a ModuleList, one layer): nn.MultiheadAttention, timm's
-    Attention, transformers' layers on the AttentionInterface; returns the patched modules in
-    model.named_modules() order. mask_init: float logits (heads, N, N) for every layer or (layers,
-    heads, N, N), one per layer in that order; M[h, i, j] is the prior of a query at position i on a
-    key at position j. mode: "learnable" or "fixed", as in MaskedSelfAttention; M is the parameter
-    `mask` of each layer, in the state_dict (patch a fresh model before load_state_dict; a transformers
-    model saved with save_pretrained comes back with from_pretrained below). The caller's causal and
-    padding masks are kept. Positions past N: ValueError at forward time."""
+    """The appendix's feature, Section 4.1's prior in an existing model: log sigmoid(scale * M) in
+    every self-attention layer of model (a whole model or a part: a ModuleList, one layer):
+    nn.MultiheadAttention, timm's Attention, transformers' layers on the AttentionInterface; returns
+    the patched modules in model.named_modules() order. mask_init: float logits (heads, N, N) for every
+    layer or (layers, heads, N, N), one per layer in that order; M[h, i, j] is the prior of a query at
+    position i on a key at position j. mode: "learnable" or "fixed", as in MaskedSelfAttention; M is
+    the parameter `mask` of each layer, in the state_dict (patch a fresh model before load_state_dict;
+    a transformers model saved with save_pretrained comes back with from_pretrained below). The
+    caller's causal and padding masks are kept. A layer over a sequence takes any n <= N tokens, at
+    the positions the model gives them; an image's layer exactly the N tokens M was built for (prefix
+    tokens, then the patches: timm's, torchvision's and transformers' vision models). Else a
+    ValueError at forward time."""
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
     if not torch.is_floating_point(mask_init):
@@ -1159,21 +1242,24 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
                          f"or transformers attention layer to patch")
     if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
         raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) for the "
-                         f"modules {[name for name, _, _ in named]}, got {tuple(mask_init.shape)}")
-    masks = mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1)
-    _patch(named, masks, mode, scale)
-    for encoder in model.modules():
-        if isinstance(encoder, nn.TransformerEncoder):
-            encoder.use_nested_tensor = False
-    return [attn for _, attn, _ in named]
+                         f"modules {[layer[0] for layer in named]}, got {tuple(mask_init.shape)}")
+    _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale)
+    for encoder in (m for m in model.modules() if isinstance(m, nn.TransformerEncoder)):
+        encoder.use_nested_tensor = False
+    return [layer[1] for layer in named]
 
 def from_pretrained(model_class, path, **kwargs):
-    """model_class.from_pretrained(path, **kwargs) with its mask prior: the directory path was
-    written by save_pretrained of a model with add_mask_prior, whose config.json records the prior
-    (scale, mode, layers). A plain from_pretrained drops the masks (transformers lists them as
-    unexpected keys) and loads the model without its prior; this one patches the layers whose M
-    the safetensors files hold and loads M into them. model_class: a model class (an Auto class
-    works too, but transformers then lists the masks as unexpected before they are loaded)."""
+    """Serves the rule that a saved prior loads whole or not at all: model_class.from_pretrained(path,
+    **kwargs) with its mask prior, from a directory save_pretrained wrote for a model with
+    add_mask_prior, whose config.json records the prior (scale, mode, each layer's M shape). A plain
+    from_pretrained drops the masks (transformers lists them as unexpected keys) and loads the model
+    without its prior; this one patches exactly the layers config.json records, each with its
+    record's scale and mode, and loads their M. A recorded name is relative to the module
+    add_mask_prior was given: it names the one saved M whose layer's name ends with it. A recorded
+    layer without its M in the weight files, an M of another shape than the record's, an M the
+    record does not name: a ValueError naming the layer and what differs. model_class: a model class
+    (an Auto class works too, but transformers then lists the masks as unexpected before they are
+    loaded)."""
     import pathlib
     import unittest.mock
     from safetensors import safe_open      # transformers' own checkpoint format
@@ -1185,29 +1271,34 @@ def from_pretrained(model_class, path, **kwargs):
     ignored = [*(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()), r"\.mask$"]
     with unittest.mock.patch.object(model_class, "_keys_to_ignore_on_load_unexpected", ignored):
         model = model_class.from_pretrained(path, **kwargs)
-    masks = {}
+    masks = {}                                        # the saved layer's name -> its M
     for file in sorted(pathlib.Path(path).glob("*.safetensors")):
         with safe_open(file, "pt") as tensors:
-            masks.update({key: tensors.get_tensor(key) for key in tensors.keys() if key.endswith(".mask")})
-    modules, prefix = dict(model.named_modules()), model.base_model_prefix + "."
-    named = []
-    for key in masks:                                 # the checkpoint may hold the model with a head
-        saved = key.removesuffix(".mask")
-        name = next((n for n in (saved, saved.removeprefix(prefix), prefix + saved) if n in modules), None)
-        if getattr(getattr(modules.get(name), "config", None), "mask_prior", None) is None:
-            raise ValueError(f"{path}: {key} is no mask prior of a {model_class.__name__} layer whose "
-                             f"config.json records one")
-        named.append((name, modules[name], _add_mask_prior_to_transformers_call))   # the kind config.json records
-    if not named:
-        raise ValueError(f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
-    record = named[0][1].config.mask_prior
-    for _, attn, _ in named:
-        attn.config.mask_prior = None                 # rebuilt by _patch under the loaded names
-    _patch(named, list(masks.values()), record["mode"], record["scale"])
+            masks.update({key[:-5]: tensors.get_tensor(key) for key in tensors.keys() if key.endswith(".mask")})
+    prefix = model.base_model_prefix + "."            # the checkpoint may hold the model with a head or without
+    layers = {saved: layer for layer in _self_attention_layers(model)
+              for saved in (layer[0], prefix + layer[0], layer[0].removeprefix(prefix))}
+    configs = {id(c): c for _, m, _, _ in layers.values() if getattr(c := getattr(m, "config", None), "mask_prior", 0)}
+    for config in configs.values():
+        record, config.mask_prior = config.mask_prior, None     # rebuilt by _patch under the loaded names
+        chosen = []                                             # (layer, its M) for each recorded layer
+        for recorded, shape in record["layers"].items():
+            keys = [key for key in masks if recorded in ("", key) or key.endswith("." + recorded)]
+            if len(keys) != 1 or list(masks[keys[0]].shape) != shape or keys[0] not in layers:
+                held = [f"{key}.mask {tuple(masks[key].shape)}" for key in keys] or "no M for it"
+                raise ValueError(f"{path}: config.json records a mask prior {tuple(shape)} in layer {recorded!r} of a "
+                                 f"{model_class.__name__}; the weight files hold {held}")
+            chosen.append((layers[keys[0]], masks.pop(keys[0])))
+        _patch([layer for layer, _ in chosen], [mask for _, mask in chosen], record["mode"], record["scale"])
+    if masks or not configs:        # an M config.json does not record, or no prior at all
+        raise ValueError(f"{path}: the weight files hold M for layers config.json records no prior in: "
+                         f"{[key + '.mask' for key in sorted(masks)]}" if masks else
+                         f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
     return model
 
 def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=False):
-    """Optimizer parameter groups, each trainable parameter once: weight matrices and embeddings
+    """Serves the prior's persistence under training, M kept out of weight decay: optimizer parameter
+    groups, each trainable parameter once: weight matrices and embeddings
     (dim >= 2) decayed by weight_decay, but for the names that no_weight_decay() lists, of the model
     or of any module inside it (timm's pos_embed, cls_token; fnmatch patterns, as timm reads them);
     biases and norm gains not; every M (MaskedSelfAttention's and add_mask_prior's) by mask_decay
@@ -1225,14 +1316,9 @@ def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=Fa
                 for pattern in module.no_weight_decay()]
     decayed, kept, mask = ({"params": [], "weight_decay": decay} for decay in (weight_decay, 0.0, mask_decay))
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if id(p) in masks:
-            mask["params"].append(p)
-        elif decay_all or p.dim() >= 2 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in no_decay):
-            decayed["params"].append(p)
-        else:
-            kept["params"].append(p)
+        if p.requires_grad:                   # each trainable parameter once: M, else decayed or kept
+            decay = decay_all or p.dim() >= 2 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in no_decay)
+            (mask if id(p) in masks else decayed if decay else kept)["params"].append(p)
     if mask_lr:
         mask["lr"] = mask_lr
     return [group for group in (decayed, kept, mask) if group["params"]]

@@ -4,17 +4,18 @@ from configs (no download): M is indexed by the positions the model uses, so cac
 prefill read the entries of M that the no-cache run of the same tokens reads, and give its tokens
 and logits; a position past M's N is a ValueError on every path. A part of a model (its ModuleList,
 one layer) takes the prior in exactly those layers; switching the attention implementation away is
-refused; save_pretrained and maskprior.from_pretrained restore a trained prior; cross-attention is
-left unpatched."""
+refused; save_pretrained and maskprior.from_pretrained restore a trained prior, exactly the layers
+config.json records, and refuse a damaged or edited folder by layer; cross-attention is left unpatched."""
 import copy
 import json
 import os
 
 import pytest
 import torch
-import transformers as T
 
 import maskprior
+
+T = pytest.importorskip("transformers", reason="needs the test extras (pip install .[test]): Hugging Face transformers")
 
 VOCAB, WIDTH, LAYERS = 64, 32, 2
 N = 16                  # M covers positions 0..15: a prompt of 5 and 8 new tokens fit, 13 do not
@@ -298,6 +299,97 @@ def test_from_pretrained_restores_a_partial_fixed_patch(tmp_path):
     assert not hasattr(loaded.transformer.h[0].attn, "mask")
     assert torch.equal(loaded.transformer.h[1].attn.mask, masks[1])
     assert not loaded.transformer.h[1].attn.mask.requires_grad
+
+
+@pytest.fixture(scope="module")
+def saved_llama(tmp_path_factory):
+    """A folder save_pretrained wrote for the Llama with a prior in both layers, and that model."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval()
+    maskprior.add_mask_prior(model, position_dependent_masks(model), scale=2.0)
+    folder = tmp_path_factory.mktemp("llama")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def edited_copy(folder, tmp_path, weights=None, record=None):
+    """A copy of the saved folder with its weights edited by weights(dict of tensors) and its
+    config.json's record by record(dict), each in place."""
+    from safetensors.torch import load_file, save_file
+    copy_dir = tmp_path / "edited"
+    copy_dir.mkdir()
+    for file in folder.iterdir():
+        (copy_dir / file.name).write_bytes(file.read_bytes())
+    if weights:
+        tensors = load_file(copy_dir / "model.safetensors")
+        weights(tensors)
+        save_file(tensors, copy_dir / "model.safetensors", metadata={"format": "pt"})
+    if record:
+        config = json.loads((copy_dir / "config.json").read_text())
+        record(config["mask_prior"])
+        (copy_dir / "config.json").write_text(json.dumps(config))
+    return copy_dir
+
+
+EDITS = {  # name: (weights edit, record edit, the message's pattern)
+    "missing_m": (lambda t: t.pop("model.layers.1.self_attn.mask"), None,
+                  r"records a mask prior \(4, 16, 16\) in layer 'model\.layers\.1\.self_attn' of a LlamaForCausalLM; "
+                  r"the weight files hold no M for it"),
+    "every_m_missing": (lambda t: [t.pop(f"model.layers.{i}.self_attn.mask") for i in range(LAYERS)], None,
+                        r"in layer 'model\.layers\.0\.self_attn' .*hold no M for it"),
+    "m_of_another_shape": (lambda t: t.update({"model.layers.0.self_attn.mask": torch.zeros(4, 12, 12)}), None,
+                           r"records a mask prior \(4, 16, 16\) in layer 'model\.layers\.0\.self_attn' .*the weight "
+                           r"files hold \['model\.layers\.0\.self_attn\.mask \(4, 12, 12\)'\]"),
+    "recorded_shape_differs": (None, lambda r: r["layers"].update({"model.layers.1.self_attn": [4, 8, 8]}),
+                               r"records a mask prior \(4, 8, 8\) in layer 'model\.layers\.1\.self_attn' .*hold "
+                               r"\['model\.layers\.1\.self_attn\.mask \(4, 16, 16\)'\]"),
+    "m_the_record_lacks": (None, lambda r: r["layers"].pop("model.layers.1.self_attn"),
+                           r"the weight files hold M for layers config\.json records no prior in: "
+                           r"\['model\.layers\.1\.self_attn\.mask'\]"),
+    "record_removed": (None, lambda r: r["layers"].clear(),
+                       r"config\.json records no prior in: \['model\.layers\.0\.self_attn\.mask', "
+                       r"'model\.layers\.1\.self_attn\.mask'\]"),
+    "m_for_a_layer_the_model_lacks": (lambda t: t.update({"model.layers.1.mlp.mask": torch.zeros(4, 16, 16)}),
+                                      None, r"records no prior in: \['model\.layers\.1\.mlp\.mask'\]"),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_from_pretrained_refuses_an_edited_or_damaged_folder_by_layer(saved_llama, tmp_path, edit):
+    """A saved prior loads whole or not at all: config.json's record and the weight files' M must
+    name the same layers with the same shapes; else one ValueError naming the layer and what differs
+    (a plain from_pretrained of the same folder would run without the prior, or with part of it)."""
+    folder, _ = saved_llama
+    weights, record, message = EDITS[edit]
+    with pytest.raises(ValueError, match=message):
+        maskprior.from_pretrained(T.LlamaForCausalLM, edited_copy(folder, tmp_path, weights, record))
+
+
+def test_from_pretrained_takes_scale_mode_and_shape_from_the_record(saved_llama, tmp_path):
+    """The record, not a default, sets each layer's scale and mode: edited to scale 3 and fixed, the
+    loaded layers hold scale 3 and a frozen M, and the logits differ from the saved model's."""
+    folder, model = saved_llama
+    loaded = maskprior.from_pretrained(T.LlamaForCausalLM, folder)
+    edited = maskprior.from_pretrained(T.LlamaForCausalLM, edited_copy(
+        folder, tmp_path, record=lambda r: r.update(scale=3.0, mode="fixed")))
+    ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(5))
+    assert [layer.self_attn.mask_scale for layer in loaded.model.layers] == [2.0, 2.0]
+    assert [layer.self_attn.mask_scale for layer in edited.model.layers] == [3.0, 3.0]
+    assert all(layer.self_attn.mask.requires_grad for layer in loaded.model.layers)
+    assert not any(layer.self_attn.mask.requires_grad for layer in edited.model.layers)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
+        assert (edited(ids).logits - model(ids).logits).abs().max() > 1e-3
+
+
+def test_parts_patched_in_separate_calls_are_refused_where_config_json_could_not_tell_them_apart():
+    """Two layers patched one by one would both be recorded as "self_attn": the second patch is
+    refused, with the way to patch both (one call on their ModuleList)."""
+    model = MODELS["llama"]()
+    maskprior.add_mask_prior(model.model.layers[0], torch.zeros(4, N, N))
+    with pytest.raises(ValueError, match=r"^self_attn: its model's prior has .*layers \['self_attn'\].*patch the "
+                                         r"parts in one call"):
+        maskprior.add_mask_prior(model.model.layers[1], torch.zeros(4, N, N))
 
 
 def test_from_pretrained_refuses_a_model_saved_without_a_prior(tmp_path):

@@ -5,7 +5,9 @@ Mistral, Qwen2, Gemma2 with its softcap, Gemma3, GPT-OSS with its sinks, OPT, GP
 encoders (BERT, ModernBERT) and vision models (ViT, DeiT, CLIP, DINOv2 with registers, BEiT). A
 patched layer computes softmax(Q K^T / sqrt(d) + log sigmoid(s M) + the model's own scores' changes
 and masks) V (Section 4.1), trains M, and refuses what it cannot patch; a constant M leaves every
-family unchanged. Cached generation, padding and saving are in tests/test_add_mask_prior_positions.py."""
+family unchanged. An image layer takes exactly the tokens its mask was built for (every image family
+here, at another grid: one ValueError that says how to build M). Cached generation, padding and saving
+are in tests/test_add_mask_prior_positions.py."""
 import copy
 import inspect
 import math
@@ -14,15 +16,16 @@ import subprocess
 import sys
 
 import pytest
-import timm
-import timm.optim
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import transformers as T
 
 import maskprior
 from helpers import ROOT, random_masks, split_heads
+
+timm = pytest.importorskip("timm", reason="needs the test extras (pip install .[test]): timm")
+T = pytest.importorskip("transformers", reason="needs the test extras (pip install .[test]): Hugging Face transformers")
+import timm.optim  # noqa: E402  (the optimizer factory, after timm is known to be there)
 
 WIDTH, LAYERS, VOCAB = 32, 2, 64
 TEXT_N, TEXT_LEN = 8, 6              # M covers 8 tokens; inputs of 6 use its top-left 6 x 6 block
@@ -136,14 +139,15 @@ FAMILIES = {  # name: (build, query heads, M's N, inputs(batch), name of the fir
     "dinov2_registers": (lambda: vision(T.Dinov2WithRegistersConfig, T.Dinov2WithRegistersModel,
                                         num_register_tokens=2), 2, IMAGE_N + 2, images,
                          "encoder.layer.0.attention"),
+    "dinov2": (lambda: vision(T.Dinov2Config, T.Dinov2Model), 2, IMAGE_N, images, "encoder.layer.0.attention"),
     "beit": (beit, 2, IMAGE_N, images, "layers.0.attention"),
     "timm_vit": (timm_vit, 2, IMAGE_N, lambda b: images(b, "x"), "blocks.0.attn"),
     "timm_vit_no_class_token": (lambda: timm_vit(class_token=False, global_pool="avg"), 2, IMAGE_N - 1,
                                 lambda b: images(b, "x"), "blocks.0.attn"),
     "timm_vit_registers": (lambda: timm_vit(reg_tokens=2), 2, IMAGE_N + 2, lambda b: images(b, "x"),
                            "blocks.0.attn"),
-    "timm_vit_dynamic_size": (lambda: timm_vit(dynamic_img_size=True), 2, IMAGE_N,
-                              lambda b: images(b, "x", size=12), "blocks.0.attn"),   # 9 + 1 of 17
+    "timm_vit_dynamic_size": (lambda: timm_vit(dynamic_img_size=True), 2, 10,       # CLS + 3 x 3 patches
+                              lambda b: images(b, "x", size=12), "blocks.0.attn"),
 }
 WRITTEN_OUT = ["gpt2", "llama", "gemma2", "gpt_oss", "bert", "hf_vit", "timm_vit"]
 
@@ -271,9 +275,14 @@ def test_patched_layer_computes_the_section_4_1_attention(name):
             call = inspect.signature(stock_layer.forward).bind(*seen["args"], **seen["kwargs"])
             call.arguments["cache"] = None                # the model's cache holds these keys
             m = TEXT_LEN if n == TEXT_N else n
-            model_mask = call.arguments.get("attention_mask")            # (B, 1, n, n) or None
-            bias = F.logsigmoid(masks[1][:, :m, :m])                    # (H, n, n)
-            call.arguments["attention_mask"] = bias if model_mask is None else model_mask + bias
+            # the model's mask as the patched layer saw it: Boolean (B, 1, n, n), or None where SDPA's
+            # is_causal would serve (a decoder's) or nothing is masked
+            allowed = call.arguments.get("attention_mask")
+            if allowed is None:
+                allowed = torch.ones(m, m, dtype=torch.bool)
+                allowed = allowed.tril() if getattr(stock_layer, "is_causal", True) else allowed
+            model_mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            call.arguments["attention_mask"] = model_mask + F.logsigmoid(masks[1][:, :m, :m])   # (B or 1, H, n, n)
             expected, actual = stock_layer(*call.args, **call.kwargs)[0], seen["out"][0]
     assert (masks[1] != masks[0]).any()
     torch.testing.assert_close(actual, expected)
@@ -318,7 +327,7 @@ def test_timm_caller_mask_and_is_causal_add_to_the_prior():
     """timm's Attention called with is_causal=True, or with a Boolean attn_mask (True = may attend,
     SDPA's meaning) on both its paths: the written-out attention plus the causal or caller's -inf."""
     model = build("timm_vit").double()
-    masks = random_masks(LAYERS, 2, IMAGE_N).double()
+    masks = random_masks(LAYERS, 2, 5).double()                         # the layer alone, on 5 tokens
     attn = maskprior.add_mask_prior(model, masks)[0]
     x = torch.randn(2, 5, WIDTH, dtype=torch.float64)
     causal = torch.ones(5, 5, dtype=torch.bool).tril()                  # True = may attend
@@ -468,15 +477,63 @@ def test_wrong_head_count_and_layer_count_are_refused(name):
         maskprior.add_mask_prior(build(name), torch.zeros(3, heads, n, n))
 
 
-@pytest.mark.parametrize("name", ["timm_vit", "gpt2", "hf_vit", "bert", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
 def test_sequence_longer_than_the_mask_is_refused_at_forward_time(name):
     _, heads, n, make_inputs, first = FAMILIES[name]
     model = build(name)
-    short, length = (3, IMAGE_N) if name.endswith("vit") else (TEXT_LEN - 1, TEXT_LEN)
+    short = TEXT_LEN - 1
     maskprior.add_mask_prior(model, torch.zeros(heads, short, short))
-    message = re.escape(first) + rf".*\({heads}, {short}, {short}\).*at most {short}.*got position {length - 1}"
+    message = re.escape(first) + rf".*\({heads}, {short}, {short}\).*at most {short}.*got position {TEXT_LEN - 1}"
     with pytest.raises(ValueError, match=message):
         run(model, make_inputs(1))
+
+
+# An image layer takes exactly the N tokens its mask was built for: its prefix tokens (class,
+# distillation, register tokens) and its grid of patches. Each case gives a family a mask built for
+# another layout: (family, image size, call keywords, prefix tokens, grid at that size, M's N). 12 px
+# is a 3 x 3 grid of the 16 px models (timm's dynamic_img_size, transformers' interpolate_pos_encoding),
+# where M's top-left block would give each patch another patch's prior.
+WRONG_GRIDS = {
+    "timm_vit": ("timm_vit", 16, {}, 1, 4, 26),                    # M for a 5 x 5 grid
+    "timm_vit_no_class_token": ("timm_vit_no_class_token", 16, {}, 0, 4, IMAGE_N),   # a CLS it lacks
+    "timm_vit_registers": ("timm_vit_registers", 16, {}, 3, 4, IMAGE_N),
+    "timm_vit_dynamic_size": ("timm_vit_dynamic_size", 12, {}, 1, 3, IMAGE_N),
+    "hf_vit_interpolated": ("hf_vit", 12, {"interpolate_pos_encoding": True}, 1, 3, IMAGE_N),
+    "hf_vit": ("hf_vit", 16, {}, 1, 4, 26),
+    "deit": ("deit", 16, {}, 2, 4, IMAGE_N),                      # CLS and the distillation token
+    "deit_interpolated": ("deit", 12, {"interpolate_pos_encoding": True}, 2, 3, IMAGE_N + 1),
+    "clip_vision_interpolated": ("clip_vision", 12, {"interpolate_pos_encoding": True}, 1, 3, IMAGE_N),
+    "dinov2": ("dinov2", 12, {}, 1, 3, IMAGE_N),                   # DINOv2 always interpolates
+    "dinov2_registers": ("dinov2_registers", 12, {}, 3, 3, IMAGE_N + 2),
+    "beit_interpolated": ("beit", 12, {"interpolate_pos_encoding": True}, 1, 3, IMAGE_N),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_GRIDS))
+def test_a_mask_for_another_grid_is_refused_and_the_recipe_given_fits(case):
+    """The forward refuses M with one ValueError naming the layer, the tokens the image gives (prefix
+    tokens + patches, the grid), M's N and how to build M for this grid; the mask built as the
+    message says then runs and trains."""
+    name, size, keywords, prefix, grid, wrong = WRONG_GRIDS[case]
+    _, heads, _, _, first = FAMILIES[name]
+    key = "x" if name.startswith("timm") else "pixel_values"
+    inputs = {**images(2, key, size), **keywords}
+    model = build(name).train()
+    maskprior.add_mask_prior(model, torch.zeros(heads, wrong, wrong))
+    n = prefix + grid * grid
+    message = (rf"^{re.escape(first)}: an image layer takes the N tokens its mask was built for; got {n} = {prefix} "
+               rf"prefix tokens \(.*\) \+ {grid * grid} patches, M \({heads}, {wrong}, {wrong}\) is for N = {wrong}: "
+               rf"for a {grid} x {grid} grid M = (?P<recipe>.*), i = (?P<index>.*)$")
+    with pytest.raises(ValueError, match=message) as refused:
+        run(model, inputs)
+    found = re.match(message, str(refused.value))
+    index = eval(found["index"])
+    mask = eval(found["recipe"], {"maskprior": maskprior, "depth": LAYERS, "heads": heads, "i": index})
+    assert mask.shape == (LAYERS, heads, n, n)
+    model = build(name).train()
+    patched = maskprior.add_mask_prior(model, mask)
+    run(model, inputs).square().mean().backward()
+    assert all(attn.mask.grad.abs().max() > 0 for attn in patched)
 
 
 def test_boolean_mask_init_is_refused():

@@ -242,7 +242,7 @@ def test_vision_bad_input_exits_2_with_one_line(args, message, capsys):
 def test_model_timm_trains_timms_vit_with_the_mask_prior(cifar_dir, skip_md5, tmp_path, capsys):
     """--model timm: timm's VisionTransformer of the same shape, M put in by add_mask_prior (fixed
     for mask-fixed), timm's pos_embed and cls_token undecayed as maskprior.ViT's pos and cls."""
-    import timm
+    timm = pytest.importorskip("timm", reason="needs the test extras (pip install .[test]): timm")
     assert train.main(["--task", "cifar10", "--model", "timm", "--init", "default", "mask",
                        "mask-fixed", "--epochs", "2", "--data-dir", cifar_dir, "--out",
                        str(tmp_path), *TINY]) == 0
