@@ -6,6 +6,7 @@ the language tests, a tiny tiktoken ranks file.
 
     python tests/synthetic.py DIR [TRAIN_SIZE TEST_SIZE]             # CIFAR-10 layout
     python tests/synthetic.py --digits DIR [TRAIN_SIZE TEST_SIZE]    # DIR/imagenet100/{train,val}
+    python tests/synthetic.py --sklearn-digits DIR                   # DIR/{train,val}: the README's digits
 """
 import array
 import base64
@@ -190,7 +191,26 @@ def write_text_files(root, train_chars=4000, valid_chars=1000, test_chars=0):
     return root
 
 
+def write_sklearn_digits(root, train_size=1400):
+    """The README's stand-in for CIFAR (section "Vision"): scikit-learn's 1,797 handwritten digits (8 x 8,
+    grey levels 0-16) as 32 x 32 grey PNGs (levels x 255 / 16, truncated; bilinear upscaling) in the
+    --task images layout, root/{train,val}/<digit>/<index>.png: a seeded permutation (torch, seed 0) puts
+    the first train_size in train/ and the rest in val/. Needs scikit-learn."""
+    import sklearn.datasets
+    x, y = sklearn.datasets.load_digits(return_X_y=True)
+    levels = (torch.as_tensor(x, dtype=torch.float64) * 255 / 16).to(torch.uint8)      # (1797, 64)
+    order = torch.randperm(len(levels), generator=torch.Generator().manual_seed(0)).tolist()
+    for k, i in enumerate(order):
+        folder = os.path.join(root, "train" if k < train_size else "val", str(int(y[i])))
+        os.makedirs(folder, exist_ok=True)
+        image = Image.frombytes("L", (8, 8), bytes(levels[i].tolist())).resize((32, 32), Image.BILINEAR)
+        image.save(os.path.join(folder, f"{i}.png"))
+    return root
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--sklearn-digits"] and len(sys.argv) == 3:
+        sys.exit(print(f"wrote {write_sklearn_digits(sys.argv[2])}"))
     args = sys.argv[1:]
     digits = args[:1] == ["--digits"]
     if digits:

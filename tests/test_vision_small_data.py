@@ -10,7 +10,7 @@ from PIL import Image
 import tasks
 import train
 from helpers import result_of, runs_of
-from synthetic import DIGIT_SEGMENTS, write_synthetic_digits
+from synthetic import DIGIT_SEGMENTS, write_sklearn_digits, write_synthetic_digits
 
 # A tiny ViT (patch 4 on 32 x 32 -> 64 patches + CLS, width 48, depth 2, 3 heads) for 20 epochs of
 # 500 images, 16 steps each: about 10 s per run on one core of the 2-core CI machine.
@@ -76,3 +76,22 @@ def test_small_data_setting_learns_digits_the_paper_augmentation_does_not(digits
     paper = top1(args, tmp_path / "paper")
     assert small >= 40, small
     assert paper <= small - 10, (paper, small)
+
+
+def test_the_readmes_sklearn_digits_are_a_seeded_images_tree_of_the_digits(tmp_path):
+    """python tests/synthetic.py --sklearn-digits DIR (README "Vision"): every one of scikit-learn's 1,797
+    digits once, 1,400 in train/ and 397 in val/, each a 32 x 32 grey PNG in its label's folder; the
+    split is the seeded permutation, the same on every call."""
+    datasets = pytest.importorskip("sklearn.datasets", reason="the README's digits come from scikit-learn")
+    _, labels = datasets.load_digits(return_X_y=True)
+    write_sklearn_digits(str(tmp_path / "a"))
+    data = tasks.image_folder_dataset(str(tmp_path / "a"), 32)
+    assert (len(data["train"]), len(data["test"]), data["classes"]) == (1400, 397, 10)
+    names = {role: sorted(os.listdir(tmp_path / "a" / role / "7")) for role in ("train", "val")}
+    for role, files in names.items():
+        for name in files:                            # the file is digit number <name> of the set, a 7
+            assert labels[int(name[:-4])] == 7
+            with Image.open(tmp_path / "a" / role / "7" / name) as png:
+                assert (png.mode, png.size) == ("L", (32, 32))
+    write_sklearn_digits(str(tmp_path / "b"))
+    assert names == {role: sorted(os.listdir(tmp_path / "b" / role / "7")) for role in ("train", "val")}
