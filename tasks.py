@@ -363,6 +363,12 @@ def vision_dataset(name, data_dir, image_size, download=False, randaugment_magni
             except (OSError, RuntimeError, ValueError) as err:   # e.g. class folders without images
                 raise DataError(f"ImageNet100: {path} is not a readable ImageFolder tree ({err})")
             data["sources"][f"{IMAGENET100_FOLDER}/{folder}"] = [file for file, _ in data[split].samples]
+        # A label is a class's position in its own folder's sorted list: a class that one folder lacks
+        # shifts every later label of the other, so the two lists must be the same.
+        missing = sorted(set(data["train"].classes) ^ set(data["test"].classes))
+        if missing:
+            raise DataError(f"ImageNet100: {root}/train and {root}/val must hold the same class folders; "
+                            f"only one of them has {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
         return data
     # CIFAR: torchvision's CIFAR10 / CIFAR100 unpickle the batches (every 32 x 32 RGB image in memory)
     # and check each file against the MD5 sums they ship. Files missing without --download: a DataError

@@ -95,3 +95,15 @@ def test_the_readmes_sklearn_digits_are_a_seeded_images_tree_of_the_digits(tmp_p
                 assert (png.mode, png.size) == ("L", (32, 32))
     write_sklearn_digits(str(tmp_path / "b"))
     assert names == {role: sorted(os.listdir(tmp_path / "b" / role / "7")) for role in ("train", "val")}
+
+
+def test_imagenet100_folders_of_other_classes_are_refused_naming_a_class(tmp_path):
+    """ImageFolder numbers each folder's classes by their sorted names: val/ without the 3s would read its
+    4s as label 3. Train and val must name the same classes; the message names one that differs."""
+    write_synthetic_digits(str(tmp_path), 20, 20, seed=0)
+    val = tmp_path / "imagenet100" / "val"
+    for image in (val / "3").iterdir():
+        image.unlink()
+    (val / "3").rmdir()
+    with pytest.raises(tasks.DataError, match="must hold the same class folders; only one of them has 3"):
+        tasks.vision_dataset("imagenet100", str(tmp_path), 32)
