@@ -4,6 +4,7 @@ each value below is copied from the paper's table, and the config train.py plans
 `--preset paper` must hold it. The rows the tables leave out (widths from aryol/GOTU, warmup starts
 from osiriszjq/structured_initialization) are the README's and the presets' comments' business."""
 import inspect
+import os
 
 import pytest
 
@@ -68,3 +69,25 @@ def test_the_nlp_splits_are_the_tables_story_counts():
     """Table 12: TinyStories trains on 12k stories and validates on 2k (WikiText-2: its own splits)."""
     defaults = inspect.signature(tasks.lm_dataset).parameters
     assert (defaults["train_stories"].default, defaults["val_stories"].default) == (12000, 2000)
+
+
+def test_every_test_the_readmes_map_names_exists():
+    """The README's map ("The paper, item by item") names, for each item of the paper, the test that checks
+    it: `test_file.py::test_name`, `::test_name` for another test of the file named last, or a name ending
+    in * for a family of tests. Each must be a test function of that file, so the map cannot point at a
+    test that was renamed or removed."""
+    import ast
+    import re
+    from helpers import ROOT
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    rows = readme.split("## The paper, item by item", 1)[1].split("\n## ", 1)[0]
+    named, current = [], None
+    for file, name in re.findall(r"`(test_\w+\.py)?::(test_\w+\*?)`", rows):
+        current = file or current
+        named.append((current, name))
+    assert len(named) >= 20                    # the map names a test for most of its 30 rows
+    for file, name in named:
+        tree = ast.parse(open(os.path.join(ROOT, "tests", file), encoding="utf-8").read())
+        tests = [f.name for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")]
+        found = [t for t in tests if t == name or name.endswith("*") and t.startswith(name[:-1])]
+        assert found, f"README's map names {file}::{name}, which {file} does not define"
