@@ -512,6 +512,10 @@ def build_encoder(run, pattern, masks, device, svd_scales=None, **shape):
 # paper's "open = 10000, close = 0".
 SVD_FLAGS = {"svd_open": "open_logit", "svd_noise": "noise_scale"}
 
+# The flags of the structured solve (the encoders' QK baselines), --pos-scale beside the SVD targets; a
+# run's config holds them when given.
+STRUCTURED_FLAGS = ("pos_scale", *SVD_FLAGS)
+
 def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NORM_P):
     """Put a QK init's prior into W_Q / W_K (Sections 2.1, 5.1), drawing from a generator seeded by seed;
     returns its seconds. pos_scale first scales the positions (NORM_P; 1 for N(0, 1) positions)."""
@@ -612,9 +616,6 @@ def read_source(folder):
         raise bad("attention_after.pt's mean attention is not finite (NaN or inf)")
     return result, attn.float(), hashlib.sha256(raw).hexdigest()
 
-# The flags of the structured solve (the encoders' QK baselines); a run's config holds them when given.
-STRUCTURED_FLAGS = ("pos_scale", *SVD_FLAGS)
-
 # The four families: their presets, inits, the paper's mask magnitude A (open +A, closed -A; the GPT's
 # scale s), rounds between evaluations (language: five evaluations a run), the flags only they take
 # beside their preset's keys, whether their data is read from files, and their setup.
@@ -628,8 +629,7 @@ FAMILIES = {
                 "setup": boolean_setup},
     "arithmetic": {"presets": ARITHMETIC_PRESETS, "inits": ENCODER_INITS, "magnitude": maskprior.ARITHMETIC_OPEN,
                    "eval_every": 5, "takes": ("train_frac", "eval_size", "mask_error", *STRUCTURED_FLAGS),
-                   "files": False,
-                   "setup": arithmetic_setup},
+                   "files": False, "setup": arithmetic_setup},
     "language": {"presets": LM_PRESETS, "inits": ("default", "mask", "mimetic"),
                  "magnitude": maskprior.GPT_MASK_SCALE, "eval_every": None, "takes": ("bpe_file",),
                  "files": True, "setup": lm_setup},
