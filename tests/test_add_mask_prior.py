@@ -118,6 +118,22 @@ def test_patched_module_computes_the_section_4_1_attention(name, training):
     torch.testing.assert_close(weights, p)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_the_patch_s_log_sigmoid_is_torch_s_to_the_dtype_s_precision(dtype):
+    """The patch's log sigmoid (log(sigmoid(x)) above log eps, x below: F.logsigmoid's CPU kernel is
+    slow) against the float64 log sigmoid, from -10^4 to 10^4 through the switch at log eps and at
+    +-inf: values and gradients (sigmoid(-x)) within the dtype's eps."""
+    eps = torch.finfo(dtype).eps
+    switch = math.log(eps)
+    x = torch.cat([torch.linspace(-1e4, 1e4, 20001), torch.linspace(switch - 4, switch + 4, 8001),
+                   torch.linspace(-40, 40, 8001), torch.tensor([-math.inf, math.inf])]).to(dtype).requires_grad_()
+    y = maskprior._log_sigmoid(x)
+    y.backward(torch.ones_like(y))
+    exact = F.logsigmoid(x.detach().double())
+    torch.testing.assert_close(y.detach().double(), exact, rtol=eps, atol=eps)
+    torch.testing.assert_close(x.grad.double(), torch.sigmoid(-x.detach().double()), rtol=eps, atol=eps)
+
+
 def test_caller_masks_and_unbatched_input_combine_with_the_prior():
     """A Boolean causal attn_mask with is_causal=True and a Boolean key_padding_mask are added to
     log sigmoid(M) as -inf entries; an unbatched (N, E) input gets the prior too."""

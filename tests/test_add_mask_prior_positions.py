@@ -7,11 +7,13 @@ one layer) takes the prior in exactly those layers; switching the attention impl
 refused; save_pretrained and maskprior.from_pretrained restore a trained prior, exactly the layers
 config.json records, and refuse a damaged or edited folder by layer; cross-attention is left unpatched."""
 import copy
+import inspect
 import json
 import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import maskprior
 
@@ -34,9 +36,9 @@ def decoder(config_class, model_class, **overrides):
 
 
 def gpt2(**overrides):
-    return T.GPT2LMHeadModel(T.GPT2Config(n_layer=LAYERS, n_embd=WIDTH, n_head=2, vocab_size=VOCAB,
-                                          n_positions=64, bos_token_id=0, eos_token_id=VOCAB,
-                                          pad_token_id=0, **overrides))
+    settings = dict(n_layer=LAYERS, n_embd=WIDTH, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
+                    eos_token_id=VOCAB, pad_token_id=0)
+    return T.GPT2LMHeadModel(T.GPT2Config(**{**settings, **overrides}))
 
 
 MODELS = {  # name: build; Mistral's window of 4 and Gemma3's sliding layer are passed by 13 tokens
@@ -193,6 +195,54 @@ def test_a_position_past_n_is_refused_on_every_path(patched, cache):
                                          rf".*got position 16"):
         with torch.no_grad():
             model.generate(prompt, max_new_tokens=13, **settings, **GREEDY)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training: the written-out attention, in blocks of query rows
+# ----------------------------------------------------------------------------------------------
+
+LONG = 150     # tokens: the trained path's row blocks of 64 are 64, 64 and 22
+
+
+@pytest.mark.parametrize("build", [lambda: gpt2(n_positions=LONG),
+                                   lambda: decoder(T.LlamaConfig, T.LlamaForCausalLM, max_position_embeddings=LONG)],
+                         ids=["gpt2", "llama"])
+def test_a_trained_m_gets_the_gradients_of_the_eager_attention_over_several_row_blocks(build):
+    """A gradient reaching M takes the written-out softmax, a causal layer's in blocks of 64 query rows,
+    and the log sigmoid by its own formula. The patched layer's output and the
+    gradients of M, of its input and of its weights equal those of the stock layer on the family's eager
+    attention given causal + log sigmoid(M) (F.logsigmoid) as its mask, in float64; Llama's 4 query
+    heads share 2 K/V heads."""
+    n = LONG
+    torch.manual_seed(0)
+    stock = build().double().eval()     # eval: no dropout; the gradient reaching M still takes the trained path
+    model = copy.deepcopy(stock)
+    masks = 3 * torch.randn(LAYERS, heads(model), n, n, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    attn = maskprior.add_mask_prior(model, masks)[1]
+    seen = {}
+    attn.register_forward_hook(lambda m, args, kwargs, out: seen.update(args=args, kwargs=dict(kwargs)),
+                               with_kwargs=True)
+    with torch.no_grad():
+        model(torch.randint(1, VOCAB, (2, n), generator=torch.Generator().manual_seed(2)), use_cache=False)
+    stock.set_attn_implementation("eager")
+    stock_attn = stock.get_submodule(attn.mask_prior_name)
+    mask = masks[1].clone().requires_grad_()
+    causal = torch.zeros(n, n, dtype=torch.float64).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1),
+                                                                 torch.finfo(torch.float64).min)
+    grad_out = torch.randn(2, n, WIDTH, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    results, args, kwargs = [], seen["args"], seen["kwargs"]      # the model's call, before the hook sees ours
+    for layer, layer_mask in ((attn, None), (stock_attn, causal + F.logsigmoid(mask))):
+        call = inspect.signature(layer.forward).bind(*args, **kwargs)
+        hidden = call.args[0].clone().requires_grad_()
+        if layer_mask is not None:
+            call.arguments["attention_mask"] = layer_mask
+        out = layer(hidden, *call.args[1:], **call.kwargs)[0]
+        out.backward(grad_out)
+        weight = next(p for p in layer.parameters() if p.dim() == 2)
+        results.append((out, hidden.grad, weight.grad, layer.mask.grad if layer is attn else mask.grad))
+    for what, actual, expected in zip(["output", "input's gradient", "weight's gradient", "M's gradient"], *results):
+        torch.testing.assert_close(actual, expected, msg=what)
+    assert results[0][3].abs().max() > 0
 
 
 # ----------------------------------------------------------------------------------------------
