@@ -1159,7 +1159,10 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     for start in range(0, query.shape[2], rows):
         keys = min(start + rows, query.shape[2]) if causal else key.shape[2]
         weights = torch.matmul(query[:, :, start:start + rows], key[:, :, :keys].transpose(-1, -2))
-        weights = weights + mask[..., start:start + rows, :keys]             # (B, H, rows, keys)
+        block = mask[..., start:start + rows, :keys]                           # (B or 1, H or 1, rows, keys)
+        # added in place, one (B, H, rows, keys) buffer fewer; autocast's bf16 scores and an fp32 bias
+        # out of place, so that their sum stays fp32 as the stock eager attention keeps it
+        weights = weights.add_(block) if weights.dtype == block.dtype else weights + block
         weights = weights.softmax(-1, dtype=torch.float32).to(value.dtype)
         weights = F.dropout(weights, kwargs.get("dropout", 0.0), module.training)   # p = 0 gives weights back
         outputs.append(torch.matmul(weights, value[:, :, :keys]))          # (B, H, rows, d)

@@ -245,6 +245,23 @@ def test_a_trained_m_gets_the_gradients_of_the_eager_attention_over_several_row_
     assert results[0][3].abs().max() > 0
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_trained_m_under_bf16_autocast_trains_as_in_float32(name):
+    """Under CPU autocast the scores come in bfloat16 and the bias log sigmoid(M) in float32 (M keeps the
+    model's dtype): the trained path gives float32's loss to bfloat16's precision, and a finite
+    gradient of M."""
+    torch.manual_seed(0)
+    model = MODELS[name]().train()
+    [attn, _] = maskprior.add_mask_prior(model, position_dependent_masks(model))
+    ids = torch.randint(1, VOCAB, (2, N), generator=torch.Generator().manual_seed(5))
+    loss = model(ids, labels=ids).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(ids, labels=ids).loss
+    low.backward()
+    torch.testing.assert_close(low.float(), loss.detach(), rtol=2e-2, atol=0)
+    assert attn.mask.grad.isfinite().all() and attn.mask.grad.abs().max() > 0
+
+
 # ----------------------------------------------------------------------------------------------
 # A part of a model, and a switch of its attention implementation
 # ----------------------------------------------------------------------------------------------
