@@ -906,7 +906,9 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # The prior costs the model little (tests/bench_add_mask_prior.py): where the positions are 0..n-1
 # (training, plain generation) M is read by one slice, not gathered; where no gradient reaches M its
 # log sigmoid is kept until M changes; the CPU's fused SDPA kernels give no gradient for a mask, so a
-# trained M takes the written-out softmax with the scaling on Q.
+# trained M takes the written-out softmax with the scaling on Q, a causal layer's in blocks of rows
+# that skip most of the future, as the fused causal kernel does; log sigmoid by log(sigmoid) where
+# that is exact to the dtype (F.logsigmoid's CPU kernel is slow).
 # timm and transformers are never imported at module level: a model holds their modules only once
 # they are imported, so they are looked up in sys.modules.
 MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
@@ -996,8 +998,7 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     positions are data), which must lie below M's N; an image's layer (mask_prior_prefix set: prefix
     tokens, then a grid of patches) takes exactly the N tokens M was built for. A key outside 0..N-1
     is a slot every mask blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
-    mask, prefix = attn.mask, attn.mask_prior_prefix
-    size = mask.shape[-1]
+    mask, prefix, size = attn.mask, attn.mask_prior_prefix, attn.mask.shape[-1]   # size: M's N
     if prefix is not None and largest != size - 1:
         # Another grid's M: its top-left block would give each patch another patch's prior. impulse_mask
         # builds CLS + grid x grid (Section 5.3); its rows and columns indexed by [0] * prefix + the
@@ -1024,8 +1025,7 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
         if attn.mask_prior_table[0] != (key := (mask._version, mask.data_ptr(), torch.is_inference_mode_enabled())):
             attn.mask_prior_table = key, _log_sigmoid(attn.mask_scale * mask[None])           # (1, H, N, N)
         bias = attn.mask_prior_table[1][:, :, rows, cols]                                     # (1, H, n, n_keys)
-    future = torch.ones(bias.shape[-2:], dtype=torch.bool, device=bias.device).triu(1) if causal else None
-    return bias if future is None else bias.masked_fill(future, float("-inf"))
+    return bias + bias.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias   # the future: -inf
 
 def _add_mask_prior_to_call(attn, args, kwargs):
     """The doors of the layers that take an additive float attn_mask, their forward pre-hook:
@@ -1107,11 +1107,12 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     mask. query (B, H, n, d); key, value (B, H_kv, n_keys, d); attention_mask: sdpa_mask's (the mask
     function of MASK_PRIOR_ATTENTION), None (causal, or nothing masked) or Boolean (B, 1, n, n_keys),
     True where a query may look. A family transformers runs on SDPA (GPT-2, Llama, BERT, ViT, ...)
-    goes to its sdpa_attention_forward with the bias as position_bias, the fused kernel, unless a
-    gradient reaches M or the model collects the weights: then to the same function written out
-    (the CPU's fused kernels give no gradient for a mask; SDPA's math fallback costs more). A family
-    SDPA does not run (Gemma2's softcap, GPT-OSS's sinks) goes to its eager attention, the bias in
-    its float mask. An unpatched layer (cross-attention, a layer a partial patch left out) runs the
+    goes to torch's fused kernel with the bias in its float mask, as its sdpa_attention_forward
+    would with the bias as position_bias, unless a gradient reaches M or the model collects the
+    weights: then to the same attention written out, a causal layer's in blocks of query rows (the
+    CPU's fused kernels give no gradient for a mask; SDPA's math fallback costs more). A family SDPA
+    does not run (Gemma2's softcap, GPT-OSS's sinks) goes to its eager attention, the bias in its
+    float mask. An unpatched layer (cross-attention, a layer a partial patch left out) runs the
     family's stock attention alone."""
     from transformers.integrations import sdpa_attention
     from transformers.utils import output_capturing
@@ -1121,34 +1122,41 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
         if prior is None or prior.shape[-2:] != (query.shape[-2], key.shape[-2]):   # called outside the forward
             raise ValueError(f"{module.mask_prior_name}: {query.shape[-2]} queries and {key.shape[-2]} keys where its "
                              f"forward's positions, cache give {None if prior is None else tuple(prior.shape[-2:])}")
-        bias = prior if bias is None else prior + bias
+        bias = prior if bias is None else prior + bias          # (B or 1, H, n, n_keys)
     # a class no patch has met (a cross-attention's) is looked up here, where compiling cannot
     eager = _ATTENTION_OF[type(module)] if type(module) in _ATTENTION_OF else _eager_attention(type(module))
     # transformers' capture_outputs records each layer's weights (output_attentions=True), GPT-2's
     # without telling the layer; SDPA gives none
     collected = kwargs.get("output_attentions") or "attentions" in (output_capturing._active_collector.get() or ())
-    if eager is None and (bias is None or not (bias.requires_grad or collected)):
-        return sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs,
-                                                     position_bias=bias if bias is None else bias.to(query.dtype))
+    if eager is None and bias is None:          # an unpatched layer on SDPA: the stock attention
+        return sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     # sdpa_attention_forward's rule: a causal layer's mask is None where is_causal serves (no padding,
     # as many queries as keys or queries from cache index 0: the causal mask is the top-left triangle)
     causal = query.shape[2] > 1 and attention_mask is None and (
         getattr(module, "is_causal", True) if (is_causal := kwargs.pop("is_causal", None)) is None else is_causal)
     # Causal alone: the future's -inf added to the bias, not filled in, which leaves the backward no
-    # pass of its own (every row keeps its first key). Else a blocked entry takes the dtype's lowest
-    # value in place of the bias, as transformers' eager_mask gives it: a row of padding stays finite.
-    if causal and bias is not None:
-        mask = bias + query.new_full(bias.shape[-2:], float("-inf")).triu(1)   # (B or 1, H, n, n_keys)
+    # pass of its own (every row keeps its first key); nothing masked: the bias alone. Else a blocked
+    # entry takes the dtype's lowest value in place of the bias, as transformers' eager_mask gives it:
+    # a row of padding stays finite.
+    if bias is not None and attention_mask is None:            # (B or 1, H, n, n_keys)
+        mask = bias + query.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias
     else:
         mask = sdpa_attention.create_position_bias_mask(query.new_zeros(()) if bias is None else bias, attention_mask,
                                                         causal, query, key)    # (B or 1, H or 1, n, n_keys)
     if eager is not None:
         return eager(module, query, key, value, mask, **kwargs)
+    scale, dropout = kwargs.get("scaling") or query.shape[-1] ** -0.5, kwargs.get("dropout", 0.0)
+    if not (bias.requires_grad or collected):
+        # torch's fused kernel, as sdpa_attention_forward calls it, without its Python (a third of a
+        # cached token's attention): grouped-query attention by enable_gqa, which copies no K, V
+        output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(query.dtype), dropout_p=dropout,
+                                                scale=scale, enable_gqa=query.shape[1] != key.shape[1])
+        return output.transpose(1, 2), None                    # (B, n, H, d), as transformers' layers take it
     # softmax(scaling Q K^T + mask) V, Section 4.1 with the model's masks; the scaling on Q (n x d)
     # rather than the logits (n x n). K, V repeated for grouped-query attention as transformers'
     # repeat_kv, and contiguous (B, H, n_keys, d) either way: their blocks below are views, no copies
     key, value = (t.repeat_interleave(query.shape[1] // t.shape[1], 1) for t in (key, value))
-    query = query * (kwargs.get("scaling") or query.shape[-1] ** -0.5)
+    query = query * scale
     # A causal layer's queries in rows start, ..., start + rows - 1 see no key past the last of them:
     # the scores go in blocks of rows, each against its keys 0, ..., start + rows - 1, which skips
     # about half the future's -inf entries and keeps each block's (B, H, rows, keys) in the cache.
@@ -1164,7 +1172,7 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
         # out of place, so that their sum stays fp32 as the stock eager attention keeps it
         weights = weights.add_(block) if weights.dtype == block.dtype else weights + block
         weights = weights.softmax(-1, dtype=torch.float32).to(value.dtype)
-        weights = F.dropout(weights, kwargs.get("dropout", 0.0), module.training)   # p = 0 gives weights back
+        weights = F.dropout(weights, dropout, module.training)              # p = 0 gives weights back
         outputs.append(torch.matmul(weights, value[:, :, :keys]))          # (B, H, rows, d)
         # its gradient, a view of the caller's (B, n, H, d) one, made contiguous: else the CPU's bmm
         # backward falls back to one small matrix product per (batch, head)
