@@ -1174,10 +1174,6 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
         weights = weights.softmax(-1, dtype=torch.float32).to(value.dtype)
         weights = F.dropout(weights, dropout, module.training)              # p = 0 gives weights back
         outputs.append(torch.matmul(weights, value[:, :, :keys]))          # (B, H, rows, d)
-        # its gradient, a view of the caller's (B, n, H, d) one, made contiguous: else the CPU's bmm
-        # backward falls back to one small matrix product per (batch, head)
-        if outputs[-1].requires_grad:
-            outputs[-1].register_hook(torch.Tensor.contiguous)
     # (B, n, H, d), contiguous: the caller's reshape to (B, n, H * d) copies nothing
     return torch.cat([output.transpose(1, 2) for output in outputs], 1), weights if rows == query.shape[2] else None
 
