@@ -1,6 +1,7 @@
-"""Benchmark: what add_mask_prior costs a model, patched over unpatched (the README's speed line).
+"""Benchmark: what add_mask_prior costs a model, patched over unpatched (the README's speed table).
 
     python tests/bench_add_mask_prior.py [--threads 1 2] [--repeats 15] [--steps 3] [--only NAME ...]
+                                         [--flush-denormal]
 
 Not collected by pytest. Needs the test extras (timm, transformers; torchvision is in requirements.txt).
 Each NAME builds one model from one seed, the stock one and a deep copy patched by
@@ -26,11 +27,10 @@ in transformers, timm and torch), the patched one what add_mask_prior gives it.
                    120 new tokens (dynamic cache)
   llama_generate   the same for llama's model
 
-The README's speed line quotes this table, run with --threads 1 2 on the 2-core CPU with the
-machine's other jobs paused (kill -STOP / -CONT): training GPT-2 1.14 / 1.12, Llama 1.04 / 1.03,
-timm ViT 1.03 / 1.00, torchvision ViT 1.02 / 1.01; generation GPT-2 1.17 / 1.15, Llama 1.15 / 1.16
-(before the slices of M, the written-out softmax and the cached table: 1.23 / 1.22, 1.08 / 1.07,
-1.04 / 1.00, 1.03 / 1.04; 1.47 / 1.50, 1.52 / 1.52).
+The README's speed table quotes this table, run with --threads 1 2 --repeats 31 --steps 5 on the
+2-core CPU with nothing else running. --flush-denormal sets torch.set_flush_denormal(True) first (as
+train.py runs); it changed no ratio beyond the rounds' spread. Between runs of the same command the
+GPT-2 training ratio moves by about 0.03 (the quartiles show the spread of one run's rounds).
 """
 import argparse
 import copy
@@ -137,9 +137,12 @@ def main(argv=None):
     p.add_argument("--max-other", type=float, default=0.15,
                    help="count only rounds during which other processes used at most this many cores")
     p.add_argument("--max-rounds", type=int, help="give up on clean rounds after this many (default 3 x repeats)")
+    p.add_argument("--flush-denormal", action="store_true",
+                   help="torch.set_flush_denormal(True), as train.py runs: subnormal floats read as 0")
     args = p.parse_args(argv)
+    torch.set_flush_denormal(args.flush_denormal)
     print(f"torch {torch.__version__}, {os.cpu_count()} cores; {args.repeats} paired rounds of {args.steps} "
-          f"calls each; ratio = patched / unpatched, median (quartiles)")
+          f"calls each; subnormals flushed: {args.flush_denormal}; ratio = patched / unpatched, median (quartiles)")
     print("| bench | threads | unpatched (ms) | patched (ms) | ratio | clean / all rounds | seconds |")
     print("|---|---|---|---|---|---|---|")
     for name in args.only:
