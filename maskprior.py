@@ -1160,8 +1160,8 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     # A causal layer's queries in rows start, ..., start + rows - 1 see no key past the last of them:
     # the scores go in blocks of rows, each against its keys 0, ..., start + rows - 1, which skips
     # about half the future's -inf entries and keeps each block's (B, H, rows, keys) in the cache.
-    # Row blocks of 64 (n // 8 past 512) ran fastest on the 2-core CPU at n 128 to 1024, fused SDPA's
-    # causal kernel does the same skipping. Weights asked for (collected) come whole, in one block.
+    # Row blocks of 64 (n // 8 past 512) ran fastest on the 2-core CPU at n 128 (head size 32) to 1024;
+    # fused SDPA's causal kernel does the same skipping. Weights asked for (collected) come whole.
     rows = max(64, query.shape[2] // 8) if causal and not collected else query.shape[2]
     outputs = []
     for start in range(0, query.shape[2], rows):
