@@ -209,10 +209,10 @@ LONG = 150     # tokens: the trained path's row blocks of 64 are 64, 64 and 22
                          ids=["gpt2", "llama"])
 def test_a_trained_m_gets_the_gradients_of_the_eager_attention_over_several_row_blocks(build):
     """A gradient reaching M takes the written-out softmax, a causal layer's in blocks of 64 query rows,
-    and the log sigmoid by its own formula. The patched layer's output and the
-    gradients of M, of its input and of its weights equal those of the stock layer on the family's eager
-    attention given causal + log sigmoid(M) (F.logsigmoid) as its mask, in float64; Llama's 4 query
-    heads share 2 K/V heads."""
+    and the log sigmoid by its own formula. The patched layer's output and the gradients of M, of its
+    input and of its weights equal those of the stock layer on the family's eager attention given
+    causal + log sigmoid(M) (F.logsigmoid) as its mask, in float64; Llama's 4 query heads share 2 K/V
+    heads."""
     n = LONG
     torch.manual_seed(0)
     stock = build().double().eval()     # eval: no dropout; the gradient reaching M still takes the trained path
@@ -230,7 +230,7 @@ def test_a_trained_m_gets_the_gradients_of_the_eager_attention_over_several_row_
     causal = torch.zeros(n, n, dtype=torch.float64).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1),
                                                                  torch.finfo(torch.float64).min)
     grad_out = torch.randn(2, n, WIDTH, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    results, args, kwargs = [], seen["args"], seen["kwargs"]      # the model's call, before the hook sees ours
+    results, args, kwargs = [], seen["args"], seen["kwargs"]      # the model's call: the hook records ours too
     for layer, layer_mask in ((attn, None), (stock_attn, causal + F.logsigmoid(mask))):
         call = inspect.signature(layer.forward).bind(*args, **kwargs)
         hidden = call.args[0].clone().requires_grad_()
