@@ -912,9 +912,6 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # timm and transformers are never imported at module level: a model holds their modules only once
 # they are imported, so they are looked up in sys.modules.
 MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
-_CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")   # transformers' names for the KV cache
-                                                                   # (past_key_values before 5.24)
-_CROSS_ARGUMENTS = ("encoder_hidden_states", "key_value_states")   # and for another sequence's states
 # An image model's prefix tokens, the tokens before its grid of patches, by the names of the
 # parameters that hold them, (1, k, C) for k tokens or (C,) for one: timm's cls_token, reg_token
 # (registers) and dist_token (DeiT); torchvision's class_token; transformers' cls_token,
@@ -998,7 +995,8 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     positions are data), which must lie below M's N; an image's layer (mask_prior_prefix set: prefix
     tokens, then a grid of patches) takes exactly the N tokens M was built for. A key outside 0..N-1
     is a slot every mask blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
-    mask, prefix, size = attn.mask, attn.mask_prior_prefix, attn.mask.shape[-1]   # size: M's N
+    mask = attn.mask                                  # one look-up: nn.Module's __getattr__ costs a microsecond
+    prefix, size = attn.mask_prior_prefix, mask.shape[-1]                          # size: M's N
     if prefix is not None and largest != size - 1:
         # Another grid's M: its top-left block would give each patch another patch's prior. impulse_mask
         # builds CLS + grid x grid (Section 5.3); its rows and columns indexed by [0] * prefix + the
@@ -1024,7 +1022,9 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     else:
         if attn.mask_prior_table[0] != (key := (mask._version, mask.data_ptr(), torch.is_inference_mode_enabled())):
             attn.mask_prior_table = key, _log_sigmoid(attn.mask_scale * mask[None])           # (1, H, N, N)
-        bias = attn.mask_prior_table[1][:, :, rows, cols]                                     # (1, H, n, n_keys)
+        table = attn.mask_prior_table[1]        # [:, :, rows, cols] as one view op, not two (a cached token's step)
+        bias = table.as_strided((1, len(mask), rows.stop - rows.start, cols.stop - cols.start), table.stride(),
+                                rows.start * size + cols.start)                              # (1, H, n, n_keys)
     return bias + bias.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias   # the future: -inf
 
 def _add_mask_prior_to_call(attn, args, kwargs):
@@ -1071,29 +1071,30 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     themselves (no padding, no offset: training, plain generation), so are the keys', and M is read
     by one slice. ValueError where the model was switched off MASK_PRIOR_ATTENTION
     (set_attn_implementation), which would drop M."""
-    if attn.config._attn_implementation != MASK_PRIOR_ATTENTION:
+    if vars(attn.config).get("_attn_implementation_internal") != MASK_PRIOR_ATTENTION:   # past the config's property
         raise ValueError(f"{attn.mask_prior_name} has a mask prior, which needs attn_implementation="
                          f"{MASK_PRIOR_ATTENTION!r}; got {attn.config._attn_implementation!r}: call "
                          f"set_attn_implementation({MASK_PRIOR_ATTENTION!r}) on the model")
-    call = dict(zip(attn.mask_prior_arguments, args), **kwargs)
-    if any(call.get(argument) is not None for argument in _CROSS_ARGUMENTS):
+    call = dict(zip(attn.mask_prior_arguments, args), **kwargs) if args else kwargs
+    # transformers' names for another sequence's states, then for the KV cache (past_key_values before 5.24)
+    if call.get("encoder_hidden_states") is not None or call.get("key_value_states") is not None:
         raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got another sequence's keys")
-    n, device = call[attn.mask_prior_arguments[0]].shape[1], attn.mask.device      # hidden states (B, n, C)
-    cache = next((call[a] for a in _CACHE_ARGUMENTS if call.get(a) is not None), None)
+    n, mask = call[attn.mask_prior_arguments[0]].shape[1], attn.mask      # hidden states (B, n, C); M
+    cache = call.get("cache", call.get("past_key_values", call.get("layer_past")))
     cache = getattr(cache, "self_attention_cache", cache)                   # an encoder-decoder's
     first, (length, offset) = (0, (n, 0)) if cache is None else (   # the queries' first cache index, the keys'
         cache.get_query_offset(attn.layer_idx), cache.get_mask_sizes(n, attn.layer_idx))   # number and first index
     positions = call.get("position_ids")                                 # (B or 1, n), or mRoPE's (3, B, n)
     positions = positions if positions is not None and positions.dim() == 2 and positions.shape[-1] == n else None
-    if offset + length <= attn.mask.shape[-1] and (positions is None or not torch.compiler.is_compiling() and (
+    if offset + length <= mask.shape[-1] and (positions is None or not torch.compiler.is_compiling() and (
             positions.item() == first if positions.numel() == 1 else     # a cached token's step: one position
-            torch.equal(positions, (torch.arange(n, device=device) + first).expand_as(positions)))):
-        rows = slice(int(first), int(first) + n)       # object.__setattr__: nn.Module's costs a microsecond
-        return object.__setattr__(attn, "mask_prior_bias", _prior_bias(attn, rows, slice(offset, offset + length),
-                                                                       rows.stop - 1))
-    positions = torch.arange(n, device=device)[None] + first if positions is None else positions   # (B or 1, n)
+            torch.equal(positions, (torch.arange(n, device=mask.device) + first).expand_as(positions)))):
+        # object.__setattr__: nn.Module's own costs a cached token's step a microsecond
+        rows, cols = slice(int(first), int(first) + n), slice(offset, offset + length)
+        return object.__setattr__(attn, "mask_prior_bias", _prior_bias(attn, rows, cols, rows.stop - 1))
+    positions = torch.arange(n, device=mask.device)[None] + first if positions is None else positions   # (B or 1, n)
     # key k lies relative = k's cache index - first after the first query (no cache: the queries)
-    relative = torch.arange(length, device=device) + offset - first         # (n_keys,)
+    relative = torch.arange(length, device=mask.device) + offset - first         # (n_keys,)
     inside = relative.clamp(0, n - 1)         # the new keys are the queries' tokens, at their positions
     keys = positions[:, inside] + (relative - inside)                       # (B or 1, n_keys)
     # on the layer, not in the layer's attention_mask: some layers (VideoMAE's, transformers' ViT)
@@ -1114,7 +1115,6 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     does not run (Gemma2's softcap, GPT-OSS's sinks) goes to its eager attention, the bias in its
     float mask. An unpatched layer (cross-attention, a layer a partial patch left out) runs the
     family's stock attention alone."""
-    from transformers.integrations import sdpa_attention
     from transformers.utils import output_capturing
     bias = kwargs.pop("position_bias", None)           # a family's own (PP-DocLayout-V2's): both add
     if hasattr(module, "mask_prior_name"):
@@ -1128,8 +1128,10 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     # transformers' capture_outputs records each layer's weights (output_attentions=True), GPT-2's
     # without telling the layer; SDPA gives none
     collected = kwargs.get("output_attentions") or "attentions" in (output_capturing._active_collector.get() or ())
+    # transformers' SDPA functions imported in the branches that call them: a cached token's step calls neither
     if eager is None and bias is None:          # an unpatched layer on SDPA: the stock attention
-        return sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     # sdpa_attention_forward's rule: a causal layer's mask is None where is_causal serves (no padding,
     # as many queries as keys or queries from cache index 0: the causal mask is the top-left triangle)
     causal = query.shape[2] > 1 and attention_mask is None and (
@@ -1141,16 +1143,18 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     if bias is not None and attention_mask is None:            # (B or 1, H, n, n_keys)
         mask = bias + query.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias
     else:
-        mask = sdpa_attention.create_position_bias_mask(query.new_zeros(()) if bias is None else bias, attention_mask,
-                                                        causal, query, key)    # (B or 1, H or 1, n, n_keys)
+        from transformers.integrations.sdpa_attention import create_position_bias_mask
+        mask = create_position_bias_mask(query.new_zeros(()) if bias is None else bias, attention_mask, causal, query,
+                                         key)                                   # (B or 1, H or 1, n, n_keys)
     if eager is not None:
         return eager(module, query, key, value, mask, **kwargs)
     scale, dropout = kwargs.get("scaling") or query.shape[-1] ** -0.5, kwargs.get("dropout", 0.0)
     if not (bias.requires_grad or collected):
         # torch's fused kernel, as sdpa_attention_forward calls it, without its Python (a third of a
         # cached token's attention): grouped-query attention by enable_gqa, which copies no K, V
-        output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(query.dtype), dropout_p=dropout,
-                                                scale=scale, enable_gqa=query.shape[1] != key.shape[1])
+        mask = mask if mask.dtype == query.dtype else mask.to(query.dtype)     # autocast's; .to alone costs 1 us
+        output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale,
+                                                enable_gqa=query.shape[1] != key.shape[1])
         return output.transpose(1, 2), None                    # (B, n, H, d), as transformers' layers take it
     # softmax(scaling Q K^T + mask) V, Section 4.1 with the model's masks; the scaling on Q (n x d)
     # rather than the logits (n x n). K, V repeated for grouped-query attention as transformers'
