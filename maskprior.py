@@ -1022,9 +1022,10 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     else:
         if attn.mask_prior_table[0] != (key := (mask._version, mask.data_ptr(), torch.is_inference_mode_enabled())):
             attn.mask_prior_table = key, _log_sigmoid(attn.mask_scale * mask[None])           # (1, H, N, N)
-        table = attn.mask_prior_table[1]        # [:, :, rows, cols] as one view op, not two (a cached token's step)
+        # table[:, :, rows, cols] as one view op, not two: a cached token's step pays for each
+        table = attn.mask_prior_table[1]                                                      # (1, H, N, N)
         bias = table.as_strided((1, len(mask), rows.stop - rows.start, cols.stop - cols.start), table.stride(),
-                                rows.start * size + cols.start)                              # (1, H, n, n_keys)
+                                rows.start * table.stride(2) + cols.start * table.stride(3))  # (1, H, n, n_keys)
     return bias + bias.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias   # the future: -inf
 
 def _add_mask_prior_to_call(attn, args, kwargs):
@@ -1071,12 +1072,14 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     themselves (no padding, no offset: training, plain generation), so are the keys', and M is read
     by one slice. ValueError where the model was switched off MASK_PRIOR_ATTENTION
     (set_attn_implementation), which would drop M."""
-    if vars(attn.config).get("_attn_implementation_internal") != MASK_PRIOR_ATTENTION:   # past the config's property
+    # attn_implementation read past the config's property and __getattribute__ (a microsecond a layer)
+    if vars(attn.config).get("_attn_implementation_internal") != MASK_PRIOR_ATTENTION:
         raise ValueError(f"{attn.mask_prior_name} has a mask prior, which needs attn_implementation="
                          f"{MASK_PRIOR_ATTENTION!r}; got {attn.config._attn_implementation!r}: call "
                          f"set_attn_implementation({MASK_PRIOR_ATTENTION!r}) on the model")
     call = dict(zip(attn.mask_prior_arguments, args), **kwargs) if args else kwargs
-    # transformers' names for another sequence's states, then for the KV cache (past_key_values before 5.24)
+    # transformers' names for another sequence's states, then for the KV cache (past_key_values before
+    # 5.24; a call names one of them)
     if call.get("encoder_hidden_states") is not None or call.get("key_value_states") is not None:
         raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got another sequence's keys")
     n, mask = call[attn.mask_prior_arguments[0]].shape[1], attn.mask      # hidden states (B, n, C); M

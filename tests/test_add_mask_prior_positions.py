@@ -97,6 +97,24 @@ def test_cached_generation_gives_the_no_cache_tokens_and_logits(patched, cache):
     torch.testing.assert_close(step_logits(out), logits[0, PROMPT - 1:-1], rtol=0, atol=1e-4)
 
 
+def test_cached_generation_reads_an_m_stored_column_major_by_its_indices():
+    """add_mask_prior keeps M's memory layout (clone keeps a dense tensor's strides), and so does the
+    table of log sigmoid(s M) a cached step reads its row from: M stored column-major gives the
+    cached steps the no-cache tokens and logits, as a row-major M does."""
+    torch.manual_seed(0)
+    model = gpt2().eval()
+    column_major = position_dependent_masks(model).transpose(-1, -2).contiguous().transpose(-1, -2)
+    maskprior.add_mask_prior(model, column_major)
+    assert model.transformer.h[0].attn.mask.stride()[-2:] == (1, N)
+    prompt = torch.randint(1, VOCAB, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = model.generate(prompt, max_new_tokens=NEW, use_cache=False, **GREEDY)
+        logits = model(reference, use_cache=False).logits
+        out = model.generate(prompt, max_new_tokens=NEW, output_logits=True, return_dict_in_generate=True, **GREEDY)
+    assert torch.equal(out.sequences, reference)
+    torch.testing.assert_close(step_logits(out), logits[0, PROMPT - 1:-1], rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_left_padded_generation_gives_each_prompt_alone(patched, cache):
     """A batch of the prompt left-padded by 3 and a prompt of 8: the padded row reads M at its
