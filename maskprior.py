@@ -1072,10 +1072,12 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     themselves (no padding, no offset: training, plain generation), so are the keys', and M is read
     by one slice. ValueError where the model was switched off MASK_PRIOR_ATTENTION
     (set_attn_implementation), which would drop M."""
-    # attn_implementation read past the config's property and __getattribute__ (a microsecond a layer)
-    if vars(attn.config).get("_attn_implementation_internal") != MASK_PRIOR_ATTENTION:
+    # attn_implementation read past the config's property and __getattribute__ (a microsecond a layer),
+    # through them where the attribute behind them is missing
+    implementation = vars(attn.config).get("_attn_implementation_internal") or attn.config._attn_implementation
+    if implementation != MASK_PRIOR_ATTENTION:
         raise ValueError(f"{attn.mask_prior_name} has a mask prior, which needs attn_implementation="
-                         f"{MASK_PRIOR_ATTENTION!r}; got {attn.config._attn_implementation!r}: call "
+                         f"{MASK_PRIOR_ATTENTION!r}; got {implementation!r}: call "
                          f"set_attn_implementation({MASK_PRIOR_ATTENTION!r}) on the model")
     call = dict(zip(attn.mask_prior_arguments, args), **kwargs) if args else kwargs
     # transformers' names for another sequence's states, then for the KV cache (past_key_values before

@@ -526,8 +526,7 @@ def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NO
     # The seconds are result.json's init_seconds: the Opt fit costs time the other inits do not.
     prior, generator, start = INITS[init][1], torch.Generator().manual_seed(seed), time.time()
     if prior == "svd":
-        maskprior.structured_svd_init_(model, pattern, generator=generator, pos_scale=pos_scale,
-                                       **(svd_scales or {}))
+        maskprior.structured_svd_init_(model, pattern, generator=generator, pos_scale=pos_scale, **(svd_scales or {}))
     elif prior == "opt":
         maskprior.structured_opt_init_(model, pattern, generator=generator, pos_scale=pos_scale)
     elif prior == "mimetic":
