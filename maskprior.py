@@ -1149,8 +1149,8 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
         mask = bias + query.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias
     else:
         from transformers.integrations.sdpa_attention import create_position_bias_mask
-        mask = create_position_bias_mask(query.new_zeros(()) if bias is None else bias, attention_mask, causal, query,
-                                         key)                                   # (B or 1, H or 1, n, n_keys)
+        mask = create_position_bias_mask(query.new_zeros(()) if bias is None else bias, attention_mask, causal,
+                                         query, key)                            # (B or 1, H or 1, n, n_keys)
     if eager is not None:
         return eager(module, query, key, value, mask, **kwargs)
     scale, dropout = kwargs.get("scaling") or query.shape[-1] ** -0.5, kwargs.get("dropout", 0.0)
