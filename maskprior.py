@@ -19,7 +19,10 @@ model that holds their layers has imported them); MaskedSelfAttention needs noth
 and pastes alone.
 """
 
+import dis
+import inspect
 import math
+import sys
 
 import torch
 import torch.nn as nn
@@ -927,8 +930,6 @@ def _eager_attention(layer_class):
     sinks): the eager attention function a transformers layer class falls back on (the default of its
     ALL_ATTENTION_FUNCTIONS.get_interface call: eager_attention_forward or a family's own name), if
     it reads attention_mask; else None (Qwen2.5-Omni's DiT never does: a mask would be dropped)."""
-    import dis
-    import inspect
     forward = inspect.unwrap(layer_class.forward)
     for name in forward.__code__.co_names:
         function = forward.__globals__.get(name)
@@ -944,7 +945,6 @@ def _check_transformers_part(where, module, layer, pretrained):
     backends (transformers' _supports_attention_backend: BLOOM, T5, BART and Whisper do not), its
     eager attention must read attention_mask, and its attention must span the sequence with one head
     count (Swin's attends within windows, stage by stage). A layer's class is entered in _ATTENTION_OF."""
-    import sys
     name = type(module).__name__
     family = [type(module)] if isinstance(module, pretrained) else [
         c for c in vars(sys.modules[type(module).__module__]).values()
@@ -1007,25 +1007,27 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
                          f"patched module) + {largest + 1 - prefix} patches, M {tuple(mask.shape)} is for N = {size}: "
                          f"for a {grid} x {grid} grid M = maskprior.impulse_mask(depth, heads, {grid})[..., i, :][...,"
                          f" i], i = [0] * {prefix} + list(range(1, {grid ** 2 + 1}))")
-    if torch.compiler.is_compiling() or largest >= size:   # a compiled graph cannot branch on data: it asserts
+    compiling = torch.compiler.is_compiling()          # a Python call: asked once
+    if compiling or largest >= size:   # a compiled graph cannot branch on data: it asserts
         message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
                    f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
-        if not torch.compiler.is_compiling():
+        if not compiling:
             raise ValueError(f"{message}, got position {int(largest)}")
         torch._assert_async(torch.as_tensor(largest < size), message)
     if not isinstance(rows, slice):                                 # positions as data: M gathered
         heads = torch.arange(len(mask), device=mask.device)[:, None, None]                    # (H, 1, 1)
         rows, cols = rows[:, None, :, None], cols.clamp(0, size - 1)[:, None, None, :]   # (B, 1, n, 1), (B, 1, 1, k)
         return _log_sigmoid(attn.mask_scale * mask[heads, rows, cols])                        # (B, H, n, n_keys)
-    if mask.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if mask.requires_grad and torch.is_grad_enabled() or compiling:
         bias = _log_sigmoid(attn.mask_scale * mask[None, :, rows, cols])                      # (1, H, n, n_keys)
     else:
         if attn.mask_prior_table[0] != (key := (mask._version, mask.data_ptr(), torch.is_inference_mode_enabled())):
             attn.mask_prior_table = key, _log_sigmoid(attn.mask_scale * mask[None])           # (1, H, N, N)
         # table[:, :, rows, cols] as one view op, not two: a cached token's step pays for each
         table = attn.mask_prior_table[1]                                                      # (1, H, N, N)
-        bias = table.as_strided((1, len(mask), rows.stop - rows.start, cols.stop - cols.start), table.stride(),
-                                rows.start * table.stride(2) + cols.start * table.stride(3))  # (1, H, n, n_keys)
+        stride = table.stride()
+        bias = table.as_strided((1, mask.shape[0], rows.stop - rows.start, cols.stop - cols.start), stride,
+                                rows.start * stride[2] + cols.start * stride[3])      # (1, H, n, n_keys)
     return bias + bias.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias   # the future: -inf
 
 def _add_mask_prior_to_call(attn, args, kwargs):
@@ -1072,19 +1074,22 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     themselves (no padding, no offset: training, plain generation), so are the keys', and M is read
     by one slice. ValueError where the model was switched off MASK_PRIOR_ATTENTION
     (set_attn_implementation), which would drop M."""
-    # attn_implementation read past the config's property and __getattribute__ (a microsecond a layer),
-    # through them where the attribute behind them is missing
-    implementation = vars(attn.config).get("_attn_implementation_internal") or attn.config._attn_implementation
+    # attn_implementation read past the config's property and its two __getattribute__ (Python, and
+    # vars() calls them for __dict__: microseconds a layer), through them where the attribute is missing
+    implementation = object.__getattribute__(attn.config, "__dict__").get("_attn_implementation_internal") or (
+        attn.config._attn_implementation)
     if implementation != MASK_PRIOR_ATTENTION:
         raise ValueError(f"{attn.mask_prior_name} has a mask prior, which needs attn_implementation="
                          f"{MASK_PRIOR_ATTENTION!r}; got {implementation!r}: call "
                          f"set_attn_implementation({MASK_PRIOR_ATTENTION!r}) on the model")
-    call = dict(zip(attn.mask_prior_arguments, args), **kwargs) if args else kwargs
+    # the hidden states (B, n, C) come first; the rest by name, as transformers' layers pass them (a dict
+    # built for each call costs a cached token's step about a microsecond a layer)
+    call = dict(zip(attn.mask_prior_arguments, args), **kwargs) if len(args) > 1 else kwargs
+    n, mask = (args[0] if args else kwargs[attn.mask_prior_arguments[0]]).shape[1], attn.mask
     # transformers' names for another sequence's states, then for the KV cache (past_key_values before
     # 5.24; a call names one of them)
     if call.get("encoder_hidden_states") is not None or call.get("key_value_states") is not None:
         raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got another sequence's keys")
-    n, mask = call[attn.mask_prior_arguments[0]].shape[1], attn.mask      # hidden states (B, n, C); M
     cache = call.get("cache", call.get("past_key_values", call.get("layer_past")))
     cache = getattr(cache, "self_attention_cache", cache)                   # an encoder-decoder's
     first, (length, offset) = (0, (n, 0)) if cache is None else (   # the queries' first cache index, the keys'
@@ -1120,7 +1125,6 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     does not run (Gemma2's softcap, GPT-OSS's sinks) goes to its eager attention, the bias in its
     float mask. An unpatched layer (cross-attention, a layer a partial patch left out) runs the
     family's stock attention alone."""
-    from transformers.utils import output_capturing
     bias = kwargs.pop("position_bias", None)           # a family's own (PP-DocLayout-V2's): both add
     if hasattr(module, "mask_prior_name"):
         prior = vars(module).pop("mask_prior_bias", None)       # (B or 1, H, n, n_keys), for this call alone
@@ -1131,8 +1135,10 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     # a class no patch has met (a cross-attention's) is looked up here, where compiling cannot
     eager = _ATTENTION_OF[type(module)] if type(module) in _ATTENTION_OF else _eager_attention(type(module))
     # transformers' capture_outputs records each layer's weights (output_attentions=True), GPT-2's
-    # without telling the layer; SDPA gives none
-    collected = kwargs.get("output_attentions") or "attentions" in (output_capturing._active_collector.get() or ())
+    # without telling the layer; SDPA gives none. Its module is loaded with any transformers model: a
+    # look-up, where an import statement costs a cached token's step about a microsecond a layer
+    recording = sys.modules["transformers.utils.output_capturing"]._active_collector.get() or ()
+    collected = kwargs.get("output_attentions") or "attentions" in recording
     # transformers' SDPA functions imported in the branches that call them: a cached token's step calls neither
     if eager is None and bias is None:          # an unpatched layer on SDPA: the stock attention
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -1196,8 +1202,6 @@ def _self_attention_layers(model):
     (timm's, torchvision's ViT's, a transformers layer whose config has an image_size) the prefix
     tokens model puts before its patches (_PREFIX_TOKENS). ValueError naming a transformers model
     or layer that cannot take the prior (_check_transformers_part)."""
-    import inspect
-    import sys
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
@@ -1229,7 +1233,6 @@ def _patch(named, masks, mode, scale):
     its mask is (heads, N, N), and (a transformers layer) its config records no prior of another
     scale or mode (config.json holds one) nor another layer of this name (a part of the model
     patched alone before: config.json could not tell the two apart)."""
-    import inspect
     for (name, attn, _, _), mask in zip(named, masks):
         heads, rows, cols = mask.shape
         if hasattr(attn, "mask_prior_name"):
