@@ -30,20 +30,32 @@ in transformers, timm and torch), the patched one what add_mask_prior gives it.
 The README's speed table quotes this table, run with --threads 1 2 --repeats 31 --steps 5 on the
 2-core CPU with nothing else running. --flush-denormal sets torch.set_flush_denormal(True) first (as
 train.py runs); it changed no ratio beyond the rounds' spread. Between runs of the same command the
-GPT-2 training ratio moves by about 0.03 (the quartiles show the spread of one run's rounds).
+GPT-2 training ratio moves by up to 0.04 (the quartiles show the spread of one run's rounds).
 
 Where the rest goes. Training (gpt2, one thread, one piece switched off at a time, paired in one
 process): M fixed (the fused kernel, the bias in its mask) 1.010; M's log sigmoid recomputed each step
-but its gradient cut 1.014; M trained but left out of AdamW 1.044; all of it 1.06-1.09. AdamW on M's
-262,144 entries (a quarter of this model's parameters) costs about 1.5 ms of an 87 ms step and M's
-gradient about 2.6 ms: the CPU's fused kernels give none for a mask, so a trained M takes the softmax
-written out, a causal layer's in blocks of 64 query rows. A hand-written backward for the log sigmoid
-and the blocks as 3-D bmm calls each changed the step by 0.2 % or less. Generation: a cached token
-pays about 16 us a layer against the layer's 180 us at these widths (timed inside the GPT-2 model):
-the pre-hook that finds the positions and reads M's row 13.5 us, its parts about three times what each
-costs alone in a loop; the masked kernel 1.6 us more than the unmasked one. The stock model's
-attention function spends as much Python as ours, so only a fused kernel or a compiled graph would
-take the rest.
+but its gradient cut 1.014; M trained but left out of AdamW 1.044; all of it 1.05-1.09 (reruns of this
+bench's gpt2 row: 1.053, 1.060, 1.078, 1.089). AdamW on M's 262,144 entries (a quarter of this model's
+parameters) costs about 1.5 ms of an 87 ms step, and M's gradient about 2.6 ms: the CPU's fused kernels
+give none for a mask, so a trained M takes the softmax written out, a causal layer's in blocks of 64
+query rows. Profiled (torch.profiler, per step): the written-out products and softmax, forward and
+backward, take about what the fused kernel does (10.9 ms against 12.7 ms); the rest is elementwise work
+on M and the blocks. Two things of this CPU make that work dearer: M's gradient is zero on the future's
+triangle and wherever the prior leaves no attention (e^-10d underflows past 10 positions back: 93 % of
+its entries after 3 steps), so AdamW's square root meets zeros, which torch's CPU sqrt takes about 5
+times longer than other floats (117 against 24 us for 65,536 entries; subnormals 30 times, flushed or
+not); and e^-90, the attention the GPT prior leaves 9 positions back, is subnormal, which doubles the
+softmax (1.95 against 0.86 ms a step with --flush-denormal; the ratio moved by less than the runs'
+spread). Tried, no gain: a hand-written backward for the log sigmoid, the blocks as 3-D bmm calls (0.2 %
+or less), M's group on fused AdamW, and torch.compile of both models (inductor, 21 paired rounds: 1.104,
+the attention still written out for M's gradient).
+Generation: a cached token pays about 20 us a layer against the layer's 180 us at these widths (timed
+inside the GPT-2 model): the pre-hook 11-13 us (its parts: the config and arguments 1.6, the cache's two
+offset calls 2.0, the position check 1.3, M's row read from the log-sigmoid table 4.7), torch's dispatch
+of a hook 3-5 us (the forward set on the instance instead: 2.7 % less in a decode loop, not kept: a deep
+copy's forward would call the original layer), the masked kernel 1.6 more than the unmasked one. The
+stock model's attention function spends as much Python as ours, so only fewer Python calls a layer (one
+look-up per forward, not per layer) or a fused kernel would take the rest.
 """
 import argparse
 import copy
