@@ -896,8 +896,8 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 #   transformers' layers on the AttentionInterface (GPT-2, Llama, Gemma, BERT, ViT, CLIP, ...): their
 #     config's attn_implementation becomes MASK_PRIOR_ATTENTION, a function that runs the attention
 #     the stock model runs with the bias in its mask: transformers' sdpa_attention_forward (the bias
-#     as its position_bias) or, where a gradient reaches M, the same softmax written out, for a
-#     family transformers runs on SDPA; the family's eager attention with the bias in its float mask
+#     as its position_bias) or, where a gradient reaches M on the CPU, the same softmax written out,
+#     for a family transformers runs on SDPA; the family's eager attention with the bias in its float mask
 #     for the others. Every eager attention there adds its mask to its scores after its own changes
 #     (scaling, Gemma2's softcap, T5's position bias) and before its softmax (GPT-OSS's sinks), so the
 #     prior joins all of them as the causal and padding masks do. A forward pre-hook on each patched
@@ -908,10 +908,10 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # left unpatched: its keys are another sequence, which has no positions in M.
 # The prior costs the model little (tests/bench_add_mask_prior.py): where the positions are 0..n-1
 # (training, plain generation) M is read by one slice, not gathered; where no gradient reaches M its
-# log sigmoid is kept until M changes; the CPU's fused SDPA kernels give no gradient for a mask, so a
-# trained M takes the written-out softmax with the scaling on Q, a causal layer's in blocks of rows
-# that skip most of the future, as the fused causal kernel does; log sigmoid by log(sigmoid) where
-# that is exact to the dtype (F.logsigmoid's CPU kernel is slow).
+# log sigmoid is kept until M changes; the CPU's fused SDPA kernels give no gradient for a mask (CUDA's
+# memory-efficient kernel does), so there a trained M takes the written-out softmax, the scaling on Q, a
+# causal layer's in blocks of rows that skip most of the future, as the fused causal kernel does; log
+# sigmoid by log(sigmoid) where that is exact to the dtype (F.logsigmoid's CPU kernel is slow).
 # timm and transformers are never imported at module level: a model holds their modules only once
 # they are imported, so they are looked up in sys.modules.
 MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
@@ -1119,9 +1119,10 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     function of MASK_PRIOR_ATTENTION), None (causal, or nothing masked) or Boolean (B, 1, n, n_keys),
     True where a query may look. A family transformers runs on SDPA (GPT-2, Llama, BERT, ViT, ...)
     goes to torch's fused kernel with the bias in its float mask, as its sdpa_attention_forward
-    would with the bias as position_bias, unless a gradient reaches M or the model collects the
-    weights: then to the same attention written out, a causal layer's in blocks of query rows (the
-    CPU's fused kernels give no gradient for a mask; SDPA's math fallback costs more). A family SDPA
+    would with the bias as position_bias, unless the model collects the weights or, on the CPU, a
+    gradient reaches M: then to the same attention written out, a causal layer's in blocks of query
+    rows (the CPU's fused kernels give no gradient for a mask, CUDA's memory-efficient one does;
+    SDPA's math fallback costs more). A family SDPA
     does not run (Gemma2's softcap, GPT-OSS's sinks) goes to its eager attention, the bias in its
     float mask. An unpatched layer (cross-attention, a layer a partial patch left out) runs the
     family's stock attention alone."""
@@ -1160,9 +1161,10 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     if eager is not None:
         return eager(module, query, key, value, mask, **kwargs)
     scale, dropout = kwargs.get("scaling") or query.shape[-1] ** -0.5, kwargs.get("dropout", 0.0)
-    if not (bias.requires_grad or collected):
+    if not (bias.requires_grad and query.device.type == "cpu" or collected):
         # torch's fused kernel, as sdpa_attention_forward calls it, without its Python (a third of a
-        # cached token's attention): grouped-query attention by enable_gqa, which copies no K, V
+        # cached token's attention): grouped-query attention by enable_gqa, which copies no K, V. Off
+        # the CPU a trained M too: CUDA's memory-efficient kernel gives the mask its gradient
         mask = mask if mask.dtype == query.dtype else mask.to(query.dtype)     # autocast's; .to alone costs 1 us
         output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale,
                                                 enable_gqa=query.shape[1] != key.shape[1])

@@ -263,6 +263,29 @@ def test_a_trained_m_gets_the_gradients_of_the_eager_attention_over_several_row_
     assert results[0][3].abs().max() > 0
 
 
+@pytest.mark.parametrize("device, fused", [("cpu", False), ("meta", True)])
+def test_a_trained_m_takes_the_fused_kernel_off_the_cpu_only(monkeypatch, device, fused):
+    """The CPU's fused SDPA kernels give a mask no gradient, so there a trained M's attention is
+    written out; off the CPU (CUDA: its memory-efficient kernel gives one) it
+    goes to F.scaled_dot_product_attention with the bias in its mask. The meta device stands in for
+    CUDA: the dispatch reads the device's type."""
+    model = gpt2()
+    attn = maskprior.add_mask_prior(model, torch.zeros(2, 8, 8))[0]
+    query, key, value = (torch.randn(1, 2, 8, 16, device=device) for _ in range(3))
+    bias = torch.zeros(1, 2, 8, 8, device=device, requires_grad=True)
+    object.__setattr__(attn, "mask_prior_bias", bias)      # as the layer's pre-hook leaves it
+    calls, kernel = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(maskprior.F, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(kwargs["attn_mask"]) or kernel(*args, **kwargs))
+    output, _ = maskprior._mask_prior_attention(attn, query, key, value, None, scaling=0.25)
+    assert output.shape == (1, 8, 2, 16) and output.device.type == device
+    assert len(calls) == fused
+    if fused:   # the bias, the causal -inf added, reaches the kernel with its gradient
+        assert calls[0].requires_grad and calls[0].shape == (1, 2, 8, 8)
+    output.sum().backward()
+    assert bias.grad is not None and bias.grad.shape == bias.shape
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_a_trained_m_under_bf16_autocast_trains_as_in_float32(name):
     """Under CPU autocast the scores come in bfloat16 and the bias log sigmoid(M) in float32 (M keeps the
