@@ -19,10 +19,7 @@ model that holds their layers has imported them); MaskedSelfAttention needs noth
 and pastes alone.
 """
 
-import dis
-import inspect
 import math
-import sys
 
 import torch
 import torch.nn as nn
@@ -897,8 +894,8 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 #     config's attn_implementation becomes MASK_PRIOR_ATTENTION, a function that runs the attention
 #     the stock model runs with the bias in its mask: transformers' sdpa_attention_forward (the bias
 #     as its position_bias) or, where a gradient reaches M on the CPU, the same softmax written out,
-#     for a family transformers runs on SDPA; the family's eager attention with the bias in its float mask
-#     for the others. Every eager attention there adds its mask to its scores after its own changes
+#     for a family transformers runs on SDPA; the family's eager attention with the bias in its float
+#     mask for the others. Every eager attention there adds its mask to its scores after its own changes
 #     (scaling, Gemma2's softcap, T5's position bias) and before its softmax (GPT-OSS's sinks), so the
 #     prior joins all of them as the causal and padding masks do. A forward pre-hook on each patched
 #     layer finds the positions as the model's masks do (position_ids, and for the keys a cache holds,
@@ -930,6 +927,8 @@ def _eager_attention(layer_class):
     sinks): the eager attention function a transformers layer class falls back on (the default of its
     ALL_ATTENTION_FUNCTIONS.get_interface call: eager_attention_forward or a family's own name), if
     it reads attention_mask; else None (Qwen2.5-Omni's DiT never does: a mask would be dropped)."""
+    import dis
+    import inspect
     forward = inspect.unwrap(layer_class.forward)
     for name in forward.__code__.co_names:
         function = forward.__globals__.get(name)
@@ -945,6 +944,7 @@ def _check_transformers_part(where, module, layer, pretrained):
     backends (transformers' _supports_attention_backend: BLOOM, T5, BART and Whisper do not), its
     eager attention must read attention_mask, and its attention must span the sequence with one head
     count (Swin's attends within windows, stage by stage). A layer's class is entered in _ATTENTION_OF."""
+    import sys
     name = type(module).__name__
     family = [type(module)] if isinstance(module, pretrained) else [
         c for c in vars(sys.modules[type(module).__module__]).values()
@@ -1007,27 +1007,25 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
                          f"patched module) + {largest + 1 - prefix} patches, M {tuple(mask.shape)} is for N = {size}: "
                          f"for a {grid} x {grid} grid M = maskprior.impulse_mask(depth, heads, {grid})[..., i, :][...,"
                          f" i], i = [0] * {prefix} + list(range(1, {grid ** 2 + 1}))")
-    compiling = torch.compiler.is_compiling()          # a Python call: asked once
-    if compiling or largest >= size:   # a compiled graph cannot branch on data: it asserts
+    if torch.compiler.is_compiling() or largest >= size:   # a compiled graph cannot branch on data: it asserts
         message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
                    f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
-        if not compiling:
+        if not torch.compiler.is_compiling():
             raise ValueError(f"{message}, got position {int(largest)}")
         torch._assert_async(torch.as_tensor(largest < size), message)
     if not isinstance(rows, slice):                                 # positions as data: M gathered
         heads = torch.arange(len(mask), device=mask.device)[:, None, None]                    # (H, 1, 1)
         rows, cols = rows[:, None, :, None], cols.clamp(0, size - 1)[:, None, None, :]   # (B, 1, n, 1), (B, 1, 1, k)
         return _log_sigmoid(attn.mask_scale * mask[heads, rows, cols])                        # (B, H, n, n_keys)
-    if mask.requires_grad and torch.is_grad_enabled() or compiling:
+    if mask.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
         bias = _log_sigmoid(attn.mask_scale * mask[None, :, rows, cols])                      # (1, H, n, n_keys)
     else:
         if attn.mask_prior_table[0] != (key := (mask._version, mask.data_ptr(), torch.is_inference_mode_enabled())):
             attn.mask_prior_table = key, _log_sigmoid(attn.mask_scale * mask[None])           # (1, H, N, N)
         # table[:, :, rows, cols] as one view op, not two: a cached token's step pays for each
         table = attn.mask_prior_table[1]                                                      # (1, H, N, N)
-        stride = table.stride()
-        bias = table.as_strided((1, mask.shape[0], rows.stop - rows.start, cols.stop - cols.start), stride,
-                                rows.start * stride[2] + cols.start * stride[3])      # (1, H, n, n_keys)
+        bias = table.as_strided((1, mask.shape[0], rows.stop - rows.start, cols.stop - cols.start), table.stride(),
+                                rows.start * table.stride(2) + cols.start * table.stride(3))  # (1, H, n, n_keys)
     return bias + bias.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias   # the future: -inf
 
 def _add_mask_prior_to_call(attn, args, kwargs):
@@ -1122,10 +1120,9 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     would with the bias as position_bias, unless the model collects the weights or, on the CPU, a
     gradient reaches M: then to the same attention written out, a causal layer's in blocks of query
     rows (the CPU's fused kernels give no gradient for a mask, CUDA's memory-efficient one does;
-    SDPA's math fallback costs more). A family SDPA
-    does not run (Gemma2's softcap, GPT-OSS's sinks) goes to its eager attention, the bias in its
-    float mask. An unpatched layer (cross-attention, a layer a partial patch left out) runs the
-    family's stock attention alone."""
+    SDPA's math fallback costs more). A family SDPA does not run (Gemma2's softcap, GPT-OSS's sinks)
+    goes to its eager attention, the bias in its float mask. An unpatched layer (cross-attention, a
+    layer a partial patch left out) runs the family's stock attention alone."""
     bias = kwargs.pop("position_bias", None)           # a family's own (PP-DocLayout-V2's): both add
     if hasattr(module, "mask_prior_name"):
         prior = vars(module).pop("mask_prior_bias", None)       # (B or 1, H, n, n_keys), for this call alone
@@ -1136,10 +1133,9 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     # a class no patch has met (a cross-attention's) is looked up here, where compiling cannot
     eager = _ATTENTION_OF[type(module)] if type(module) in _ATTENTION_OF else _eager_attention(type(module))
     # transformers' capture_outputs records each layer's weights (output_attentions=True), GPT-2's
-    # without telling the layer; SDPA gives none. Its module is loaded with any transformers model: a
-    # look-up, where an import statement costs a cached token's step about a microsecond a layer
-    recording = sys.modules["transformers.utils.output_capturing"]._active_collector.get() or ()
-    collected = kwargs.get("output_attentions") or "attentions" in recording
+    # without telling the layer; SDPA gives none
+    from transformers.utils import output_capturing
+    collected = kwargs.get("output_attentions") or "attentions" in (output_capturing._active_collector.get() or ())
     # transformers' SDPA functions imported in the branches that call them: a cached token's step calls neither
     if eager is None and bias is None:          # an unpatched layer on SDPA: the stock attention
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -1204,6 +1200,8 @@ def _self_attention_layers(model):
     (timm's, torchvision's ViT's, a transformers layer whose config has an image_size) the prefix
     tokens model puts before its patches (_PREFIX_TOKENS). ValueError naming a transformers model
     or layer that cannot take the prior (_check_transformers_part)."""
+    import inspect
+    import sys
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
@@ -1235,6 +1233,7 @@ def _patch(named, masks, mode, scale):
     its mask is (heads, N, N), and (a transformers layer) its config records no prior of another
     scale or mode (config.json holds one) nor another layer of this name (a part of the model
     patched alone before: config.json could not tell the two apart)."""
+    import inspect
     for (name, attn, _, _), mask in zip(named, masks):
         heads, rows, cols = mask.shape
         if hasattr(attn, "mask_prior_name"):

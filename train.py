@@ -1343,8 +1343,7 @@ def summarize(root):
         raise UsageError(f"--summarize: no readable result.json below {root}")
     first = {}                         # run -> (path, result.json) of its first copy
     for path, r in readable:
-        run_id = json.dumps([r["task"], r["init"], r["seed"], r["config"], r.get("data_fingerprint")],
-                            sort_keys=True)
+        run_id = json.dumps([r["task"], r["init"], r["seed"], r["config"], r.get("data_fingerprint")], sort_keys=True)
         if run_id in first:
             print(f"train.py: warning: {path} is the run of {first[run_id][0]} again (same task, "
                   f"init, seed, config and data): counted once", file=sys.stderr)
