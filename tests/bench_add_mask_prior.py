@@ -35,7 +35,7 @@ GPT-2 training ratio moves by up to 0.04 (the quartiles show the spread of one r
 Where the rest goes. Training (gpt2, one thread, one piece switched off at a time, paired in one
 process): M fixed (the fused kernel, the bias in its mask) 1.010; M's log sigmoid recomputed each step
 but its gradient cut 1.014; M trained but left out of AdamW 1.044; all of it 1.05-1.09 (reruns of this
-bench's gpt2 row: 1.053, 1.060, 1.078, 1.089). AdamW on M's 262,144 entries (a quarter of this model's
+bench's gpt2 row: 1.053, 1.060, 1.078, 1.089, 1.090). AdamW on M's 262,144 entries (a quarter of this model's
 parameters) costs about 1.5 ms of an 87 ms step, and M's gradient about 2.6 ms: the CPU's fused kernels
 give none for a mask, so a trained M takes the softmax written out, a causal layer's in blocks of 64
 query rows. Profiled (torch.profiler, per step): the written-out products and softmax, forward and
