@@ -266,9 +266,9 @@ def test_a_trained_m_gets_the_gradients_of_the_eager_attention_over_several_row_
 @pytest.mark.parametrize("device, fused", [("cpu", False), ("meta", True)])
 def test_a_trained_m_takes_the_fused_kernel_off_the_cpu_only(monkeypatch, device, fused):
     """The CPU's fused SDPA kernels give a mask no gradient, so there a trained M's attention is
-    written out; off the CPU (CUDA: its memory-efficient kernel gives one) it
-    goes to F.scaled_dot_product_attention with the bias in its mask. The meta device stands in for
-    CUDA: the dispatch reads the device's type."""
+    written out; off the CPU (CUDA: its memory-efficient kernel gives one) it goes to
+    F.scaled_dot_product_attention with the bias in its mask. The meta device stands in for CUDA:
+    the dispatch reads the device's type. Either way the bias gets its gradient."""
     model = gpt2()
     attn = maskprior.add_mask_prior(model, torch.zeros(2, 8, 8))[0]
     query, key, value = (torch.randn(1, 2, 8, 16, device=device) for _ in range(3))
