@@ -45,7 +45,12 @@ class MaskedSelfAttention(nn.Module):
     mode: "learnable" (the paper: M trains with the model), "fixed" (Appendix A.2: M never moves),
     "hadamard" (Appendix B: sigma(s M) o softmax(Q K^T / sqrt(d)), rows no longer sum to 1), "none"
     (vanilla attention, no M). causal: the hard causal mask on top (the GPT). Inputs shorter than
-    seq_len use the top-left (n, n) block of M. Needs only math, torch, nn and F: pastes alone."""
+    seq_len use the top-left (n, n) block of M, and a dense M refuses longer ones.
+    A relative M: mask_init (heads, K + 1) if causal, else (heads, 2K + 1), one logit per head and
+    distance d = i - j (query minus key position): 0..K back, or -K..K; a distance past K reads the
+    table's last logit, so any length runs (dense_mask). T5's learned relative bias without its log
+    buckets; fixed, ALiBi's kind of prior. seq_len is then the length mask_biases pictures. Needs only
+    math, torch, nn and F: pastes alone."""
     MODES = ("learnable", "fixed", "hadamard", "none")
     # forward computes one function by two paths, written out or in one fused kernel; path "auto"
     # lets writes_out choose, "fused" or "written" forces one (e.g. a backend without the float
@@ -71,11 +76,13 @@ class MaskedSelfAttention(nn.Module):
             self.register_parameter("mask", None)
             return
         expected = (heads, seq_len, seq_len)
+        relative = mask_init is not None and mask_init.dim() == 2 and len(mask_init) == heads and (
+            causal or mask_init.shape[1] % 2 == 1)     # (H, K + 1) causal, (H, 2K + 1): -K..K
         if mask_init is None:
             mask_init = torch.zeros(expected)  # the neutral all-zero mask of Appendix A.1
-        elif tuple(mask_init.shape) != expected:
-            raise ValueError(f"mask_init must have shape (heads, seq_len, seq_len) = {expected}, "
-                             f"got {tuple(mask_init.shape)}")
+        elif tuple(mask_init.shape) != expected and not relative:
+            raise ValueError(f"mask_init must have shape (heads, seq_len, seq_len) = {expected}, or be relative, "
+                             f"({heads}, K + 1) causal, ({heads}, 2K + 1) not; got {tuple(mask_init.shape)}")
         # fixed: still the Parameter `mask` (checkpoints and pictures treat all modes alike), frozen
         self.mask = nn.Parameter(mask_init.detach().clone().float(), requires_grad=(mode != "fixed"))
 
@@ -102,6 +109,17 @@ class MaskedSelfAttention(nn.Module):
             bias = bias.masked_fill(future, float("-inf"))
         return bias
 
+    def dense_mask(self, n):
+        """M on the first n positions, (H, n, n), what logit_bias reads: a dense M as it is (logit_bias
+        takes its top-left block), a relative one gathered at each entry's distance d = i - j, clamped
+        to the table (past K: the last logit; a causal table's future entries read d = 0, then -inf)."""
+        if self.mask is None or self.mask.dim() == 3:
+            return self.mask
+        K = self.mask.shape[1] - 1 if self.causal else self.mask.shape[1] // 2
+        i = torch.arange(n, device=self.mask.device)
+        d = (i[:, None] - i[None, :]).clamp(0 if self.causal else -K, K)                  # (n, n)
+        return self.mask[:, d if self.causal else d + K]                                   # (H, n, n)
+
     def writes_out(self, q, bias, dropout, return_attn):
         """Whether forward computes the attention step by step (else F.scaled_dot_product_attention
         computes the same function in one fused kernel). The probabilities (return_attn, mode
@@ -118,7 +136,7 @@ class MaskedSelfAttention(nn.Module):
 
     def forward(self, x, return_attn=False):
         B, N, _ = x.shape
-        if N > self.seq_len:
+        if N > self.seq_len and self.mask is not None and self.mask.dim() == 3:
             raise ValueError(f"sequence of length {N} is longer than seq_len={self.seq_len}")
         # Q, K, V of every head from one projection, (B, H, N, hd) each. unbind(2) + transpose
         # rather than permute: the backward then writes the three gradients straight into the
@@ -127,8 +145,8 @@ class MaskedSelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         # log sigmoid(s M) + the causal -inf: (H, N, N), (N, N) without M, None for vanilla
         # attention. Mode "hadamard" applies M after the softmax instead: its bias is causal only.
-        hadamard = self.mode == "hadamard"
-        bias = self.logit_bias(None if hadamard else self.mask, N, self.mask_scale, self.causal, q.dtype, q.device)
+        hadamard, dense = self.mode == "hadamard", self.dense_mask(N)           # M (H, N, N)
+        bias = self.logit_bias(None if hadamard else dense, N, self.mask_scale, self.causal, q.dtype, q.device)
         # Section 4.1:    A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
         if self.writes_out(q, bias, dropout, return_attn):
             logits = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.head_dim))      # (B, H, N, N)
@@ -136,7 +154,7 @@ class MaskedSelfAttention(nn.Module):
                 logits.add_(bias)          # div_ and add_ in place: nothing needs what they overwrite
             attn = logits.softmax(dim=-1)                                          # A
             if hadamard:     # Appendix B: A = sigma(s M) o softmax(Q K^T / sqrt(d)), rows < 1
-                attn = self.logit_bias(self.mask, N, self.mask_scale).exp() * attn
+                attn = self.logit_bias(dense, N, self.mask_scale).exp() * attn
             if dropout:      # F.dropout with p = 0 would still cost a pass
                 attn = F.dropout(attn, dropout)
             y = attn @ v                                                           # (B, H, N, hd)
@@ -289,11 +307,13 @@ class GPT(_Model):
     adds what nanoGPT (GPT-2) has and that code lacks: GELU for its ReLU, an output layer without bias
     tied to the token embedding, dropout on the embeddings, residual projections started smaller."""
     def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none", masks=None,
-                 mask_scale=GPT_MASK_SCALE):
+                 mask_scale=GPT_MASK_SCALE, positions=True):
         super().__init__()
         self.block_size = block_size
         self.embed = nn.Embedding(vocab_size, dim)
-        self.pos = nn.Parameter(torch.zeros(1, block_size, dim))
+        # positions=False: no learned positions, as ALiBi trains; a relative M is then the only position
+        # signal and the model runs past block_size (a dense M stops there, vanilla attention does not)
+        self.pos = nn.Parameter(torch.zeros(1, block_size, dim)) if positions else None
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             Block(dim, heads, block_size, 4 * dim, mask_init=None if masks is None else masks[layer], mode=mode,
@@ -308,15 +328,16 @@ class GPT(_Model):
         for name, p in self.named_parameters():
             if name.endswith("attn.proj.weight") or name.endswith("mlp.out.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
-        nn.init.normal_(self.pos, std=0.02)
+        if positions:
+            nn.init.normal_(self.pos, std=0.02)
 
     def forward(self, idx, targets=None, return_attn=False):
         """idx (B, T) token ids -> logits (B, T, vocab); with targets (logits, mean cross-entropy);
         with return_attn that and each layer's attention, [(B, H, T, T)] (mean_attention)."""
         T = idx.shape[1]
-        if T > self.block_size:
+        if T > self.block_size and self.pos is not None:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
-        x = self.drop(self.embed(idx) + self.pos[:, :T])
+        x = self.drop(self.embed(idx) if self.pos is None else self.embed(idx) + self.pos[:, :T])
         x, attns = self.run_blocks(x, return_attn)
         out = self.head(self.norm(x))                                      # logits (B, T, vocab)
         # nanoGPT's loss: mean cross-entropy over all B * T next-token predictions, in float32 (the
@@ -520,11 +541,24 @@ ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplica
 # head from causal relative distance, M_ij = -max(i - j, 0), applied as log sigmoid(s M), s = 10:
 # the diagonal gets log sigmoid(0) = -0.69, one step back -10, two steps back -20, ... (a "recent
 # past" prior that training can flatten, Figure "Relative mask bias before and after training").
-def relative_distance_mask(heads, block_size):
-    """M_ij = -max(i - j, 0) for every head, (heads, block_size, block_size)."""
-    i = torch.arange(block_size)
-    distance_back = (i[None, :] - i[:, None]).clamp(max=0).float()   # j - i where j <= i, else 0
-    return distance_back.expand(heads, -1, -1).clone()
+def relative_distance_mask(heads, block_size, relative=False):
+    """M_ij = -max(i - j, 0) for every head: dense (heads, block_size, block_size), or relative
+    (heads, block_size), one logit per distance 0..block_size - 1 back (distance_mask)."""
+    return distance_mask(lambda d: -d.clamp(min=0), heads, block_size, relative=relative)
+
+# --- A prior that is a function of distance, dense or relative (MaskedSelfAttention's relative M) ---
+# The GPT's prior above depends on i - j alone, as a causal window does (OPEN on the last w
+# distances, CLOSE past them: lambda d: torch.where(d < w, OPEN, CLOSE)). One function of d gives both
+# forms: the dense M, stored and learned entry by entry and capped at n positions, or one logit per
+# head and distance, T5's relative bias (heads x (K + 1) parameters, causal) and ALiBi's kind of prior
+# when fixed, which runs at any length: past K it reads the last logit.
+def distance_mask(prior, heads, n, causal=True, relative=False):
+    """M from a function of the distance d = i - j (query minus key position), prior(d) a tensor of
+    d's shape: dense (heads, n, n), M_ij = prior(i - j); relative, prior at d = 0..K (causal) or
+    -K..K, K = n - 1: (heads, n) or (heads, 2n - 1), every distance of an n-token window."""
+    i = torch.arange(n)
+    d = torch.arange(0 if causal else 1 - n, n) if relative else i[:, None] - i[None, :]     # (R,) or (n, n)
+    return prior(d).float().expand(heads, *d.shape).clone()
 
 # --- The ViT's impulse (Section 5.3, Table "Best Top-1 accuracy") ---
 # Section 5.3 follows Zheng et al. (2025): each head starts as one 3x3 convolution "impulse"
@@ -821,7 +855,8 @@ def mask_biases(model):
     layers = attention_modules(model)
     if not layers or layers[0].mask is None:
         return None
-    return torch.stack([a.logit_bias(a.mask, a.seq_len, a.mask_scale).detach().float().cpu() for a in layers])
+    return torch.stack([a.logit_bias(a.dense_mask(a.seq_len), a.seq_len, a.mask_scale).detach().float().cpu()
+                        for a in layers])
 
 def centre_patch_maps(vit, image, device):
     """Where the centre patch of one image (1, C, H, W) looks (Appendix "Attention Map For Image

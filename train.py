@@ -110,7 +110,8 @@ ARITHMETIC_PRESETS["cpu"] = {**ARITHMETIC_PRESETS["paper"], "layers": 4, "dim": 
 # (maskprior.param_groups), never M. "cpu": 4 layers of 4 heads at width 128, batch 32, lr 1e-3, dropout 0.1,
 # 1000 iterations.
 LM_PRESETS = {"paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12, "dim": 512,
-                        "block_size": 64, "dropout": 0.2, "weight_decay": 0.01, "optimizer": "adamw"}}
+                        "block_size": 64, "dropout": 0.2, "weight_decay": 0.01, "optimizer": "adamw",
+                        "no_pos": False}}
 LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4,
                      "heads": 4, "dim": 128, "dropout": 0.1}
 
@@ -164,11 +165,13 @@ INITS = {
     "structured-opt": ("none", "opt"),          # pattern in W_Q/W_K, fitted by Adam (Zheng 2024)
     "mimetic": ("none", "mimetic"),             # identity-like W_Q W_K^T (Trockman, Kolter 2023)
     "impulse": ("none", "svd"),                 # vision: the impulse pattern in W_Q/W_K by SVD
+    "mask-relative": ("learnable", "relative"),        # language: mask's prior, one M logit per distance
+    "mask-relative-fixed": ("fixed", "relative"),      # the same, never trained (ALiBi's kind of prior)
 }
 # Which inits a flag or a family takes: the Boolean and arithmetic encoders take all but impulse (the
 # vision name of the SVD solve); --mask-error, --mask-from and a --mask-magnitude sweep act where M holds
 # the pattern; --mask-lr where M trains.
-ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
+ENCODER_INITS = tuple(i for i in INITS if i != "impulse" and INITS[i][1] != "relative")
 MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask")   # M holds the prior
 TRAINED_MASK_INITS = tuple(i for i, (mode, _) in INITS.items() if mode in ("learnable", "hadamard"))
 TIMM_INITS = ("default", "mask", "mask-fixed")  # --model timm: its ViT as is, or M by add_mask_prior
@@ -304,11 +307,14 @@ def lm_setup(run, data, place):
     # gets none: the persistence numbers are the bias at each distance and M's drift.
     relative = maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1)         # (L, H, T, T)
     _, masks = prior(run, relative)
+    if INITS[run.init][1] == "relative":   # the same prior as one logit per head and distance 0..T - 1 back
+        masks = maskprior.relative_distance_mask(H, T, relative=True).expand(L, -1, -1)       # (L, H, T)
     # maskprior.GPT is nanoGPT's (pre-LN, GELU MLP, tied embedding, GPT-2 init); Tiny-Stories-GPT, which
     # the paper builds on, is the same decoder with a ReLU MLP and an untied head. mimetic writes
     # W_Q W_K^T ~ 0.7 Z + 0.7 I after the build (qk_prior), Table "Perplexity (PPL) comparison"'s third row.
     model = maskprior.GPT(data["vocab_size"], T, config["dim"], L, H, config["dropout"],
-                          mode=INITS[run.init][0], masks=masks, mask_scale=config["mask_magnitude"])
+                          mode=INITS[run.init][0], masks=masks, mask_scale=config["mask_magnitude"],
+                          positions=not config["no_pos"])
     qk_prior(model, run.init, None, seed)
     model.to(device)
     optimizer = make_optimizer(model, config)
@@ -629,7 +635,7 @@ FAMILIES = {
     "arithmetic": {"presets": ARITHMETIC_PRESETS, "inits": ENCODER_INITS, "magnitude": maskprior.ARITHMETIC_OPEN,
                    "eval_every": 5, "takes": ("train_frac", "eval_size", "mask_error", *STRUCTURED_FLAGS),
                    "files": False, "setup": arithmetic_setup},
-    "language": {"presets": LM_PRESETS, "inits": ("default", "mask", "mimetic"),
+    "language": {"presets": LM_PRESETS, "inits": ("default", "mask", "mimetic", "mask-relative", "mask-relative-fixed"),
                  "magnitude": maskprior.GPT_MASK_SCALE, "eval_every": None, "takes": ("bpe_file",),
                  "files": True, "setup": lm_setup},
     "vision": {"presets": VISION_PRESETS, "inits": ("default", "mimetic", "impulse", "mask-fixed", "mask"),
@@ -1030,6 +1036,7 @@ def build_parser():
             ("warmup-epochs", count, "vision: epochs of lr warmup"),
             ("eval-every", natural, "rounds between evaluations and checkpoints")):
         g.add_argument(f"--{name}", type=kind, metavar="X" if kind in (rate, share) else "N", help=text)
+    g.add_argument("--no-pos", action="store_true", help="language: no learned positions (the mask prior alone)")
     g = p.add_argument_group("data")
     g.add_argument("--train-frac", type=rate, nargs="+", metavar="F", help="arithmetic: fraction of pairs to "
                    "train on (a sweep)")
