@@ -915,7 +915,8 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # decoders: left padding, cached decoding and offsets included), else the token's index in the
 # sequence or the cache (BERT, ViT, timm, nn.MultiheadAttention). So a cached, padded or offset run
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
-# position past N is a ValueError. A layer over text takes any n <= N tokens; an image's layer (timm's
+# position past N is a ValueError; a relative M (relative=True, one logit per head and distance i - j,
+# section 1) takes any position. A layer over text takes any n <= N tokens; an image's layer (timm's
 # ViTs, torchvision's, transformers' vision models) exactly the N its M was built for, its prefix
 # tokens and its grid: with fewer, M's top-left block would give each patch another patch's prior.
 # Three kinds of layer, each reached through its own door:
@@ -1031,6 +1032,16 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     tokens, then a grid of patches) takes exactly the N tokens M was built for. A key outside 0..N-1
     is a slot every mask blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
     mask = attn.mask                                  # one look-up: nn.Module's __getattr__ costs a microsecond
+    if mask.dim() == 2:
+        # A relative M (add_mask_prior's relative=True), as MaskedSelfAttention.dense_mask reads it: at
+        # d = i - j of the positions, clamped to 0..K on a causal layer, -K..K else; any position runs
+        i, j = (torch.arange(p.start, p.stop, device=mask.device) if isinstance(p, slice) else p for p in (rows, cols))
+        d = i[..., :, None] - j[..., None, :]                                # (n, n_keys) or (B, n, n_keys)
+        d = d[None] if d.dim() == 2 else d
+        K = len(mask[0]) - 1 if getattr(attn, "is_causal", False) else len(mask[0]) // 2
+        index = d.clamp(0, K) if getattr(attn, "is_causal", False) else d.clamp(-K, K) + K
+        bias = _log_sigmoid(attn.mask_scale * mask[:, index]).transpose(0, 1)    # (B or 1, H, n, n_keys)
+        return bias.masked_fill(d[:, None] < 0, float("-inf")) if causal else bias
     prefix, size = attn.mask_prior_prefix, mask.shape[-1]                          # size: M's N
     if prefix is not None and largest != size - 1:
         # Another grid's M: its top-left block would give each patch another patch's prior. impulse_mask
@@ -1269,10 +1280,14 @@ def _patch(named, masks, mode, scale):
     scale or mode (config.json holds one) nor another layer of this name (a part of the model
     patched alone before: config.json could not tell the two apart)."""
     import inspect
-    for (name, attn, _, _), mask in zip(named, masks):
-        heads, rows, cols = mask.shape
+    for (name, attn, _, prefix), mask in zip(named, masks):
+        heads, rows, cols = mask.shape if mask.dim() == 3 else (len(mask), 1, 1)     # relative: (H, R)
         if hasattr(attn, "mask_prior_name"):
             raise ValueError(f"{name or 'model'} already has a mask prior")
+        if mask.dim() == 2 and (prefix is not None or not getattr(attn, "is_causal", False) and len(mask[0]) % 2 == 0):
+            raise ValueError(f"{name or 'model'}: a relative mask {tuple(mask.shape)} is for a layer over text, "
+                             f"(heads, K + 1) if causal (is_causal), else (heads, 2K + 1); an image's layer "
+                             f"takes M dense")
         if heads != _heads(attn) or rows != cols:
             raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
                              f"{type(attn).__name__} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
@@ -1303,7 +1318,7 @@ def _patch(named, masks, mode, scale):
             AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, sdpa_mask)
             attn.config._attn_implementation = MASK_PRIOR_ATTENTION
 
-def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
+def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, relative=False):
     """The appendix's feature, Section 4.1's prior in an existing model: log sigmoid(scale * M) in
     every self-attention layer of model (a whole model or a part: a ModuleList, one layer):
     nn.MultiheadAttention, timm's Attention, transformers' layers on the AttentionInterface; returns
@@ -1315,7 +1330,11 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     caller's causal and padding masks are kept. A layer over a sequence takes any n <= N tokens, at
     the positions the model gives them; an image's layer exactly the N tokens M was built for (prefix
     tokens, then the patches: timm's, torchvision's and transformers' vision models). Else a
-    ValueError at forward time."""
+    ValueError at forward time. relative: mask_init holds one logit per head and distance d = i - j
+    (MaskedSelfAttention's relative M), (heads, R) or (layers, heads, R): R = K + 1 for d = 0..K
+    on a causal layer (is_causal: GPT-2, Llama), R = 2K + 1 for -K..K on the others (BERT,
+    nn.MultiheadAttention, timm); a distance past K reads the last logit, so a layer over text takes
+    any position; image layers refuse it."""
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
     if not torch.is_floating_point(mask_init):
@@ -1325,10 +1344,13 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     if not named:
         raise ValueError(f"{type(model).__name__} contains no nn.MultiheadAttention, timm Attention "
                          f"or transformers attention layer to patch")
-    if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
-        raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) for the "
+    dims = 3 - relative                 # the dims of one layer's M: (heads, N, N), relative (heads, R)
+    if mask_init.dim() not in (dims, dims + 1) or (mask_init.dim() == dims + 1 and len(mask_init) != len(named)):
+        shape = "heads, R" if relative else "heads, N, N"
+        raise ValueError(f"mask_init must be ({shape}) or (layers = {len(named)}, {shape}) for the "
                          f"modules {[layer[0] for layer in named]}, got {tuple(mask_init.shape)}")
-    _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale)
+    _patch(named, mask_init if mask_init.dim() == dims + 1 else mask_init.expand(len(named), *mask_init.shape),
+           mode, scale)
     for encoder in (m for m in model.modules() if isinstance(m, nn.TransformerEncoder)):
         encoder.use_nested_tensor = False
     return [layer[1] for layer in named]
