@@ -54,8 +54,8 @@ def main():
         exp.model.load_state_dict(torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=False)["model"])
         data = tasks.lm_dataset(result["task"])
         T = config["block_size"]
-        print(f"{folder}: {result['task']} {result['init']} seed {result['seed']}, no_pos {bool(config.get('no_pos'))}, "
-              f"run's val ppl {result['final']['val_ppl']:.3f}")
+        print(f"{folder}: {result['task']} {result['init']} seed {result['seed']}, "
+              f"no_pos {bool(config.get('no_pos'))}, run's val ppl {result['final']['val_ppl']:.3f}")
         for m in args.lengths:
             try:
                 ppl = f"{math.exp(tasks.lm_loss(exp.model, data['val'], m * T)):.3f}"

@@ -10,9 +10,10 @@ maskprior.MaskedSelfAttention(512, 8, n, causal=True) with its M, takes one Adam
 (1, n, 512) input, and reports its peak resident memory (getrusage's ru_maxrss) against the same
 process's before the layer was built: the layer's weights, M, its gradient, AdamW's two states and
 the step's activations; and "state", what the layer keeps between steps (weights, gradients, AdamW's
-two states, counted tensor by tensor), the part that grows with the layers of a model. The lengths run in order; before each one past the first two the peak is
-predicted from the two before it as a + b n^2 (the (n, n) terms dominate), and a config whose
-prediction exceeds --limit-gb is skipped with the prediction printed (a shared 24 GB machine).
+two states, counted tensor by tensor), the part that grows with the layers of a model. The lengths
+run in order; before each one past the first two the peak is predicted from the two before it as
+a + b n^2 (the (n, n) terms dominate), and a config whose prediction exceeds --limit-gb is skipped
+with the prediction printed (a shared 24 GB machine).
 What this measures on the CPU: a learnable M (dense or relative) gives the bias a gradient, so the
 attention is written out ((1, 8, n, n) logits, probabilities and the bias itself); a fixed M's bias
 takes torch's fused kernel, which still reads the bias written out as (1, 8, n, n).
