@@ -65,16 +65,18 @@ def test_relative_gives_the_dense_m_of_the_same_distances(relative):
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_cached_and_left_padded_generation_give_the_one_piece_run(relative, cache):
+    """The prompt alone, and left-padded by 3 beside a longer prompt, through a cache: each step
+    reads the distances the no-cache run reads (positions from the first real token)."""
     model, _, prompt, reference, logits = relative
-    other = torch.randint(1, VOCAB, (1, PROMPT + 3), generator=torch.Generator().manual_seed(4))
-    ids = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], 1), other])
-    attention_mask = (torch.arange(PROMPT + 3) >= torch.tensor([[3], [0]])).long()
-    with torch.no_grad():
-        alone = model.generate(prompt, max_new_tokens=NEW, cache_implementation=cache, output_logits=True,
-                               return_dict_in_generate=True, **GREEDY)
-        padded = model.generate(ids, attention_mask=attention_mask, max_new_tokens=NEW, cache_implementation=cache,
-                                output_logits=True, return_dict_in_generate=True, **GREEDY)
-    for out in (alone, padded):
+    longer = torch.randint(1, VOCAB, (1, PROMPT + 3), generator=torch.Generator().manual_seed(4))
+    batches = {"alone": (prompt, torch.ones_like(prompt)),
+               "padded": (torch.cat([nn.functional.pad(prompt, (3, 0)), longer]),
+                          torch.stack([torch.arange(PROMPT + 3) >= 3, torch.ones(PROMPT + 3, dtype=torch.bool)]))}
+    for ids, attention_mask in batches.values():
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=attention_mask.long(), max_new_tokens=NEW,
+                                 cache_implementation=cache, output_logits=True, return_dict_in_generate=True,
+                                 **GREEDY)
         assert torch.equal(out.sequences[0, -reference.shape[1]:], reference[0])
         torch.testing.assert_close(step_logits(out), logits[0, PROMPT - 1:-1], rtol=0, atol=1e-4)
 
