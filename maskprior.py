@@ -3,12 +3,14 @@
 Reference implementation of "Mask-Based Priors Are More Persistent than Query-Key Initializations";
 read top to bottom beside the paper:
   1. MaskedSelfAttention, softmax(Q K^T / sqrt(d) + log sigmoid(M)) V (Section 4.1), with fixed
-     (Appendix A.2), Hadamard (Appendix B) and vanilla modes.
+     (Appendix A.2), Hadamard (Appendix B) and vanilla modes; M dense (heads, N, N), or relative,
+     one logit per head and distance, which runs at any length.
   2. Models, one mask per layer (Principle 4): the GOTU encoder (Section 5.1, also the arithmetic
      model), the GPT (Appendix "Wiki-text and Tiny-stories"), the ViT (Section 5.3).
   3. Mask patterns (Section 4.2, Appendix "Design of Mask Pattern"): boolean_mask, the arithmetic
-     masks, the GPT's relative distance, the ViT's impulse; edit_pattern, a seeded edit of a
-     pattern (Appendix A.2); learned_mask, a prior learned from a trained model.
+     masks, the GPT's relative distance (distance_mask: dense or relative), the ViT's impulse;
+     edit_pattern, a seeded edit of a pattern (Appendix A.2); learned_mask, a prior learned from a
+     trained model.
   4. QK baselines, the same patterns in W_Q / W_K (Sections 2.1, 5.1): structured SVD and Opt
      (Zheng et al.), mimetic (Trockman and Kolter).
   5. Measuring the prior (Section 6.1): attention maps, prior mass, drift: the persistence numbers.
