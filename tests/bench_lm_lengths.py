@@ -13,9 +13,9 @@ it scores lower; one that breaks past its training length scores higher.
 Then, from attention_before.pt / attention_after.pt (train.py's probe: the first 64 validation
 windows of T tokens): the attention mass on distance 0 (the diagonal, the one entry the GPT prior
 log sigmoid(10 M) leaves near 0: -0.69 against -10 one step back) and the mean distance attended,
-over layers, heads and query rows; and per head the bias log sigmoid(s M) at distances 0..3 and
-T - 1, averaged over layers and query rows (the counterpart of Figure "Relative mask bias before and
-after training", one curve per head). Prints one block per run.
+over layers, heads and query rows; and the bias log sigmoid(s M) at distances 0..3 and T - 1, averaged
+over layers and heads, then per layer and head (the counterpart of Figure "Relative mask bias before
+and after training", one curve per head), each averaged over query rows. Prints one block per run.
 """
 import argparse
 import json
@@ -31,10 +31,10 @@ from helpers import experiment  # noqa: E402
 
 
 def by_distance(maps):
-    """(L, H, N, N) -> (H, N): each head's mean over layers and query rows of the entries at each
+    """(L, H, N, N) -> (L, H, N): each layer's and head's mean over query rows of the entries at each
     distance d = i - j = 0..N - 1."""
     n = maps.shape[-1]
-    return torch.stack([maps[..., torch.arange(d, n), torch.arange(0, n - d)].mean((0, -1)) for d in range(n)], -1)
+    return torch.stack([maps[..., torch.arange(d, n), torch.arange(0, n - d)].mean(-1) for d in range(n)], -1)
 
 
 def main():
@@ -69,13 +69,15 @@ def main():
             n = attn.shape[-1]
             i = torch.arange(n)
             distance = (i[:, None] - i[None, :]).clamp(min=0).float()
-            print(f"  {when}: attention mass on distance 0 {by_distance(attn)[:, 0].mean():.4f}, "
+            print(f"  {when}: attention mass on distance 0 {by_distance(attn)[..., 0].mean():.4f}, "
                   f"mean distance attended {(attn * distance).sum(-1).mean():.3f}")
             if snapshot["bias"] is not None:
-                curve = by_distance(snapshot["bias"])                   # (H, N)
-                for h, row in enumerate(curve):
-                    shown = ", ".join(f"{row[d]:.2f}" for d in (0, 1, 2, 3))
-                    print(f"    head {h}: bias at d = 0, 1, 2, 3: {shown}; d = {n - 1}: {row[-1]:.2f}")
+                curves = by_distance(snapshot["bias"])                  # (L, H, N)
+                print(f"    bias at d = 0, 1, 2, 3 and {n - 1}, mean over layers and heads: "
+                      + " ".join(f"{curves[..., d].mean():.2f}" for d in (0, 1, 2, 3, n - 1)))
+                for layer, heads in enumerate(curves):                  # one curve per layer and head
+                    shown = " | ".join(" ".join(f"{row[d]:.2f}" for d in (0, 1, 2, n - 1)) for row in heads)
+                    print(f"    layer {layer}, heads at d = 0 1 2 {n - 1}: {shown}")
 
 
 if __name__ == "__main__":
