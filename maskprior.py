@@ -25,9 +25,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# The paper's constants, each once. Appendix "Experiment Details": a hand-made prior opens an entry
-# with M = +A and closes it with M = -A, A = 10 for the Boolean tasks and the ViT: an open entry
-# adds log sigmoid(10) = -4.5e-5 to its logit, a closed one log sigmoid(-10) = -10.00005.
+# The paper's constants, each once; elsewhere they are named, not restated. Appendix "Experiment
+# Details": "For mask initialization, we choose open positions = 10 and close positions = -10" (the
+# Boolean tasks and the ViT): an open entry adds log sigmoid(10) = -4.5e-5 to its logit, a closed one
+# log sigmoid(-10) = -10.00005. For any A, log sigmoid(A) - log sigmoid(-A) = A: an open key outweighs
+# a closed one of equal content score by e^A (e^10 = 22026; arithmetic's e^5 = 148).
 OPEN, CLOSE = 10.0, -10.0
 ARITHMETIC_OPEN, ARITHMETIC_CLOSE = 5.0, -5.0    # Table "Arithmetic task setup": open 5, close -5
 GPT_MASK_SCALE = 10.0   # Appendix "Wiki-text and Tiny-stories": the GPT prior is log sigmoid(10 M)
@@ -38,14 +40,14 @@ NORM_P = 18.0           # structured init multiplies the positions by 18 before 
 class MaskedSelfAttention(nn.Module):
     """Multi-head self-attention with a learnable additive logit bias per head (Section 4.1; forward
     writes the equation above the lines that compute it). M (heads, seq_len, seq_len) is the
-    parameter `mask`, starting at the task's pattern (open +10, closed -10), scaled by
-    s = mask_scale (1; 10 for the GPT prior). log sigmoid(s M) <= 0 only down-weights: a row whose
-    entries share one M (e.g. the zero mask of Appendix A.1) is vanilla attention; in a mixed row an
-    open key outweighs a closed one of equal content score by e^10 = 22026.
+    parameter `mask`, starting at the task's pattern (open and closed at the constants above),
+    scaled by s = mask_scale (1; GPT_MASK_SCALE for the GPT prior). log sigmoid(s M) <= 0 only
+    down-weights: a row whose entries share one M (e.g. the zero mask of Appendix A.1) is vanilla
+    attention; in a mixed row the open keys outweigh the closed ones (by e^A, the constants say).
     mode: "learnable" (the paper: M trains with the model), "fixed" (Appendix A.2: M never moves),
-    "hadamard" (Appendix B: sigma(s M) o softmax(Q K^T / sqrt(d)), rows no longer sum to 1), "none"
-    (vanilla attention, no M). causal: the hard causal mask on top (the GPT). Inputs shorter than
-    seq_len use the top-left (n, n) block of M. Needs only math, torch, nn and F: pastes alone."""
+    "hadamard" (Appendix B, Proposition 1: sigma(s M) o softmax(Q K^T / sqrt(d)); forward says what
+    it loses), "none" (vanilla attention, no M). causal: the hard causal mask on top (the GPT).
+    Inputs shorter than seq_len use the top-left (n, n) block of M. Needs only math, torch, nn and F: pastes alone."""
     MODES = ("learnable", "fixed", "hadamard", "none")
     # forward computes one function by two paths, written out or in one fused kernel; path "auto"
     # lets writes_out choose, "fused" or "written" forces one (e.g. a backend without the float
@@ -87,18 +89,20 @@ class MaskedSelfAttention(nn.Module):
         mask None: the causal mask alone, (n, n) of 0 and -inf, or None (vanilla attention).
         Why log sigmoid (Section 6.1, Theorem 1): with m = scale * M, dp_i/dm_j = p_i (delta_ij - p_j)
         sigma(-m_j), at most p_i whatever the sizes of q and k (Corollary 1), while the gradients of q
-        and k grow with ||k|| and ||q||. An open entry (m = +10) learns through a factor sigma(-10) =
-        4.5e-5, a closed one (m = -10) through its near-zero p_j: both start almost still, so the prior
-        persists until the content scores give the loss a reason to move it.
+        and k grow with ||k|| and ||q||. An open entry (m = OPEN) learns through a factor sigma(-OPEN) =
+        4.5e-5, a closed one through its near-zero p_j: both start almost still, so the prior persists
+        until the content scores give the loss a reason to move it. tests/test_theory.py checks
+        Theorem 1, Corollary 1 and Proposition 1 by autograd: on bare tensors (its part 1), on this
+        module's mask gradient (part 2) and on its probabilities, hadamard mode included (part 3).
         dtype: cast to it (q's dtype under autocast); device: the causal mask's (default M's)."""
         if mask is None and not causal:
-            return None                                                             # vanilla attention
+            return None
         if mask is None:
             bias = torch.zeros(n, n, dtype=dtype, device=device)                    # (n, n)
         else:
             bias = F.logsigmoid(scale * mask[..., :n, :n]).to(dtype or mask.dtype)  # (H, n, n)
         if causal:
-            future = torch.ones(n, n, dtype=torch.bool, device=bias.device).triu(1)   # key after query
+            future = torch.ones(n, n, dtype=torch.bool, device=bias.device).triu(1)   # (n, n), j > i
             bias = bias.masked_fill(future, float("-inf"))
         return bias
 
@@ -134,8 +138,12 @@ class MaskedSelfAttention(nn.Module):
             logits = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.head_dim))      # (B, H, N, N)
             if bias is not None:
                 logits.add_(bias)          # div_ and add_ in place: nothing needs what they overwrite
-            attn = logits.softmax(dim=-1)                                          # A
-            if hadamard:     # Appendix B: A = sigma(s M) o softmax(Q K^T / sqrt(d)), rows < 1
+            attn = logits.softmax(dim=-1)                                          # (B, H, N, N)
+            # Appendix B: "A natural question is whether a Hadamard-product mask, sigma(M) o softmax(
+            # X W_Q W_K^T X^T / sqrt(d)), could achieve a similar effect." Proposition 1 says what it
+            # loses: ||softmax(A)||_F >= 1 (each row sums to 1), but sigma(M) o softmax(A) is only >= 0,
+            # rows collapse where sigma(M) is small, and its Jacobian's norm is at most softmax's.
+            if hadamard:
                 attn = self.logit_bias(self.mask, N, self.mask_scale).exp() * attn
             if dropout:      # F.dropout with p = 0 would still cost a pass
                 attn = F.dropout(attn, dropout)
