@@ -200,8 +200,8 @@ class Block(nn.Module):
     def forward(self, x, return_attn=False):
         """x (B, N, dim) -> (x, the block's attention (B, H, N, N) with return_attn, else None)."""
         # Section 4.1's attention on the normalised stream, added back to the stream; then the
-        # position-wise MLP the same way. drop_path (stochastic depth, "Drop path 0.1" of the vision
-        # tables) drops a whole branch for each sample with its probability, during training only.
+        # position-wise MLP the same way. drop_path (stochastic depth, the vision tables' setting)
+        # drops a whole branch for each sample with its probability, during training only.
         h = self.attn(self.ln1(x), return_attn=return_attn)
         h, attn = h if return_attn else (h, None)
         x = x + self.drop_path(self.resid_dropout(h))
@@ -291,11 +291,12 @@ class GPT(_Model):
     """nanoGPT's GPT (Appendix "Wiki-text and Tiny-stories") on MaskedSelfAttention(causal=True).
     mode "none" is the default GPT; "learnable" with masks (depth, heads, block_size, block_size)
     of relative_distance_mask per layer is the paper's mask init, its bias log sigmoid(mask_scale M).
-    Table "NLP task setup" gives the shape: 12 layers, 12 heads, width 512, block 64, dropout 0.2,
-    learned positions. The paper's code, PraveenRaja42/Tiny-Stories-GPT, has that shape (its 12 heads
-    of 512 // 12 = 42 channels make 504, as here), pre-LN blocks and N(0, 0.02) starts; this model
-    adds what nanoGPT (GPT-2) has and that code lacks: GELU for its ReLU, an output layer without bias
-    tied to the token embedding, dropout on the embeddings, residual projections started smaller."""
+    Table "NLP task setup" gives the shape (train.py's LM_PRESETS["paper"]); it has no positional
+    row: the learned positions are Tiny-Stories-GPT's nn.Embedding(block_size, n_embd). The paper's
+    code, PraveenRaja42/Tiny-Stories-GPT, has the table's shape (its 12 heads of 512 // 12 = 42
+    channels make 504, as here), pre-LN blocks and N(0, 0.02) starts; this model adds what nanoGPT
+    (GPT-2) has and that code lacks: GELU for its ReLU, an output layer without bias tied to the token
+    embedding, dropout on the embeddings, residual projections started smaller."""
     def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none", masks=None,
                  mask_scale=GPT_MASK_SCALE):
         super().__init__()
@@ -338,7 +339,7 @@ class GPT(_Model):
     def generate(self, idx, new_tokens, temperature=1.0, top_k=None, generator=None):
         """Sample new_tokens continuations of idx (B, T), feeding back the last block_size tokens."""
         for _ in range(new_tokens):
-            logits = self(idx[:, -self.block_size:])[:, -1] / temperature  # (B, vocab)
+            logits = self(idx[:, -self.block_size:])[:, -1] / temperature  # (B, vocab), the last position
             if top_k is not None:
                 kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -388,9 +389,9 @@ class ViT(_Model):
         x = self.patch_embed(images).flatten(2).transpose(1, 2)    # (B, grid^2, dim), row-major
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1) + self.pos     # (B, N, dim)
         x, attns = self.run_blocks(x, return_attn)
-        # Read out CLS's final state, or the mean over the patch tokens (CLS left out), to class logits
+        # the readout `pool` names (the docstring): CLS's final state, or the patch tokens' mean
         x = self.norm(x)
-        out = self.head(x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1))   # features (B, dim)
+        out = self.head(x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1))   # (B, dim) -> (B, classes)
         return (out, attns) if return_attn else out
 
 # === 3. Mask patterns (Section 4.2; Appendix "Design of Mask Pattern") ===========================
