@@ -397,8 +397,10 @@ class ViT(_Model):
 # === 3. Mask patterns (Section 4.2; Appendix "Design of Mask Pattern") ===========================
 # A pattern is (depth, heads, N, N) logits M: OPEN where a query (row) may attend to a key (column),
 # CLOSE elsewhere (Figure "Visualization of task-specific mask design"). Every hand-made pattern of
-# the Boolean and arithmetic tasks opens the diagonal: each token sees itself and keeps its own
-# value in its residual stream. Each pattern's comment names the principles (Section 4.2) it serves.
+# the Boolean and arithmetic tasks opens the diagonal, so no row is all closed: a row whose entries
+# share one M is plain content attention (MaskedSelfAttention's docstring), not "attend to nothing".
+# Each pattern's comment names the principles (Section 4.2) it serves, and marks "ours" what the
+# paper's figure and Appendix "Design of Mask Pattern" leave open.
 BUILD_LAYERS = 2   # a composed pattern (Principle 4): these first layers build, the rest read out
 
 def _mask(depth, heads, n, head_pairs, readout_pairs=None, open_value=OPEN, close_value=CLOSE, diagonal=True):
@@ -435,17 +437,18 @@ def boolean_mask(task, depth, heads, variant=None, d=15):
     x = [1 + i for i in range(d)]                  # x[i]: the sequence position of bit x_i
     x0_x1 = [(x[0], x[1]), (x[1], x[0])]
     if task == "2parity" and variant != "composed":
-        # 2parity, f = x0 x1. Principles (1) task-aligned interaction and (2) shortcut suppression:
-        # only x0 and x1 attend to each other (and themselves); every other token, CLS included,
-        # sees only itself. x0 x1 appears naturally in a bilinear logit q(x0) . k(x1); a CLS
-        # reading x0 and x1 would mix them linearly (the minimum-degree shortcut), so CLS starts
-        # closed and learns where to read.
+        # 2parity, f = x0 x1. "Following Principle (1) and Principle (2), we allow attention only
+        # between x0 and x1, while suppressing all other interactions": every other token sees only
+        # itself. x0 x1 appears naturally in a bilinear logit q(x0) . k(x1); a CLS reading x0 and x1
+        # would mix them linearly (the minimum-degree shortcut), so CLS starts closed and learns
+        # where to read (CLS closed: ours, the paper's pattern names x0 and x1 alone).
         return _mask(depth, heads, n, [x0_x1])
     if task == "2parity":
-        # 2parity composed (Principle 4). Layers 0-1 (build): the pattern above, so the product
-        # x0 x1 can form in q(x0) . k(x1) before anything reads the bits. Layers 2.. (readout): bits
-        # see only themselves, CLS reads x0 and x1, where the product now lives: CLS opens through
-        # M, not through W_Q W_K, whose linear read of the raw bits is the shortcut x0 + x1 - 1.
+        # 2parity composed (Principle 4; ours: the paper has the pattern above alone). Layers 0-1
+        # (build): the pattern above, so the product x0 x1 can form in q(x0) . k(x1) before anything
+        # reads the bits. Layers 2.. (readout): bits see only themselves, CLS reads x0 and x1, where
+        # the product now lives: CLS opens through M, not through W_Q W_K, whose linear read of the
+        # raw bits is the shortcut x0 + x1 - 1.
         return _mask(depth, heads, n, [x0_x1], readout_pairs=[(0, x[0]), (0, x[1])])
     if task == "majority":
         # 3-bit majority, f = sign(x0 + x1 + x2), a global sum and a sign, where the MDI uses the
@@ -455,7 +458,7 @@ def boolean_mask(task, depth, heads, variant=None, d=15):
     if task == "cyclic3" and variant != "direct":
         # cyclic3, f = sum_i x_i x_{i+1} x_{i+2} (indices mod d). Principle (4) layer-wise
         # composition: the triples are built "through layer-wise composition of structured local
-        # connections, rather than encoding them directly".
+        # connections, rather than encoding them directly". The paper gives no windows; these are ours.
         # Layer 0 (pairs): bit token i sees {x_i, x_{i+1 mod d}}; its MLP can form x_i x_{i+1}.
         # Layer 1 (pairs of pairs): the same +1 window; token i reads its pair and token i+1's, whose
         #   union is the triple (x_i, x_{i+1}, x_{i+2}) (a window {i, i+1, i+2} would compose 4
@@ -468,30 +471,32 @@ def boolean_mask(task, depth, heads, variant=None, d=15):
     if task == "cyclic3":
         # cyclic3 direct: in every layer bit token i sees itself and its two cyclic successors, so
         # one layer spans the whole triple; CLS sees only itself at the start and learns to read
-        # the sum. Not composition, so not what Principle (4) describes; kept for comparison.
+        # the sum. Not composition, so not what Principle (4) describes: ours, kept for comparison.
         pairs = [(x[i], x[(i + step) % d]) for i in range(d) for step in (1, 2)]
         return _mask(depth, heads, n, [pairs])
     # threesym, f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0. Principles (2) and (3) multi-head
     # specialisation. A sum of three pairwise parities: head h gets a 2parity-style pattern for one
     # pair, (x0, x1), (x1, x2), (x2, x0) in turn (cycling past three heads); head concatenation then
-    # adds the three products. Every other token, CLS included, sees only itself.
+    # adds the three products. Every other token, CLS included, sees only itself (CLS closed: ours).
     head_pairs = [[(x[a], x[b]), (x[b], x[a])] for a, b in ((0, 1), (1, 2), (2, 0))]
     return _mask(depth, heads, n, head_pairs)
 
 # --- Three-digit arithmetic (Section 5.2; Appendix "Design of Mask Pattern") ---
 # Token layout (tasks.py, section 2), least significant digit first, no CLS: digit a_i of the
-# first operand at position i, b_i at 3 + i, answer digit c_k at 6 + k. Open / closed at +-5,
-# softer than the Boolean +-10. Each token sees itself and each operand digit its partner
+# first operand at position i, b_i at 3 + i, answer digit c_k at 6 + k. Open / closed at
+# ARITHMETIC_OPEN / ARITHMETIC_CLOSE. Each token sees itself and each operand digit its partner
 # (Principle 1); head h takes role h mod 4 of the algorithm (Principle 3), and depth composes them
-# (Principle 4: carries).
+# (Principle 4: carries). The paper's addition has "different heads [that] capture complementary
+# aspects of the computation, such as digit-wise addition and carry interactions": roles 0 and 1.
+# Roles 2 and 3 are ours.
 def _arithmetic_mask(depth, heads, shared, columns, role_3):
     """(depth, heads, N, N) logits, N = 6 + K for the K = len(columns) answer slots: every head
     opens the diagonal and the operand pairs `shared`; answer slot c_k of a head of role r = h mod 4
     reads a_i and b_j of each digit pair (i, j) and the answer slots c_m of its role:
       role 0  the pairs columns[k] that land on k (a digit-wise sum, the partial products of k);
       role 1  the pairs columns[k - 1] and c_{k-1}: the carry into k (Principle 3);
-      role 2  every pair of a column below k: a carry can ripple from the units (999 + 1);
-      role 3  role_3[k]: (digit pairs, answer slots)."""
+      role 2  every pair of a column below k: a carry can ripple from the units (999 + 1) (ours);
+      role 3  role_3[k]: (digit pairs, answer slots) (ours)."""
     roles = [list(shared) for _ in range(4)]                 # the open (query, key) pairs of each role
     for k, column in enumerate(columns):
         below = [pair for lower in columns[:k] for pair in lower]
@@ -525,10 +530,11 @@ def mask_multiplication(depth, heads):
 ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplication}
 
 # --- The GPT's relative distance (Appendix "Wiki-text and Tiny-stories") ---
-# Language has no known interaction pattern, so the paper initialises a full learnable mask per
-# head from causal relative distance, M_ij = -max(i - j, 0), applied as log sigmoid(s M), s = 10:
-# the diagonal gets log sigmoid(0) = -0.69, one step back -10, two steps back -20, ... (a "recent
-# past" prior that training can flatten, Figure "Relative mask bias before and after training").
+# Language has "no clear predefined structural pattern for initialization. Therefore, for these
+# tasks, we initialize a full-rank learnable attention mask using causal relative distance":
+# M_ij = -max(i - j, 0), applied as log sigmoid(s M), s = GPT_MASK_SCALE: the diagonal gets
+# log sigmoid(0) = -0.69, one step back about -s, two steps back -2 s, ... (a "recent past" prior
+# that training can flatten, Figure "Relative mask bias before and after training").
 def relative_distance_mask(heads, block_size):
     """M_ij = -max(i - j, 0) for every head, (heads, block_size, block_size)."""
     i = torch.arange(block_size)
@@ -623,8 +629,8 @@ def learned_mask(attn, magnitude, tau=1.0, causal=False):
     n_i, the keys row i may see: N in an encoder, i + 1 in a causal model (key j <= i): tau = 1
     opens the keys that get at least a uniform row's share 1 / n_i. The diagonal is always open (as
     in every hand-made pattern); causal closes the future (j > i). A = magnitude: the hand-made
-    values (Boolean and vision 10, arithmetic 5); where the model applies log sigmoid(s M) (the GPT,
-    s = 10), A = 1, so a closed entry gets the relative-distance prior's bias one step back, -10.
+    values (OPEN, ARITHMETIC_OPEN); where the model applies log sigmoid(s M) (the GPT, s =
+    GPT_MASK_SCALE), A = 1, so a closed entry gets the relative-distance prior's bias one step back.
     Returns float32 logits of attn's shape."""
     n = attn.shape[-1]
     i = torch.arange(n, device=attn.device)
