@@ -658,7 +658,9 @@ def open_fraction(pattern, causal=False):
 #   osiriszjq/structured_initialization (Zheng et al. 2025, cited in Appendix "Experiment Details"):
 #     impulse_init (SVD solve), get_ortho_like (mimetic factors), VisionTransformer.post_init_weights.
 #   osiriszjq/structured_init (Zheng et al. 2024): its impulse_init fits Q, K by Adam, the only
-#     public code of "Structured (Opt)".
+#     public code of "Structured (Opt)". The paper's footnote for Opt (Appendix "Experiment
+#     Details", Boolean problems) names osiriszjq/structured_initialization, which holds only the
+#     SVD solve: structured_opt_init_ follows this repository instead.
 # Both structured variants first multiply the learned positions by pos_scale (norm_p = 18 of
 # post_init_weights' impulse branch): at the usual 0.02 they would be invisible beside the tokens.
 def pattern_targets(pattern):
@@ -700,8 +702,9 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
     layer, W_V W_O ~ alpha2 Z2 - beta2 I (fresh Z2). Z: uniform on +-sqrt(3 / D), variance 1 / D,
     the default (dist='uniform') of get_ortho_like; alphas and betas its values.
     Where we differ: that code's mimetic branch writes V and Proj untransposed, giving the value-output
-    map x (R L)^T, which loses the -beta2 I part; we write v rows = L^T and proj = R^T, so
-    W_V W_O = L R, the formula of Trockman and Kolter and what that code's impulse branch writes.
+    map x (R L)^T rather than x L R. The two share eigenvalues and trace (the -beta2 I part is kept
+    either way), but (R L)^T is not L R; we write v rows = L^T and proj = R^T, so W_V W_O = L R, the
+    formula of Trockman and Kolter and what that code's impulse branch writes.
     Our draws come from a torch.Generator, the reference's from NumPy's global one."""
     for attn in attention_modules(model):
         dim, inner = attn.qkv.weight.shape[1], attn.heads * attn.head_dim
@@ -726,13 +729,15 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
     that P Q_h K_h P^T ~ T_h; Q_h, K_h at Frobenius norm qk_norm (norm_q = 7), q rows = Q_h^T, k
     rows = K_h (forward keeps its 1/sqrt(head_dim)); V and O mimetic (0.4, 0.4), fresh per layer.
     T_h = open_logit * target + noise_scale * eps on closed entries, eps a normal truncated at +-2
-    with std 0.6, fresh for every layer (1000 and 3 in that code; the paper's arithmetic runs quote
-    open = 10000, close = 0). skip: the leading positions left out of the solve; None means 1 for
-    a ViT (its CLS: the 2025 code solves on pos_embed[1:], its impulse targets covering patches
-    only) and 0 for the Boolean / arithmetic encoders, whose patterns cover every position.
-    Where we differ: r is capped by the numerical rank of P^T P (the Boolean models have N = 16
-    positions, fewer than head_dim; the reference would divide by zero singular values there); the
-    Boolean / arithmetic patterns include the CLS (or first) position, the reference's do not."""
+    with std 0.6, fresh for every layer (1000 and 3 in that code; Table "Arithmetic task setup"
+    quotes other targets, which train.py's arithmetic_setup passes). skip: the leading positions
+    left out of the solve; None means 1 for a ViT (its CLS: the 2025 code solves on pos_embed[1:],
+    its impulse targets covering patches only) and 0 for the Boolean / arithmetic encoders, whose
+    patterns cover every position.
+    Where we differ: r is capped by the numerical rank of P^T P, which is at most the N - skip
+    positions (16 in a Boolean model, fewer than head_dim; the reference, built for a ViT's 196 patches,
+    keeps r = head_dim); the Boolean / arithmetic patterns include the CLS (or first) position, the
+    reference's do not."""
     skip = int(isinstance(model, ViT)) if skip is None else skip
     with torch.no_grad():
         model.pos.mul_(pos_scale)
@@ -741,6 +746,9 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
     n, dim = p.shape
     u, s, vh = torch.linalg.svd(p.T @ p)                           # P^T P = U S V^T, (D, D)
     for layer, attn in enumerate(attention_modules(model)):
+        # Section 6.1: "QK-based methods are constrained by the low-rank structure of self-attention,
+        # leading to poor initialization of sparse patterns". The solved logits P Q_h K_h^T P^T have
+        # rank <= r = min(head_dim, rank of P): an N x N pattern of higher rank is only approximated.
         rank = min(attn.head_dim, int((s > s[0] * 1e-6).sum()))
         p_plus = vh[:rank].T @ torch.diag(1 / s[:rank]) @ u[:, :rank].T @ p.T   # (D, N - skip)
         for h in range(attn.heads):
