@@ -821,8 +821,8 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
 # inputs (the caller picks them, e.g. the whole Boolean cube), taken before and after training:
 #   prior mass    the attention a query row puts on the entries the pattern opens, averaged over rows;
 #                 1 = all of it where the prior allows. A mask init starts near 1 by construction (a
-#                 closed key gets e^-10 of an equal open key's weight); a QK init starts where its
-#                 solve got to, which Section 6.1 finds poor for sparse patterns.
+#                 closed key gets e^-A of an equal open key's weight, the constants at the top); a QK
+#                 init starts where its solve got to, which Section 6.1 finds poor for sparse patterns.
 #   pattern corr  the Pearson correlation of the mean map with the 0/1 pattern over all N x N entries:
 #                 also rewards the right shape when the mass is spread.
 #   mask drift    how far the bias log sigmoid(s M) moved, relative to its start.
