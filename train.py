@@ -232,12 +232,12 @@ def boolean_setup(run, data, place):
     # subset." The metrics add the unseen part alone and how close it lies to the MDI (unseen_mse_to_mdi).
     def loss_of(net, batch):                     # the aryol/GOTU loss: MSE of the CLS readout
         return F.mse_loss(net(batch[0].to(device)).squeeze(-1), batch[1].to(device))
-    def evaluate():                              # the whole cube, seen and unseen
+    def evaluate():
         return tasks.boolean_metrics(run.task, tasks.boolean_predictions(model, data["x_test"]), data["x_test"])
     # At the end also the GOTU code's own measure of which function was learned: its Fourier coefficients
     # on the monomials of x0, x1, x2, exact on the enumerated cube. Majority's f has x0x1x2 at -1/2 and
     # no pairs; its MDI has none of x0x1x2 and x0x2, x1x2 at -1/2 each.
-    def final(state, world):                     # and the learned function's Fourier weights
+    def final(state, world):
         pred = tasks.boolean_predictions(model, data["x_test"])
         return {**tasks.boolean_metrics(run.task, pred, data["x_test"]),
                 "train_loss": state["history"][-1]["train_loss"],
@@ -257,9 +257,8 @@ def arithmetic_setup(run, data, place):
     device, config = place.device, run.config
     # The prior of Figure "Visualization of task-specific mask design" (ii): maskprior.mask_addition or
     # mask_multiplication, (L, H, 6 + K, 6 + K) over the six operand digits and the K answer slots,
-    # open +5 and closed -5 (Table "Arithmetic task setup"). Head h takes role h mod 4 of the algorithm
-    # (Principle 3): an answer slot reads the digits that land on it, the carry into it, every column
-    # below it, or (role 3) a set of the task's own.
+    # open and closed at maskprior.ARITHMETIC_OPEN / _CLOSE. Head h takes role h mod 4 of the algorithm
+    # (Principle 3; maskprior's _arithmetic_mask lists the four).
     exact = maskprior.ARITHMETIC_MASKS[run.task](config["layers"], config["heads"])
     pattern, masks = prior(run, exact)                                              # (L, H, N, N)
     # Structured SVD solves here for the paper's open 10000 and closed 0 (Table "Arithmetic task setup"),
@@ -271,21 +270,21 @@ def arithmetic_setup(run, data, place):
         run, pattern, masks, device, {"open_logit": 1e4, "noise_scale": 0.0}, vocab_size=tasks.ARITHMETIC_VOCAB,
         seq_len=pattern.shape[-1], out_dim=10, cls_token=False, readout="tokens")
     # data (tasks.arithmetic_dataset, tasks.py section 2): of the 10^6 pairs (a, b), a seeded fraction
-    # (--train-frac, by default the paper's 0.4 % for addition, 3 % for multiplication) trains: x_train
-    # (P, 6 + K) tokens, least significant digit first, y_train (P, K) the answer's digits. x_eval,
-    # y_eval: a seeded sample of the held-out pairs (--eval-size, 100,000 unless all).
+    # (--train-frac, by default the table's, tasks.ARITHMETIC_TRAIN_FRAC) trains: x_train (P, 6 + K)
+    # tokens, least significant digit first, y_train (P, K) the answer's digits. x_eval, y_eval: a
+    # seeded sample of the held-out pairs (--eval-size).
     def loss_of(net, batch):                     # cross-entropy on the answer digits
         with tasks.autocast(device):
             logits = tasks.answer_logits(net, batch[0].to(device))               # (B, K, 10)
         return F.cross_entropy(logits.float().flatten(0, 1), batch[1].to(device).flatten())
     # Table "Performance of arithmetic tasks" reports sequence accuracy (every digit right), digit
-    # accuracy and loss. During training they are measured on the first 10,000 evaluation pairs
+    # accuracy and loss. During training they are measured on a prefix of the evaluation pairs
     # (history's sample_*), to keep evaluations cheap; the final numbers on every evaluation pair.
-    def sample_metrics():                        # the first 10k pairs during training
+    def sample_metrics():
         logits = tasks.arithmetic_logits(model, data["x_eval"][:10_000])
         metrics = tasks.arithmetic_metrics(logits, data["y_eval"][:10_000])
         return {f"sample_{key}": value for key, value in metrics.items()}
-    def final(state, world):                     # every evaluation pair at the end
+    def final(state, world):
         logits = tasks.arithmetic_logits(model, data["x_eval"])
         return {**tasks.arithmetic_metrics(logits, data["y_eval"]),
                 "train_loss": state["history"][-1]["train_loss"]}
@@ -301,17 +300,16 @@ def lm_setup(run, data, place):
     or mimetic W_Q / W_K; nanoGPT's random windows, one stream per rank; whole-split perplexity."""
     device, config, seed = place.device, run.config, run.seed
     L, H, T = config["layers"], config["heads"], config["block_size"]
-    # Language has "no clear predefined structural pattern", so the paper initialises "a full-rank
-    # learnable attention mask using causal relative distance": M_ij = -max(i - j, 0) for every head,
-    # applied "via log sigmoid(sM) (with s = 10)". The same (H, T, T) mask goes into every layer. Unlike
-    # the other families A is not M's size but the GPT's scale s (mask_scale), so prior() returns M as
-    # built, and --mask-magnitude sets s. A distance is not an open / closed pattern, so the Experiment
-    # gets none: the persistence numbers are the bias at each distance and M's drift.
+    # The appendix's prior, maskprior.relative_distance_mask (its comment quotes the paper), the same
+    # (H, T, T) mask in every layer. Unlike the other families A is not M's size but the GPT's scale s
+    # (mask_scale), so prior() returns M as built, and --mask-magnitude sets s. A distance is not an
+    # open / closed pattern, so the Experiment gets none: the persistence numbers are the bias at each
+    # distance and M's drift.
     relative = maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1)         # (L, H, T, T)
     _, masks = prior(run, relative)
-    # maskprior.GPT is nanoGPT's (pre-LN, GELU MLP, tied embedding, GPT-2 init); Tiny-Stories-GPT, which
-    # the paper builds on, is the same decoder with a ReLU MLP and an untied head. mimetic writes
-    # W_Q W_K^T ~ 0.7 Z + 0.7 I after the build (qk_prior), Table "Perplexity (PPL) comparison"'s third row.
+    # maskprior.GPT: nanoGPT's decoder (its docstring says where Tiny-Stories-GPT, the paper's code,
+    # differs). mimetic writes its identity-like W_Q W_K^T after the build (qk_prior), Table "Perplexity
+    # (PPL) comparison"'s third row.
     model = maskprior.GPT(data["vocab_size"], T, config["dim"], L, H, config["dropout"],
                           mode=INITS[run.init][0], masks=masks, mask_scale=config["mask_magnitude"])
     qk_prior(model, run.init, None, seed)
@@ -331,10 +329,9 @@ def lm_setup(run, data, place):
     def loss_of(net, batch):
         with tasks.autocast(device):
             return net(batch[0].to(device), batch[1].to(device))[1]
-    # Perplexity = exp(mean next-token loss). tasks.lm_loss scores every token of the split once, in
-    # consecutive windows, where Tiny-Stories-GPT and nanoGPT estimate the loss from 200 random batches:
-    # an exact number, so two inits differ by the model only. TinyStories has no test split: Table "NLP
-    # task setup"'s "validation fallback" (test_is_val).
+    # Perplexity = exp(mean next-token loss) over every token of a split (tasks.lm_loss says why not
+    # random batches). TinyStories has no test split: Table "NLP task setup"'s "validation fallback"
+    # (test_is_val).
     def validation():
         val_loss = tasks.lm_loss(model, data["val"], T)
         return {"val_loss": val_loss, "val_ppl": math.exp(val_loss)}
@@ -349,7 +346,8 @@ def lm_setup(run, data, place):
                 "sample": data["decode"](sample[0].tolist())}
     # Where attention goes (attention_*.pt, what --mask-from reads): the first 64 validation windows.
     probe = torch.stack([data["val"][s:s + T] for s in range(0, len(data["val"]) - T, T)][:64])
-    # The table's "cosine": over all iterations, to zero, without warmup (Tiny-Stories-GPT has none).
+    # The table's "cosine": over all iterations, to zero, without warmup (the table names none). The
+    # paper's code, Tiny-Stories-GPT, has no schedule at all: a constant lr.
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, iters)
     return Experiment(model, optimizer, schedule, math.ceil(iters / E), iters, batches, loss_of, validation,
                       final, unit="iter", probe=probe, generators=(windows,), info=data.get("info", {}))
@@ -371,8 +369,8 @@ def vision_setup(run, data, place):
     exact = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])   # (L, H, N, N)
     pattern, masks = prior(run, exact)
     true_pattern = exact if config.get("mask_from") else None
-    # The tables' "Drop path 0.1" as timm spreads it: 0 in the first block, rising linearly to 0.1.
-    rates = torch.linspace(0, config["drop_path"], L).tolist()   # drop path rising to 0.1
+    # The tables' "Drop path 0.1" as timm spreads it: 0 in the first block, rising linearly to the rate.
+    rates = torch.linspace(0, config["drop_path"], L).tolist()   # (L,) one rate a block
     if config.get("model") == "timm":            # timm's VisionTransformer of the preset's shape, M put
         import timm                              # in by add_mask_prior; no return_attn: no attention maps
         model = timm.models.VisionTransformer(
@@ -401,9 +399,9 @@ def vision_setup(run, data, place):
                          f"({len(data['train'])} images)")
     optimizer = make_optimizer(model, config)
     rounds = config["epochs"] + config["cooldown_epochs"]
-    # The tables' augmentation: "RandAug (m9)" and the crops run in the loader (tasks.vision_transform),
-    # "Mixup / CutMix 0.8 / 1.0" per batch on the device (tasks.mixup_cutmix, timm's switch between the
-    # two), "Label smoothing 0.1" in the loss, on the mixed soft targets.
+    # The tables' augmentation in three places: RandAugment and the crops in the loader
+    # (tasks.vision_transform), MixUp / CutMix per batch on the device (tasks.mixup_cutmix, timm's switch
+    # between the two), label smoothing in the loss, on the mixed soft targets.
     mix = tasks.mixup_cutmix(data["classes"], config["mixup"], config["cutmix"])
     def batches(epoch):
         # Drop path, MixUp / CutMix and the augmentations draw from torch's generator or the loader's
@@ -443,9 +441,9 @@ def vision_setup(run, data, place):
 def vision_schedule(optimizer, config, steps_per_epoch):
     """Per-step lr (Tables "Experimental setup for ..."): linear warmup, cosine to min_lr, cooldown."""
     # timm's cosine scheduler as torch schedulers chained by SequentialLR, stepped after every batch:
-    # LinearLR from warmup_lr up to lr over the warmup epochs (CIFAR 50, ImageNet100 5), a cosine from lr
-    # to min_lr over the other training epochs, then ConstantLR holding min_lr for the cooldown epochs
-    # (ImageNet100's 10), which end the run. A floor above lr would raise the lr: it is capped at lr.
+    # LinearLR from warmup_lr up to lr over the warmup epochs, a cosine from lr to min_lr over the other
+    # training epochs, then ConstantLR holding min_lr for the cooldown epochs (VISION_PRESETS and
+    # TASK_PRESETS give each), which end the run. A floor above lr would raise the lr: it is capped at lr.
     lr, warmup = optimizer.param_groups[0]["lr"], config["warmup_epochs"] * steps_per_epoch
     decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
     floor, parts, milestones = min(config["min_lr"], lr), [], []
@@ -482,9 +480,8 @@ def prior(run, exact, cls_row=False):
         return pattern, torch.zeros_like(pattern)
     if kind != "mask":
         return pattern, None
-    # maskprior builds the hand-made patterns at the paper's +-A (10; arithmetic 5): M starts there, or at
-    # --mask-magnitude's A by a rescale. A learned prior is made at +-A already; the GPT's relative
-    # distance is used as it is, A being its scale s.
+    # The hand-made patterns come at the family's A (FAMILIES' "magnitude"), rescaled here to
+    # --mask-magnitude's; the other two as the docstring says.
     if config.get("mask_from") or run.family == "language":
         return pattern, pattern
     return pattern, pattern * (config["mask_magnitude"] / FAMILIES[run.family]["magnitude"])
@@ -495,14 +492,14 @@ def build_encoder(run, pattern, masks, device, svd_scales=None, **shape):
     # optional CLS, learned positions, pre-LN blocks, a linear readout); `shape` holds what differs:
     # vocabulary, sequence length, output width, CLS and readout. masks: M's start (None: no M), and
     # mode (INITS) says whether M trains. svd_scales: the family's targets for the structured-SVD solve
-    # (arithmetic: open 10000, closed 0), which --svd-open / --svd-noise replace.
+    # (SVD_FLAGS), which --svd-open / --svd-noise replace.
     config, init = run.config, run.init
-    pos_std = config["pos_std"]                      # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
+    pos_std = config["pos_std"]                      # the preset's (BOOLEAN_PRESETS says why)
     model = maskprior.Transformer(
         masks=masks, mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
         heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
         cls_std=config.get("cls_std", 0.0), **shape)
-    # Structured inits scale positions drawn at 0.02 by NORM_P = 18 (to std 0.36) before their solve;
+    # Structured inits scale positions drawn at 0.02 by maskprior.NORM_P (to std 0.36) before their solve;
     # larger starts are scaled up to that std at most, never down (N(0, 1) positions: factor 1).
     # --pos-scale, --svd-open and --svd-noise replace these choices and the family's solve targets.
     pos_scale = maskprior.NORM_P if pos_std == 0 else min(maskprior.NORM_P, max(1.0, 0.36 / pos_std))
@@ -512,9 +509,8 @@ def build_encoder(run, pattern, masks, device, svd_scales=None, **shape):
     return model.to(device), seconds
 
 # The structured-SVD solve's targets a command may set (config key -> structured_svd_init_'s argument):
-# the logit T_h of an open entry and the noise on the closed ones. Boolean runs solve with the
-# osiriszjq/structured_initialization code's 1000 and 3 (maskprior's defaults), arithmetic runs with the
-# paper's "open = 10000, close = 0".
+# the logit T_h of an open entry and the noise on the closed ones. Boolean runs solve with the reference
+# code's values (structured_svd_init_'s defaults), arithmetic runs with the table's (arithmetic_setup).
 SVD_FLAGS = {"svd_open": "open_logit", "svd_noise": "noise_scale"}
 
 # The flags of the structured solve (the encoders' QK baselines), --pos-scale beside the SVD targets; a
@@ -526,8 +522,8 @@ def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NO
     returns its seconds. pos_scale first scales the positions (NORM_P; 1 for N(0, 1) positions)."""
     # structured-svd and impulse: W_Q, W_K solved in closed form per layer and head so that the logits
     # on the (scaled) positions approximate the pattern (Zheng et al. 2025); structured-opt: fitted by
-    # Adam, 2000 steps at lr 1e-4 (Table "Arithmetic task setup"; Zheng et al. 2024); mimetic: identity-
-    # like W_Q W_K^T with no pattern (Trockman and Kolter). The mask inits and default do nothing here.
+    # Adam (Zheng et al. 2024; its steps and lr: structured_opt_init_); mimetic: identity-like W_Q W_K^T
+    # with no pattern (Trockman and Kolter). The mask inits and default do nothing here.
     # The seconds are result.json's init_seconds: the Opt fit costs time the other inits do not.
     prior, generator, start = INITS[init][1], torch.Generator().manual_seed(seed), time.time()
     if prior == "svd":
@@ -540,7 +536,7 @@ def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NO
 
 # The optimizer each table names: Adam for the Boolean tasks (Table "Training setup for Boolean tasks"),
 # AdamW for arithmetic, language and vision (Tables "Arithmetic task setup", "NLP task setup" and
-# "Experimental setup for ..."), with weight decay of two kinds, as the docstring says.
+# "Experimental setup for ...").
 def make_optimizer(model, config):
     """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer: weight decay enters the
     gradient, so Adam rescales it) or AdamW decaying weight matrices only (nanoGPT, timm). M is a group of
@@ -623,10 +619,9 @@ def read_source(folder):
 # The four families: their presets, inits, the paper's mask magnitude A (open +A, closed -A; the GPT's
 # scale s), rounds between evaluations (language: five evaluations a run), the flags only they take
 # beside their preset's keys, whether their data is read from files, and their setup.
-# A: Appendix "Experiment Details" opens with 10 and closes with -10 for the Boolean tasks and the ViT,
-# Table "Arithmetic task setup" with +-5, and the GPT's log sigmoid(s M) has s = 10. Vision evaluates
-# every epoch (the best epoch is the table's number), the encoders every 5; language's None becomes a
-# fifth of the iterations (make_config). "setup" is what execute (section 6) calls to build the run.
+# A: maskprior's constants block, where each is quoted from the paper. Vision evaluates every epoch (the
+# best epoch is the table's number), the encoders every 5; language's None becomes a fifth of the
+# iterations (make_config). "setup" is what execute (section 6) calls to build the run.
 FAMILIES = {
     "boolean": {"presets": BOOLEAN_PRESETS, "inits": ENCODER_INITS, "magnitude": maskprior.OPEN,
                 "eval_every": 5, "takes": ("mask_variant", "mask_error", *STRUCTURED_FLAGS), "files": False,
