@@ -667,10 +667,9 @@ def load_data(run):
 # where it appears, a signal stops it with a checkpoint from which --resume repeats the uninterrupted
 # run exactly, and under torchrun every rank takes both decisions at the same step (agreed, section 8).
 def train(run, exp, net, state, place, stop):
-    """Rounds of minibatch steps (a round: an epoch, or eval_every language iterations), as nanoGPT's loop:
-    forward, the NaN check, backward, step, schedule, progress; a signal ends the run with a checkpoint of
-    the step it came in; each round ends in a history entry, every eval_every rounds (and after the last)
-    in an evaluation and a checkpoint. state (round, step, history, ...) is what checkpoints keep."""
+    """Rounds state["round"] + 1 .. exp.rounds (a round: an epoch, or eval_every language iterations);
+    each ends in a history entry, every eval_every rounds (and after the last) in an evaluation and a
+    checkpoint. state, listed below, is what checkpoints keep."""
     device, rank, world = place
     bar = tqdm(total=exp.steps, initial=state["step"], desc=run.name, leave=False, dynamic_ncols=True,
                disable=None if run.progress and rank == 0 else True)   # None: on a terminal only
@@ -700,7 +699,7 @@ def train(run, exp, net, state, place, stop):
             step_start = time.time()
             # -> the setup's loss_of (section 4), e.g. boolean_setup's MSE of the CLS readout. net is
             # exp.model itself, or its DDP (torchrun) or torch.compile wrapper (execute, section 6).
-            loss = exp.loss_of(net, batch)             # forward: the family's training loss
+            loss = exp.loss_of(net, batch)             # a scalar
             if agreed([not torch.isfinite(loss.detach())], world, device)[0]:    # on any rank
                 raise Diverged(f"loss became {loss.item()} at step {state['step'] + 1} ({exp.unit} {r})")
             exp.optimizer.zero_grad(set_to_none=True)
@@ -848,16 +847,14 @@ def execute(run, data, place, stop):
     if rank != 0:
         return None
     # Section 6.1's measurement again, after training, and the numbers that compare the two
-    # (-> maskprior.persistence_fields, maskprior.py section 5): prior_mass_init / _final, the attention
-    # on the entries the pattern opens (1 = all of it), pattern_corr_*, the mean map's correlation with
-    # the pattern, and mask_drift, how far log sigmoid(s M) moved. With them the setup's own numbers
-    # (exp.final, section 4: for majority Table 1's loss and accuracy and the Fourier weights).
+    # (-> maskprior.persistence_fields; maskprior.py section 5 defines prior mass, pattern correlation
+    # and mask drift). With them the setup's own numbers (exp.final, section 4: for majority Table 1's
+    # loss and accuracy and the Fourier weights).
     after = picture(run, exp, place, {"before": state["before"]}, "after")   # does the prior persist?
     result["final"] = {**exp.final(state, world),
                        **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
-    # -> tasks.on_target (tasks.py section 1): fitted the seen points and >= 99.5 % of the cube right,
-    # i.e. on the target f, not on the MDI
-    verdict = tasks.on_target(result)           # the Boolean tasks: fitted, and at the target's accuracy
+    # -> tasks.on_target (tasks.py section 1 states the rule): on the target f, not on the MDI
+    verdict = tasks.on_target(result)           # None outside the Boolean tasks
     if verdict is not None:
         result["final"]["on_target"] = verdict
     result.update(status="done", seconds=time.time() - start)
