@@ -510,8 +510,8 @@ def mask_addition(depth, heads):
     """Addition: c_k = (a_k + b_k + carry_k) mod 10, carry_k from column k - 1; K = 4 answer slots.
     Shared: a_i <-> b_i (the aligned column, Principle 1). Column k holds the pair (k, k) (none for
     the last slot, the final carry). Role 3 reads its column again, so two heads carry the
-    digit-wise sum. These are the roles Appendix "Design of Mask Pattern" names for addition (the
-    aligned digits, the carry); Table 2's 0.4 % column is where they are meant to pay."""
+    digit-wise sum. Table 2's addition column, at its small train fraction, is where the roles are
+    meant to pay."""
     aligned = [(i, 3 + i) for i in range(3)] + [(3 + i, i) for i in range(3)]
     columns = [[(0, 0)], [(1, 1)], [(2, 2)], []]           # the digit pair (i, j) of each c_k
     return _arithmetic_mask(depth, heads, aligned, columns, [(column, []) for column in columns])
@@ -565,7 +565,7 @@ def impulse_mask(depth, heads, grid):
         dr, dc = k // 3 - 1, k % 3 - 1                             # the offset (row, col)
         # the patches (r, c) whose neighbour lies on the grid (off the grid: an empty row)
         cells = [(r, c) for r in range(grid) for c in range(grid) if 0 <= r + dr < grid and 0 <= c + dc < grid]
-        head_pairs.append([(0, key) for key in range(n)]           # CLS reads the whole image
+        head_pairs.append([(0, key) for key in range(n)]
                           + [(1 + r * grid + c, 1 + (r + dr) * grid + c + dc) for r, c in cells])
     return _mask(depth, heads, n, head_pairs, diagonal=False)
 

@@ -174,7 +174,7 @@ INITS = {
 # vision name of the SVD solve); --mask-error, --mask-from and a --mask-magnitude sweep act where M holds
 # the pattern; --mask-lr where M trains.
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
-MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask")   # M holds the prior
+MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask")
 TRAINED_MASK_INITS = tuple(i for i, (mode, _) in INITS.items() if mode in ("learnable", "hadamard"))
 TIMM_INITS = ("default", "mask", "mask-fixed")  # --model timm: its ViT as is, or M by add_mask_prior
 
@@ -338,7 +338,7 @@ def lm_setup(run, data, place):
     def final(state, world):
         val_loss = state["history"][-1]["val_loss"]
         test_loss = val_loss if data["test_is_val"] else tasks.lm_loss(model, data["test"], T)
-        prompt = data["val"][:T // 4][None].to(device)   # a short continuation, top-40 sampling
+        prompt = data["val"][:T // 4][None].to(device)   # (1, T / 4)
         sample = model.generate(prompt, 120, top_k=40, generator=torch.Generator(device=device).manual_seed(seed))
         return {"val_loss": val_loss, "val_ppl": math.exp(val_loss), "test_loss": test_loss,
                 "test_ppl": math.exp(test_loss), "test_is_val": data["test_is_val"],
@@ -480,8 +480,7 @@ def prior(run, exact, cls_row=False):
         return pattern, torch.zeros_like(pattern)
     if kind != "mask":
         return pattern, None
-    # The hand-made patterns come at the family's A (FAMILIES' "magnitude"), rescaled here to
-    # --mask-magnitude's; the other two as the docstring says.
+    # A hand-made pattern comes at the family's A (FAMILIES' "magnitude"), rescaled to --mask-magnitude's.
     if config.get("mask_from") or run.family == "language":
         return pattern, pattern
     return pattern, pattern * (config["mask_magnitude"] / FAMILIES[run.family]["magnitude"])
@@ -560,7 +559,7 @@ def encoder_experiment(run, model, x, y, *functions, **fields):
     optimizer = make_optimizer(model, config)
     shuffle = torch.Generator().manual_seed(run.seed)
     def batches(epoch):
-        order = torch.randperm(len(x), generator=shuffle)     # drawn when the round starts
+        order = torch.randperm(len(x), generator=shuffle)     # (P,)
         return ((x[idx], y[idx]) for idx in order.split(config["batch_size"]))
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     return Experiment(model, optimizer, schedule, config["epochs"], steps, batches, *functions,
@@ -815,7 +814,7 @@ def execute(run, data, place, stop):
                   file=sys.stderr)
     else:                                       # the prior as initialised: Section 6.1's "before"
         os.makedirs(run.folder, exist_ok=True)
-        state["before"] = picture(run, exp, place, {}, "before")        # -> picture, below
+        state["before"] = picture(run, exp, place, {}, "before")
     torch.set_num_threads(state["threads"])
     # What the flags changed of the preset, {setting: [this run's, the preset's]}: table.md says it
     # beside the paper's numbers, which describe the preset.
