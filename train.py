@@ -94,25 +94,24 @@ BOOLEAN_PRESETS = {
             "pos_std": 0.02, "cls_std": 0.0},
 }
 
-# Three-digit arithmetic, Table "Arithmetic task setup": 6 layers of 4 heads, model, MLP 256, heads of 64,
-# learnable positions (nanoGPT's and timm's N(0, 0.02^2) start: the table names none), AdamW 1e-3 with
-# weight decay 1e-3, batch 256, 50 epochs, cosine. The table's other rows live where they act: the train
-# fractions in tasks.ARITHMETIC_TRAIN_FRAC beside the data, the mask's open / close in
-# maskprior.ARITHMETIC_OPEN, the Opt fit's steps in structured_opt_init_, the SVD targets in arithmetic_setup.
-# "cpu": 4 layers at width 128 (heads of 32), the paper's 50 epochs; multiplication 20 (TASK_PRESETS): its
-# train fraction is 7.5 times addition's, so 20 epochs are still more steps.
+# Three-digit arithmetic, Table "Arithmetic task setup": "paper" holds its model and training rows as
+# the table gives them, "Positional encoding learnable" starting at N(0, 0.02^2) (nanoGPT's and timm's:
+# the table names no start), its "Scheduler cosine" in encoder_experiment. Its other rows live where
+# they act: the train fractions in tasks.ARITHMETIC_TRAIN_FRAC beside the data, the mask's open / close
+# in maskprior.ARITHMETIC_OPEN, the Opt fit's steps in structured_opt_init_, the SVD targets in
+# arithmetic_setup. "cpu": 4 layers at width 128 (heads of 32), the paper's epochs; multiplication 20
+# (TASK_PRESETS): its train fraction is 7.5 times addition's, so 20 epochs are still more steps.
 ARITHMETIC_PRESETS = {"paper": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256,
                                 "layers": 6, "heads": 4, "dim": 256, "head_dim": 64, "mlp_dim": 256,
                                 "optimizer": "adamw", "pos_std": 0.02}}
 ARITHMETIC_PRESETS["cpu"] = {**ARITHMETIC_PRESETS["paper"], "layers": 4, "dim": 128, "head_dim": None,
                              "mlp_dim": 128}
 
-# Language, Table "NLP task setup": 12 layers, 12 heads, width 512, block 64, dropout 0.2, AdamW 3e-4, batch 128,
-# cosine, seed 1337 (PAPER_SEEDS), 5000 TinyStories / 3000 WikiText-2 iterations (TASK_PRESETS). The table names
-# no weight decay: 0.01 is torch's AdamW default, which the Tiny-Stories-GPT code the paper builds on takes
-# (AdamW(model.parameters(), lr=3e-4)); here it decays the weight matrices and the token embedding only
-# (maskprior.param_groups), never M. "cpu": 4 layers of 4 heads at width 128, batch 32, lr 1e-3, dropout 0.1,
-# 1000 iterations.
+# Language, Table "NLP task setup": "paper" holds its model and training rows, its seed in PAPER_SEEDS and
+# each corpus's "Max iters" in TASK_PRESETS. The table names no weight decay: 0.01 is torch's AdamW
+# default, which the Tiny-Stories-GPT code the paper builds on takes (AdamW(model.parameters(), lr=3e-4));
+# here it decays the weight matrices and the token embedding only (maskprior.param_groups), never M.
+# "cpu": a GPT of 4 layers at width 128, sized for a 2-core CPU.
 LM_PRESETS = {"paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12, "dim": 512,
                         "block_size": 64, "dropout": 0.2, "weight_decay": 0.01, "optimizer": "adamw"}}
 LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4,
