@@ -443,7 +443,7 @@ PAPER_VISION = (("default", "mimetic", "impulse", "mask-fixed", "mask"), {   # (
 # === 4. Language modelling (Appendix "Wiki-text and Tiny-stories", Table "NLP task setup") ========
 # "For NLP tasks, we build upon the TinyStories-GPT repository and evaluate on TinyStories and
 # WikiText-2." Four corpora, dicts of 1-D int64 token streams {"train", "val", "test"}; all but lm are
-# read from --data-dir (the checks of each file: section 6).
+# read from --data-dir, every file checked: a missing, unreadable, empty or binary one is one DataError.
 #   tinystories  GPT-2 tokens. The paper's code, PraveenRaja42/Tiny-Stories-GPT, reads the Hugging Face
 #                dataset roneneldan/TinyStories, joins its first 12,000 stories by newlines and splits the
 #                tokens 90 / 10. This code reads the same repository's TinyStoriesV2-GPT4 text files
