@@ -353,7 +353,7 @@ class ViT(_Model):
     (depth, heads, N, N), one mask_init per layer (impulse_mask for the paper's prior). pool: "cls"
     reads CLS (timm's default, used for CIFAR), "avg" averages the patch tokens ("Global pool avg"
     in Table "Experimental setup for ImageNet100"). drop_paths: None, or one module per block, e.g.
-    torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
+    torchvision.ops.StochasticDepth at the rates train.py's vision_setup spreads as timm does.
     Tokens: CLS at 0, then patch (r, c) of the grid x grid patches at 1 + r * grid + c (row-major), so
     N = 14 * 14 + 1 = 197 at 224 / 16; impulse_mask and centre_patch_maps index this layout.
     Starts as timm's: trunc_normal(0.02) for linear weights and positions, zero biases, the patch
