@@ -212,9 +212,8 @@ def boolean_setup(run, data, place):
     as its prior, MSE on the seen points; Table 1's loss and accuracy on the whole cube."""
     device, config = place.device, run.config
     # The prior of Figure "Visualization of task-specific mask design" (i) and Appendix "Design of Mask
-    # Pattern": maskprior.boolean_mask, one (H, N, N) pattern per layer, N = 16 (position 0 is CLS,
-    # position 1 + i bit x_i); 2parity and cyclic3 also come as a "direct" or "composed" (Principle 4)
-    # variant. cls_row: --mask-error edits the CLS query row apart from the bits' rows, so a "moved" edit
+    # Pattern": maskprior.boolean_mask, one (H, N, N) pattern per layer over maskprior.Transformer's
+    # Boolean positions; 2parity and cyclic3 also come as a "direct" or "composed" (Principle 4) variant. cls_row: --mask-error edits the CLS query row apart from the bits' rows, so a "moved" edit
     # keeps how many keys CLS reads and never moves its reads onto bits it does not read (Principle 2:
     # a CLS reading the raw bits can fit the MDI shortcut).
     exact = maskprior.boolean_mask(run.task, config["layers"], config["heads"],
@@ -261,10 +260,10 @@ def arithmetic_setup(run, data, place):
     exact = maskprior.ARITHMETIC_MASKS[run.task](config["layers"], config["heads"])
     pattern, masks = prior(run, exact)                                              # (L, H, N, N)
     # Structured SVD solves here for the paper's open 10000 and closed 0 (Table "Arithmetic task setup"),
-    # not for the Boolean 1000 and noise 3. "The Transformer predicts the full output sequence in a
-    # single forward pass" (Section 5.2): one token per digit (vocab 11: the digits and the answer slots'
-    # placeholder), no CLS, a 10-way digit read out at every position, of which the loss and the
-    # metrics keep the K answer slots (tasks.answer_logits).
+    # not for the reference code's targets (structured_svd_init_'s defaults). "The Transformer predicts
+    # the full output sequence in a single forward pass" (Section 5.2): one token per digit, no CLS, a
+    # digit read out at every position, of which the loss and the metrics keep the K answer slots
+    # (tasks.answer_logits).
     model, seconds = build_encoder(
         run, pattern, masks, device, {"open_logit": 1e4, "noise_scale": 0.0}, vocab_size=tasks.ARITHMETIC_VOCAB,
         seq_len=pattern.shape[-1], out_dim=10, cls_token=False, readout="tokens")
