@@ -452,8 +452,9 @@ def boolean_mask(task, depth, heads, variant=None, d=15):
         return _mask(depth, heads, n, [x0_x1], readout_pairs=[(0, x[0]), (0, x[1])])
     if task == "majority":
         # 3-bit majority, f = sign(x0 + x1 + x2), a global sum and a sign, where the MDI uses the
-        # pairwise products x0 x2 and x1 x2. Principle (2): each bit sees only itself, so no
-        # pairwise product forms in attention; CLS reads x0, x1, x2: exactly the three votes.
+        # pairwise products x0 x2 and x1 x2. Principle (2), "we suppress off-diagonal interactions to
+        # avoid MDI-style shortcuts": each bit sees only itself, so no pairwise product forms in
+        # attention; CLS reads x0, x1, x2: exactly the three votes.
         return _mask(depth, heads, n, [[(0, x[0]), (0, x[1]), (0, x[2])]])
     if task == "cyclic3" and variant != "direct":
         # cyclic3, f = sum_i x_i x_{i+1} x_{i+2} (indices mod d). Principle (4) layer-wise
@@ -475,9 +476,10 @@ def boolean_mask(task, depth, heads, variant=None, d=15):
         pairs = [(x[i], x[(i + step) % d]) for i in range(d) for step in (1, 2)]
         return _mask(depth, heads, n, [pairs])
     # threesym, f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0. Principles (2) and (3) multi-head
-    # specialisation. A sum of three pairwise parities: head h gets a 2parity-style pattern for one
-    # pair, (x0, x1), (x1, x2), (x2, x0) in turn (cycling past three heads); head concatenation then
-    # adds the three products. Every other token, CLS included, sees only itself (CLS closed: ours).
+    # specialisation: "we assign each attention head a 2Parity-style mask corresponding to one pairwise
+    # interaction". Head h gets the pattern for one pair, (x0, x1), (x1, x2), (x2, x0) in turn (cycling
+    # past three heads); head concatenation then adds the three products. Every other token, CLS
+    # included, sees only itself (CLS closed: ours).
     head_pairs = [[(x[a], x[b]), (x[b], x[a])] for a, b in ((0, 1), (1, 2), (2, 0))]
     return _mask(depth, heads, n, head_pairs)
 
