@@ -151,7 +151,7 @@ TASK_PRESETS = {
 # Table "NLP task setup" fixes seed 1337 and Table "Experimental setup for ImageNet100" seed 42.
 PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 
-# === 2. Inits: the rows of Table 1 and of the vision and language tables ===========================
+# === 2. Inits: the columns of Table 1 and of the vision tables, the perplexity table's rows =======
 # "We compare two ways of injecting the same structural prior into attention" (Figure 1): --init ->
 # (MaskedSelfAttention's mode, where the prior goes). The prior is always the task's own pattern, in M or
 # in W_Q / W_K, or in the mask inits --mask-from's learned one.
