@@ -1326,6 +1326,7 @@ def image_folder_dataset(data_dir, image_size, randaugment_magnitude=9, crop_sca
     return {**datasets, "classes": len(classes), "channels": channels, "info": {"data": info},
             "sources": sources, "root": data_dir}
 
+# --- Your own text (--task text), GPT-2's tokenizer offline, a context that fits the splits -----------
 BPE_HELP = ("GPT-2's ranks file: r50k_base.tiktoken (the same ids as 'gpt2'; sha256 306cd27f...dd930),"
             " e.g. from a machine with internet: python -c \"import tiktoken; "
             "tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR set, then copy the cached file")
