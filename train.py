@@ -318,8 +318,8 @@ def lm_setup(run, data, place):
     # (a checkpoint keeps it: a resumed run draws the same windows), seeded per rank under torchrun.
     windows = torch.Generator().manual_seed(seed + 1000 * place.rank)
     torch.manual_seed(seed + 1000 * place.rank)  # dropout differs across ranks, as it should
-    # The table counts iterations, not epochs: a round of the loop is eval_every iterations (five
-    # rounds a run unless --eval-every says otherwise), the last round what is left.
+    # The table counts iterations, not epochs: a round of the loop is eval_every iterations (FAMILIES'
+    # default), the last round what is left.
     E, iters = config["eval_every"], config["iters"]
     def batches(r):                              # iterations (r - 1) E + 1 ... min(r E, iters)
         count = min(E, iters - (r - 1) * E)
@@ -360,8 +360,8 @@ def vision_setup(run, data, place):
     L, H = config["layers"], config["heads"]
     # Section 5.3: "Following [Zheng et al. 2025], we adopt an impulse filter pattern to initialize our
     # masks": maskprior.impulse_mask gives head h one neighbour of the 3 x 3 window (identity, up, right
-    # for ViT-Tiny's 3 heads) over the grid x grid patches, CLS first, N = grid^2 + 1 (197 at 224 px,
-    # 65 at the cpu preset's 32). The impulse init puts the same pattern into W_Q / W_K by the SVD solve
+    # for ViT-Tiny's 3 heads) over the grid x grid patches, CLS first, N = grid^2 + 1 (maskprior.ViT's
+    # layout). The impulse init puts the same pattern into W_Q / W_K by the SVD solve
     # (Table "Best Top-1 accuracy"'s Impulse column), mask-fixed keeps it frozen in M (Appendix A.2's
     # Fixed Mask). A --mask-from prior is also measured against the impulse, the prior it replaces.
     exact = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])   # (L, H, N, N)
@@ -386,8 +386,8 @@ def vision_setup(run, data, place):
                               drop_paths=[StochasticDepth(r, "row") for r in rates])
     seconds = qk_prior(model, run.init, pattern, seed)
     model.to(device)
-    # The tables' batch 512 is the global batch: under torchrun each rank loads batch_size / world
-    # images of its share of every epoch (a DistributedSampler), and DDP averages the gradients.
+    # The tables' batch is the global batch, which tasks.vision_loaders splits over the torchrun ranks;
+    # DDP averages the gradients.
     if config["batch_size"] % world:
         raise UsageError(f"--batch-size {config['batch_size']} does not split over {world} processes")
     train_loader, test_loader, sampler = tasks.vision_loaders(
@@ -547,7 +547,7 @@ def make_optimizer(model, config):
 
 def encoder_experiment(run, model, x, y, *functions, **fields):
     """Boolean / arithmetic: a cosine over all steps, each epoch all (x, y) in seeded shuffled batches."""
-    # An epoch is every training example once (the GOTU code draws majority's points with replacement), in a
+    # An epoch is every training example once (tasks.py section 1: where aryol/GOTU differs), in a
     # fresh order. The order comes from a generator seeded by the run's seed and kept by checkpoints, so a
     # resumed run draws the orders the uninterrupted one would. The cosine (the arithmetic table's "cosine"; the
     # Boolean setup's "learning rate scheduler") runs over every step of every epoch, from lr to 0, without
