@@ -214,9 +214,8 @@ def boolean_setup(run, data, place):
     # The prior of Figure "Visualization of task-specific mask design" (i) and Appendix "Design of Mask
     # Pattern": maskprior.boolean_mask, one (H, N, N) pattern per layer over maskprior.Transformer's
     # Boolean positions; 2parity and cyclic3 also come as a "direct" or "composed" (Principle 4)
-    # variant. cls_row: --mask-error edits the CLS query row apart from the bits' rows, so a "moved"
-    # edit keeps how many keys CLS reads and never moves its reads onto bits it does not read
-    # (Principle 2: a CLS reading the raw bits can fit the MDI shortcut).
+    # variant. cls_row: --mask-error edits the CLS query row apart from the bits' rows (Principle 2;
+    # maskprior.edit_pattern says how).
     exact = maskprior.boolean_mask(run.task, config["layers"], config["heads"],
                                    config.get("mask_variant"))                    # (L, H, N, N)
     pattern, masks = prior(run, exact, cls_row=True)
