@@ -33,7 +33,7 @@ import torch.nn.functional as F
 OPEN, CLOSE = 10.0, -10.0
 ARITHMETIC_OPEN, ARITHMETIC_CLOSE = 5.0, -5.0    # Table "Arithmetic task setup": open 5, close -5
 GPT_MASK_SCALE = 10.0   # Appendix "Wiki-text and Tiny-stories": the GPT prior is log sigmoid(10 M)
-NORM_P = 18.0           # structured init multiplies the positions by 18 before its solve (norm_p,
+NORM_P = 18.0           # structured init's factor on the positions before its solve (norm_p,
                         # osiriszjq/structured_initialization; meant for positions drawn at 0.02)
 
 # === 1. The attention block (Section 4.1) =========================================================
@@ -178,7 +178,7 @@ class Block(nn.Module):
     lucidrains/vit-pytorch), nanoGPT and timm all lay it out. The MLP is Linear -> GELU -> Linear, as in
     those three (Tiny-Stories-GPT, the paper's language code, uses ReLU). Dropout sits where nanoGPT
     puts it: on the attention weights (inside MaskedSelfAttention), after the attention's output
-    projection and after the MLP; only the GPT sets it (0.2, Table "NLP task setup").
+    projection and after the MLP; only the GPT sets it (Table "NLP task setup").
     drop_path: None, or a module on each residual branch (the ViT's StochasticDepth, built by train.py:
     this file imports torch only)."""
     def __init__(self, dim, heads, seq_len, mlp_dim, head_dim=None, mask_init=None, mode="learnable",
@@ -663,7 +663,7 @@ def open_fraction(pattern, causal=False):
 #     public code of "Structured (Opt)". The paper's footnote for Opt (Appendix "Experiment
 #     Details", Boolean problems) names osiriszjq/structured_initialization, which holds only the
 #     SVD solve: structured_opt_init_ follows this repository instead.
-# Both structured variants first multiply the learned positions by pos_scale (norm_p = 18 of
+# Both structured variants first multiply the learned positions by pos_scale (NORM_P, the norm_p of
 # post_init_weights' impulse branch): at the usual 0.02 they would be invisible beside the tokens.
 def pattern_targets(pattern):
     """Binary target (1 = open, 0 = closed) from mask logits, any shape."""
@@ -726,7 +726,7 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
                          pos_scale=NORM_P, generator=None, skip=None):
     """Structured initialisation, SVD variant (Zheng et al. 2025), per layer and head, step for step
     as impulse_init and post_init_weights' impulse branch of osiriszjq/structured_initialization:
-    positions times pos_scale (norm_p = 18) first; P = pseudo_input; P+ from the SVD of P^T P, kept
+    positions times pos_scale (NORM_P) first; P = pseudo_input; P+ from the SVD of P^T P, kept
     to the r = head_dim largest singular values; M_h = P+ T_h P+^T factored by SVD (first r), so
     that P Q_h K_h P^T ~ T_h; Q_h, K_h at Frobenius norm qk_norm (norm_q = 7), q rows = Q_h^T, k
     rows = K_h (forward keeps its 1/sqrt(head_dim)); V and O mimetic (0.4, 0.4), fresh per layer.
