@@ -796,7 +796,7 @@ def execute(run, data, place, stop):
     # --resume (-> resume_from, section 8) puts the checkpoint's weights, optimizer, schedule and random
     # states into exp and returns its state, "before" included: the snapshot is never taken twice.
     if run.resume and (not run.grid or os.path.exists(run.checkpoint)):   # a grid: runs with one
-        state = resume_from(run.checkpoint, run.meta(world), exp, place)    # weights, optimizer, RNG, state
+        state = resume_from(run.checkpoint, run.meta(world), exp, place)
         resumed_at = state["step"] if exp.unit == "iter" else state["round"]
         cut = state.get("partial")              # the run's first line: where it goes on
         at = position(exp.unit, cut["round"] if cut else state["round"], state["step"])
