@@ -219,9 +219,9 @@ def boolean_setup(run, data, place):
     exact = maskprior.boolean_mask(run.task, config["layers"], config["heads"],
                                    config.get("mask_variant"))                    # (L, H, N, N)
     pattern, masks = prior(run, exact, cls_row=True)
-    # As aryol/GOTU's TokenTransformer: one token per bit (vocab 2, tasks.boolean_tokens maps -1 / +1 to
-    # 0 / 1), a CLS token in front, one real number read from CLS (out_dim 1): the tasks are regressions
-    # (threesym's f is real, cyclic3's a sum of 15 signs), not classifications.
+    # As aryol/GOTU's TokenTransformer (maskprior.Transformer's Boolean layout), one real number read
+    # from CLS: the tasks are regressions (threesym's f is real, cyclic3's a sum of 15 signs), not
+    # classifications.
     model, seconds = build_encoder(run, pattern, masks, device, vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1,
                                    out_dim=1)
     # data (tasks.boolean_dataset, tasks.py section 1): x_train (P, 15), every seen point of {-1, +1}^15,
