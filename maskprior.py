@@ -41,9 +41,9 @@ class MaskedSelfAttention(nn.Module):
     """Multi-head self-attention with a learnable additive logit bias per head (Section 4.1; forward
     writes the equation above the lines that compute it). M (heads, seq_len, seq_len) is the
     parameter `mask`, starting at the task's pattern (open and closed at the constants above),
-    scaled by s = mask_scale (1; GPT_MASK_SCALE for the GPT prior). log sigmoid(s M) <= 0 only
-    down-weights: a row whose entries share one M (e.g. the zero mask of Appendix A.1) is vanilla
-    attention; in a mixed row the open keys outweigh the closed ones (by e^A, the constants say).
+    scaled by s = mask_scale (1; GPT_MASK_SCALE for the GPT prior). A row whose entries share one M
+    (e.g. the zero mask of Appendix A.1) is vanilla attention; in a mixed row the open keys outweigh
+    the closed ones (by e^A, the constants say).
     mode: "learnable" (the paper: M trains with the model), "fixed" (Appendix A.2: M never moves),
     "hadamard" (Appendix B, Proposition 1: sigma(s M) o softmax(Q K^T / sqrt(d)); forward says what
     it loses), "none" (vanilla attention, no M). causal: the hard causal mask on top (the GPT).
@@ -133,7 +133,9 @@ class MaskedSelfAttention(nn.Module):
         # attention. Mode "hadamard" applies M after the softmax instead: its bias is causal only.
         hadamard = self.mode == "hadamard"
         bias = self.logit_bias(None if hadamard else self.mask, N, self.mask_scale, self.causal, q.dtype, q.device)
-        # Section 4.1:    A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
+        # Section 4.1: "Since log sigma(M) <= 0, this selectively down-weights undesired interactions
+        # while preserving the standard attention mechanism."
+        #     A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
         if self.writes_out(q, bias, dropout, return_attn):
             logits = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.head_dim))      # (B, H, N, N)
             if bias is not None:
