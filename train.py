@@ -173,8 +173,9 @@ INITS = {
     "mask-relative-fixed": ("fixed", "relative"),      # the same, never trained (ALiBi's kind of prior)
 }
 # Which inits a flag or a family takes: the Boolean and arithmetic encoders take all but impulse (the
-# vision name of the SVD solve) and the relative ones (the GPT's prior is a function of distance); --mask-error, --mask-from and a --mask-magnitude sweep act where M holds
-# the pattern; --mask-lr where M trains.
+# vision name of the SVD solve) and the relative ones (language's: its prior is a function of distance);
+# --mask-error, --mask-from and a --mask-magnitude sweep act where M holds the pattern; --mask-lr where M
+# trains.
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse" and INITS[i][1] != "relative")
 MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask")
 TRAINED_MASK_INITS = tuple(i for i, (mode, _) in INITS.items() if mode in ("learnable", "hadamard"))
