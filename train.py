@@ -993,7 +993,7 @@ def build_parser():
     one_or_many = g.add_mutually_exclusive_group()     # --seed beside --seeds: exit 2, not one dropped
     one_or_many.add_argument("--seed", type=count, default=0, help="random seed (default 0; with --preset paper "
                              "the paper's: 1337 for language, 42 for imagenet100)")
-    one_or_many.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid")
+    one_or_many.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid (not with --seed)")
     g.add_argument("--preset", choices=["cpu", "paper"], default="cpu", help="cpu (quick, default) or paper "
                    "(the paper's tables)")
     g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs (no other flag)")
@@ -1043,7 +1043,7 @@ def build_parser():
     g.add_argument("--workers", type=count, metavar="N", help="vision: loader processes")
     g = p.add_argument_group("output and resume")
     g.add_argument("--out", metavar="DIR", help="a single run writes into DIR (default runs/<run name>); a grid "
-                   "into DIR/<task>-<init>-seed<N>[-<setting>] (default runs/grid)")
+                   "each run into DIR/<task>-<init>-seed<N>[-<setting>] (default runs/grid)")
     g.add_argument("--resume", action="store_true", help="continue from checkpoint.pt (a grid: all)")
     g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1")
     g.add_argument("--threads", type=natural, metavar="N", help="torch CPU threads")
