@@ -993,7 +993,8 @@ def build_parser():
     one_or_many = g.add_mutually_exclusive_group()     # --seed beside --seeds: exit 2, not one dropped
     one_or_many.add_argument("--seed", type=count, default=0, help="random seed (default 0; with --preset paper "
                              "the paper's: 1337 for language, 42 for imagenet100)")
-    one_or_many.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid (not with --seed)")
+    one_or_many.add_argument("--seeds", type=count, nargs="+", metavar="SEED",
+                             help="several seeds: a grid (not with --seed)")
     g.add_argument("--preset", choices=["cpu", "paper"], default="cpu", help="cpu (quick, default) or paper "
                    "(the paper's tables)")
     g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs (no other flag)")
