@@ -904,8 +904,8 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers) is
 # left unpatched: its keys are another sequence, which has no positions in M.
 # The prior costs the model little (tests/bench_add_mask_prior.py): where the positions are 0..n-1
-# (training, plain generation) M is read by one slice, not gathered; where no gradient reaches M its
-# log sigmoid is kept until M changes; the CPU's fused SDPA kernels give no gradient for a mask (CUDA's
+# (training, plain generation) M is read by one slice, not gathered, its log sigmoid recomputed at
+# every forward (M as it is then, whatever wrote it: a kept table could go stale); the CPU's fused SDPA kernels give no gradient for a mask (CUDA's
 # memory-efficient kernel does), so there a trained M takes the written-out softmax, the scaling on Q, a
 # causal layer's in blocks of rows that skip most of the future, as the fused causal kernel does; log
 # sigmoid by log(sigmoid) where that is exact to the dtype (F.logsigmoid's CPU kernel is slow).
@@ -989,9 +989,10 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     sigmoid(s M[h, i, j]) of a patched layer for queries at positions rows and keys at cols, (B or 1,
     H, n, n_keys), + -inf where j > i if causal (slices from 0). rows, cols: tensors (B or 1, n) and
     (B or 1, n_keys), or slices where the positions are first, ..., first + n - 1 in every row: then
-    M is read by one slice, which costs no gather forward and no scatter backward, and where no
-    gradient reaches M (generation, eval, a fixed M) from the table log sigmoid(s M), kept until M
-    changes (its version counter). largest: the largest query position (an int, or a tensor where
+    M is read by one slice, which costs no gather forward and no scatter backward. Every call reads
+    M as it is at that call, and keeps nothing of it: no version counter or address tells every
+    writer of M (fused optimizers and .data writes leave its version, a parametrization or
+    torch.func.functional_call hands a new tensor at a freed one's address). largest: the largest query position (an int, or a tensor where
     positions are data), which must lie below M's N; an image's layer (mask_prior_prefix set: prefix
     tokens, then a grid of patches) takes exactly the N tokens M was built for. A key outside 0..N-1
     is a slot every mask blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
@@ -1017,15 +1018,7 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
         heads = torch.arange(len(mask), device=mask.device)[:, None, None]                    # (H, 1, 1)
         rows, cols = rows[:, None, :, None], cols.clamp(0, size - 1)[:, None, None, :]   # (B, 1, n, 1), (B, 1, 1, k)
         return _log_sigmoid(attn.mask_scale * mask[heads, rows, cols])                        # (B, H, n, n_keys)
-    if mask.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
-        bias = _log_sigmoid(attn.mask_scale * mask[None, :, rows, cols])                      # (1, H, n, n_keys)
-    else:
-        if attn.mask_prior_table[0] != (key := (mask._version, mask.data_ptr(), torch.is_inference_mode_enabled())):
-            attn.mask_prior_table = key, _log_sigmoid(attn.mask_scale * mask[None])           # (1, H, N, N)
-        # table[:, :, rows, cols] as one view op, not two: a cached token's step pays for each
-        table = attn.mask_prior_table[1]                                                      # (1, H, N, N)
-        bias = table.as_strided((1, mask.shape[0], rows.stop - rows.start, cols.stop - cols.start), table.stride(),
-                                rows.start * table.stride(2) + cols.start * table.stride(3))  # (1, H, n, n_keys)
+    bias = _log_sigmoid(attn.mask_scale * mask[None, :, rows, cols])                          # (1, H, n, n_keys)
     return bias + bias.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias   # the future: -inf
 
 def _add_mask_prior_to_call(attn, args, kwargs):
@@ -1174,10 +1167,12 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     # the scores go in blocks of rows, each against its keys 0, ..., start + rows - 1, which skips
     # about half the future's -inf entries and keeps each block's (B, H, rows, keys) in the cache.
     # Row blocks of 64 (n // 8 past 512) ran fastest on the 2-core CPU at n 128 (head size 32) to 1024;
-    # fused SDPA's causal kernel does the same skipping. Weights asked for (collected) come whole.
-    rows = max(64, query.shape[2] // 8) if causal and not collected else query.shape[2]
+    # fused SDPA's causal kernel does the same skipping. Weights asked for (collected) come whole, and
+    # so does a compiled or exported graph's (a loop over blocks would fix a dynamic length to one).
+    whole = collected or torch.compiler.is_compiling()
+    rows = max(64, query.shape[2] // 8) if causal and not whole else query.shape[2]
     outputs = []
-    for start in range(0, query.shape[2], rows):
+    for start in [0] if whole or not causal else range(0, query.shape[2], rows):
         keys = min(start + rows, query.shape[2]) if causal else key.shape[2]
         weights = torch.matmul(query[:, :, start:start + rows], key[:, :, :keys].transpose(-1, -2))
         block = mask[..., start:start + rows, :keys]                           # (B or 1, H or 1, rows, keys)
@@ -1241,7 +1236,7 @@ def _patch(named, masks, mode, scale):
         if heads != _heads(attn) or rows != cols:
             raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
                              f"{type(attn).__name__} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
-        record = getattr(getattr(attn, "config", None), "mask_prior", None)
+        record = _live_record(getattr(attn, "config", None))
         if record and ((record["scale"], record["mode"]) != (scale, mode) or name in record["layers"]):
             raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, mode="
                              f"{record['mode']!r}, layers {list(record['layers'])}; got scale={scale}, mode={mode!r} "
@@ -1250,23 +1245,42 @@ def _patch(named, masks, mode, scale):
         # M takes the module's dtype and device
         attn.mask = nn.Parameter(mask.detach().to(next(attn.parameters())).clone(), requires_grad=mode == "learnable")
         attn.mask_scale, attn.mask_prior_name = scale, name or "model"     # the name for the forward-time messages
-        # None over a sequence, else an image's prefix tokens; (M's version, log sigmoid(s M)) for _prior_bias
-        attn.mask_prior_prefix, attn.mask_prior_table = prefix, (None, None)
+        attn.mask_prior_prefix = prefix            # None over a sequence, else an image's prefix tokens
         # the names of forward's arguments, by which each hook reads a call's positional ones
         attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
         attn.register_forward_pre_hook(hook, with_kwargs=True)
         if hook is _add_mask_prior_to_transformers_call:
-            from transformers import AttentionInterface, AttentionMaskInterface
-            from transformers.masking_utils import sdpa_mask
-            record = getattr(attn.config, "mask_prior", None) or {"scale": scale, "mode": mode, "layers": {}}
+            record = _live_record(attn.config) or {"scale": scale, "mode": mode, "layers": {}}
             record["layers"][name] = list(mask.shape)
             attn.config.mask_prior = record
-            # _mask_prior_attention becomes the config's attn_implementation (every layer on the config
-            # takes it), with transformers' sdpa_mask as its mask function, SDPA's: None where is_causal
-            # serves, else Boolean (a name without one gets attention_mask=None: no causal, no padding mask)
-            AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
-            AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, sdpa_mask)
-            attn.config._attn_implementation = MASK_PRIOR_ATTENTION
+            attn.mask_prior_door = _TransformersDoor(type(attn), _ATTENTION_OF[type(attn)])
+            attn.config._attn_implementation = MASK_PRIOR_ATTENTION     # every layer on the config takes it
+
+def _live_record(config):
+    """Serves the rule that the record belongs to the model patched: the prior config records, if a
+    patch of this process wrote it (its attn_implementation is MASK_PRIOR_ATTENTION, which config.json
+    never holds); a record a plain from_pretrained read from config.json describes no layer here."""
+    live = config is not None and config._attn_implementation == MASK_PRIOR_ATTENTION
+    return getattr(config, "mask_prior", None) if live else None
+
+class _TransformersDoor:
+    """Serves the rule that a patched model travels: each patched transformers layer holds one, built
+    at the patch and again wherever the layer is unpickled or deep-copied (pickle rebuilds it by
+    calling the class, which imports maskprior), so that a torch.load in a fresh process finds
+    MASK_PRIOR_ATTENTION registered before the model's first forward asks transformers for it."""
+    def __init__(self, layer_class, attention):
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+        # _mask_prior_attention under MASK_PRIOR_ATTENTION, with transformers' sdpa_mask as its mask
+        # function, SDPA's: None where is_causal serves, else Boolean (a name without one gets
+        # attention_mask=None: no causal, no padding mask)
+        AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
+        AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, sdpa_mask)
+        _ATTENTION_OF[layer_class] = attention                  # what _check_transformers_part found
+        self.arguments = layer_class, attention
+
+    def __reduce__(self):
+        return type(self), self.arguments
 
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     """The appendix's feature, Section 4.1's prior in an existing model: log sigmoid(scale * M) in
@@ -1293,6 +1307,16 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
         raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) for the "
                          f"modules {[layer[0] for layer in named]}, got {tuple(mask_init.shape)}")
+    # The record belongs to the model patched: a transformers model takes its own copies of the configs
+    # its modules hold (one deepcopy: a composite's sub-configs stay its sub-configs), which a model
+    # built from the same config object does not see. A part (a ModuleList, a layer) writes into the
+    # config its model holds, which the part cannot reach to copy.
+    holders = [m for m in model.modules() if hasattr(getattr(m, "config", None), "to_json_string")]
+    if hasattr(getattr(model, "config", None), "to_json_string"):
+        import copy
+        copies = copy.deepcopy({id(m.config): m.config for m in holders})
+        for module in holders:
+            module.config = copies[id(module.config)]
     _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale)
     for encoder in (m for m in model.modules() if isinstance(m, nn.TransformerEncoder)):
         encoder.use_nested_tensor = False
@@ -1359,8 +1383,9 @@ def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=Fa
     For torch.optim (AdamW(groups, lr=...)), timm's create_optimizer_v2(groups, ...) and the HF
     Trainer's optimizers=(optimizer, None)."""
     import fnmatch
-    masks = {id(m.mask) for m in model.modules()
-             if isinstance(m, MaskedSelfAttention) or hasattr(m, "mask_prior_name")}
+    # M by its name in its layer: the parameter `mask`, or the original a parametrization of it holds
+    masks = {id(p) for m in model.modules() if isinstance(m, MaskedSelfAttention) or hasattr(m, "mask_prior_name")
+             for name, p in m.named_parameters() if name == "mask" or name.startswith("parametrizations.mask.")}
     no_decay = [f"{prefix}.{pattern}" if prefix else pattern
                 for prefix, module in model.named_modules() if callable(getattr(module, "no_weight_decay", None))
                 for pattern in module.no_weight_decay()]
