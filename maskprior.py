@@ -993,21 +993,29 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     M as it is at that call, and keeps nothing of it: no version counter or address tells every
     writer of M (fused optimizers and .data writes leave its version, a parametrization or
     torch.func.functional_call hands a new tensor at a freed one's address). largest: the largest query position (an int, or a tensor where
-    positions are data), which must lie below M's N; an image's layer (mask_prior_prefix set: prefix
-    tokens, then a grid of patches) takes exactly the N tokens M was built for. A key outside 0..N-1
+    positions are data), which must lie below M's N; an image's layer (mask_prior_image set: prefix
+    tokens, then a grid of patches) takes exactly the N tokens and the (rows, cols) grid M was built for. A key outside 0..N-1
     is a slot every mask blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
-    mask = attn.mask                                  # one look-up: nn.Module's __getattr__ costs a microsecond
-    prefix, size = attn.mask_prior_prefix, mask.shape[-1]                          # size: M's N
-    if prefix is not None and largest != size - 1:
-        # Another grid's M: its top-left block would give each patch another patch's prior. impulse_mask
-        # builds CLS + grid x grid (Section 5.3); its rows and columns indexed by [0] * prefix + the
-        # patches give every prefix token the class token's prior (a grid without CLS: prefix 0).
-        grid = math.isqrt(max(largest + 1 - prefix, 0))
-        raise ValueError(f"{attn.mask_prior_name}: an image layer takes the N tokens its mask was built for; got "
-                         f"{largest + 1} = {prefix} prefix tokens (class, distillation, register tokens in the "
-                         f"patched module) + {largest + 1 - prefix} patches, M {tuple(mask.shape)} is for N = {size}: "
-                         f"for a {grid} x {grid} grid M = maskprior.impulse_mask(depth, heads, {grid})[..., i, :][...,"
-                         f" i], i = [0] * {prefix} + list(range(1, {grid ** 2 + 1}))")
+    mask, size = attn.mask, attn.mask.shape[-1]        # size: M's N
+    # an image's layer: its prefix tokens, the (rows, cols) of the grid M is for, the patch embedding's
+    # convolution (None in a part without it), which holds the grid of this call's image
+    prefix, grid, conv = attn.mask_prior_image or (None, None, None)
+    # the image's grid: the convolution's output (B, C, rows, cols), else the square of the patches;
+    # without the convolution only the count is checked, and an M of no grid refused
+    patches = largest + 1 - (prefix or 0)
+    seen = prefix is not None and (getattr(conv, "mask_prior_grid", None) or (math.isqrt(max(patches, 0)),) * 2)
+    if prefix is not None and (largest != size - 1 or (seen != grid if conv is not None else grid is None)):
+        # Another grid's M, of another N or of the same N (2 x 8 patches for 4 x 4): it would give each
+        # patch another patch's prior. impulse_mask builds CLS + g x g patches, row-major (Section 5.3);
+        # its rows and columns indexed by [0] * prefix + the patches (r, c) of a rows x cols grid give
+        # each its neighbours there, and every prefix token the class token's prior (no CLS: prefix 0).
+        (rows, cols), g = seen, max(seen)
+        raise ValueError(f"{attn.mask_prior_name}: an image layer takes the N tokens its mask was built for, on its "
+                         f"grid; got {largest + 1} = {prefix} prefix tokens (class, distillation, register tokens in "
+                         f"the patched module) + {patches} patches, M {tuple(mask.shape)} is for N = {size}: for a {rows} "
+                         f"x {cols} grid M = maskprior.impulse_mask(depth, heads, {g})[..., i, :][..., i], i = [0] * "
+                         f"{prefix} + [1 + r * {g} + c for r in range({rows}) for c in range({cols})]"
+                         + (f"; patch with add_mask_prior(..., grid=({rows}, {cols}))" if rows != cols else ""))
     if torch.compiler.is_compiling() or largest >= size:   # a compiled graph cannot branch on data: it asserts
         message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
                    f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
@@ -1202,8 +1210,10 @@ def _self_attention_layers(model):
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
     prefix = sum(p.numel() // p.shape[-1] for name, p in model.named_parameters() if name.endswith(_PREFIX_TOKENS))
     torchvision = any(type(m).__module__.startswith("torchvision.") for m in model.modules())  # its ViT's layers
-    named = []
+    named, conv = [], None
     for name, module in model.named_modules():
+        # the patch embedding: the last 2-D convolution before the first attention layer (a hybrid's stem first)
+        conv = module if isinstance(module, nn.Conv2d) and not named else conv
         forward = inspect.unwrap(type(module).forward) if "transformers" in sys.modules else None
         on_interface = "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ())
         cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
@@ -1212,19 +1222,22 @@ def _self_attention_layers(model):
             _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
         image = getattr(getattr(module, "config", None), "image_size", None) is not None
         if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
-            named.append((name, module, _add_mask_prior_to_call, prefix if torchvision else None))
+            named.append((name, module, _add_mask_prior_to_call, (prefix, conv) if torchvision else None))
         elif isinstance(module, timm_attention):
-            named.append((name, module, _add_mask_prior_to_call, prefix))
+            named.append((name, module, _add_mask_prior_to_call, (prefix, conv)))
         elif transformers_layer:
-            named.append((name, module, _add_mask_prior_to_transformers_call, prefix if image else None))
+            named.append((name, module, _add_mask_prior_to_transformers_call, (prefix, conv) if image else None))
     return named
 
-def _patch(named, masks, mode, scale):
+def _patch(named, masks, mode, scale, grid=None):
     """Serves add_mask_prior and from_pretrained, the one place a layer takes the prior: give each
-    (name, layer, pre-hook, prefix) of named its M (a Parameter from masks), its pre-hook and, for a
-    transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which save_pretrained
-    writes to config.json): scale, mode and each layer's M shape under its name in the module
-    add_mask_prior was given. First a ValueError naming the module unless every layer is unpatched,
+    (name, layer, pre-hook, image) of named its M (a Parameter from masks), its pre-hook, an image's
+    layer the grid M is for (grid, else the square of M's patches; None if they make no square) and,
+    for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which save_pretrained
+    writes to config.json): scale, mode, grid if given and each layer's M shape under its name in the
+    module add_mask_prior was given. A record is this model's where a patch of this process wrote it
+    (attn_implementation MASK_PRIOR_ATTENTION, which config.json never holds): one a plain
+    from_pretrained read from config.json describes no layer of the model. First a ValueError naming the module unless every layer is unpatched,
     its mask is (heads, N, N), and (a transformers layer) its config records no prior of another
     scale or mode (config.json holds one) nor another layer of this name (a part of the model
     patched alone before: config.json could not tell the two apart)."""
@@ -1236,32 +1249,44 @@ def _patch(named, masks, mode, scale):
         if heads != _heads(attn) or rows != cols:
             raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
                              f"{type(attn).__name__} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
-        record = _live_record(getattr(attn, "config", None))
+        config = getattr(attn, "config", None)
+        live = config is not None and config._attn_implementation == MASK_PRIOR_ATTENTION
+        record = getattr(config, "mask_prior", None) if live else None
         if record and ((record["scale"], record["mode"]) != (scale, mode) or name in record["layers"]):
             raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, mode="
                              f"{record['mode']!r}, layers {list(record['layers'])}; got scale={scale}, mode={mode!r} "
                              f"(patch the parts in one call, on a module that holds them, so config.json names each)")
-    for (name, attn, hook, prefix), mask in zip(named, masks):
+    for (name, attn, hook, image), mask in zip(named, masks):
         # M takes the module's dtype and device
         attn.mask = nn.Parameter(mask.detach().to(next(attn.parameters())).clone(), requires_grad=mode == "learnable")
         attn.mask_scale, attn.mask_prior_name = scale, name or "model"     # the name for the forward-time messages
-        attn.mask_prior_prefix = prefix            # None over a sequence, else an image's prefix tokens
+        if image is not None:                      # (prefix tokens, the patch convolution or None)
+            side = math.isqrt(max(len(mask[0]) - image[0], 0))
+            square = (side, side) if side * side == len(mask[0]) - image[0] else None
+            # in a tuple, the convolution is no submodule of the layer: named_modules, state_dict unchanged
+            attn.mask_prior_image = image[0], tuple(grid) if grid else square, image[1]
+            if image[1] is not None and "mask_prior_grid" not in vars(image[1]):
+                object.__setattr__(image[1], "mask_prior_grid", None)
+                image[1].register_forward_hook(_record_grid)
+        else:
+            attn.mask_prior_image = None
         # the names of forward's arguments, by which each hook reads a call's positional ones
         attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
         attn.register_forward_pre_hook(hook, with_kwargs=True)
         if hook is _add_mask_prior_to_transformers_call:
-            record = _live_record(attn.config) or {"scale": scale, "mode": mode, "layers": {}}
+            live = attn.config._attn_implementation == MASK_PRIOR_ATTENTION
+            record = (getattr(attn.config, "mask_prior", None) if live else None) or {
+                "scale": scale, "mode": mode, "layers": {}, **({"grid": list(grid)} if grid else {})}
             record["layers"][name] = list(mask.shape)
             attn.config.mask_prior = record
             attn.mask_prior_door = _TransformersDoor(type(attn), _ATTENTION_OF[type(attn)])
             attn.config._attn_implementation = MASK_PRIOR_ATTENTION     # every layer on the config takes it
 
-def _live_record(config):
-    """Serves the rule that the record belongs to the model patched: the prior config records, if a
-    patch of this process wrote it (its attn_implementation is MASK_PRIOR_ATTENTION, which config.json
-    never holds); a record a plain from_pretrained read from config.json describes no layer here."""
-    live = config is not None and config._attn_implementation == MASK_PRIOR_ATTENTION
-    return getattr(config, "mask_prior", None) if live else None
+def _record_grid(conv, args, output):
+    """Serves the rule that a grid is a grid: a forward hook on an image model's patch embedding, its
+    last convolution before the first attention layer, which leaves the grid of this call's image,
+    the (rows, cols) of its output (B, C, rows, cols), for the image's layers to check M's against."""
+    object.__setattr__(conv, "mask_prior_grid", tuple(output.shape[-2:]))
 
 class _TransformersDoor:
     """Serves the rule that a patched model travels: each patched transformers layer holds one, built
@@ -1282,7 +1307,7 @@ class _TransformersDoor:
     def __reduce__(self):
         return type(self), self.arguments
 
-def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
+def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None):
     """The appendix's feature, Section 4.1's prior in an existing model: log sigmoid(scale * M) in
     every self-attention layer of model (a whole model or a part: a ModuleList, one layer):
     nn.MultiheadAttention, timm's Attention, transformers' layers on the AttentionInterface; returns
@@ -1293,8 +1318,10 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     a transformers model saved with save_pretrained comes back with from_pretrained below). The
     caller's causal and padding masks are kept. A layer over a sequence takes any n <= N tokens, at
     the positions the model gives them; an image's layer exactly the N tokens M was built for (prefix
-    tokens, then the patches: timm's, torchvision's and transformers' vision models). Else a
-    ValueError at forward time."""
+    tokens, then the patches: timm's, torchvision's and transformers' vision models) and their grid:
+    grid=(rows, cols), row-major, else the square of M's patches (impulse_mask's); a layer whose patch
+    embedding lies outside model (a part) checks their count alone. Else a ValueError at forward time.
+    A transformers model takes its own copy of its configs, which the record then goes into."""
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
     if not torch.is_floating_point(mask_init):
@@ -1317,7 +1344,7 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
         copies = copy.deepcopy({id(m.config): m.config for m in holders})
         for module in holders:
             module.config = copies[id(module.config)]
-    _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale)
+    _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale, grid)
     for encoder in (m for m in model.modules() if isinstance(m, nn.TransformerEncoder)):
         encoder.use_nested_tensor = False
     return [layer[1] for layer in named]
@@ -1363,7 +1390,8 @@ def from_pretrained(model_class, path, **kwargs):
                 raise ValueError(f"{path}: config.json records a mask prior {tuple(shape)} in layer {recorded!r} of a "
                                  f"{model_class.__name__}; the weight files hold {held}")
             chosen.append((layers[keys[0]], masks.pop(keys[0])))
-        _patch([layer for layer, _ in chosen], [mask for _, mask in chosen], record["mode"], record["scale"])
+        _patch([layer for layer, _ in chosen], [mask for _, mask in chosen], record["mode"], record["scale"],
+               record.get("grid"))
     if masks or not configs:        # an M config.json does not record, or no prior at all
         raise ValueError(f"{path}: the weight files hold M for layers config.json records no prior in: "
                          f"{[key + '.mask' for key in sorted(masks)]}" if masks else

@@ -5,6 +5,7 @@ parametrization, torch.func.functional_call), and param_groups finds M however i
 prior's record belongs to the model patched, not to a config object two models share; a patched
 model travels (pickled whole into a fresh process, torch.export with a dynamic length)."""
 import copy
+import re
 import os
 import subprocess
 import sys
@@ -242,3 +243,59 @@ def test_torch_export_with_a_dynamic_length_runs_every_length_up_to_n():
     with pytest.raises(Exception, match=rf"(?s)Constraints violated.*max={N}\)"):
         torch.export.export(model, (), {"input_ids": IDS, "use_cache": False}, dynamic_shapes={
             "input_ids": {1: torch.export.Dim("seq", min=2, max=2 * N)}, "use_cache": None})
+
+
+# ----------------------------------------------------------------------------------------------
+# A grid is a grid
+# ----------------------------------------------------------------------------------------------
+
+def rectangle_impulse(heads, rows, cols):
+    """The impulse prior of Section 5.3 on CLS + a rows x cols grid, written out: head h of offset
+    IMPULSE_ORDER[h mod 9] opens query patch (r, c) to key patch (r + dr, c + dc) where that lies on
+    the grid, CLS's row to every token, and closes the rest."""
+    m = torch.full((heads, 1 + rows * cols, 1 + rows * cols), maskprior.CLOSE)
+    m[:, 0] = maskprior.OPEN
+    for h in range(heads):
+        k = maskprior.IMPULSE_ORDER[h % len(maskprior.IMPULSE_ORDER)]
+        dr, dc = k // 3 - 1, k % 3 - 1
+        for r in range(max(0, -dr), min(rows, rows - dr)):
+            for c in range(max(0, -dc), min(cols, cols - dc)):
+                m[h, 1 + r * cols + c, 1 + (r + dr) * cols + c + dc] = maskprior.OPEN
+    return m
+
+
+GRIDS = {  # name: (build, call(model, image), image size (h, w) of a 2 x 8 grid, its 4 x 4 one)
+    "timm_dynamic_img_size": (lambda: timm.models.VisionTransformer(
+        img_size=16, patch_size=4, embed_dim=WIDTH, depth=LAYERS, num_heads=2, mlp_ratio=2, num_classes=10,
+        dynamic_img_size=True), lambda m, x: m.forward_features(x)),
+    "hf_vit_interpolate_pos_encoding": (lambda: T.ViTModel(T.ViTConfig(
+        num_hidden_layers=LAYERS, hidden_size=WIDTH, num_attention_heads=2, intermediate_size=64, image_size=16,
+        patch_size=4)), lambda m, x: m(pixel_values=x, interpolate_pos_encoding=True).last_hidden_state),
+}
+
+
+@pytest.mark.parametrize("name", list(GRIDS))
+def test_a_grid_of_the_same_token_count_is_refused_and_the_recipe_given_fits(name):
+    """A 4 x 4 grid's M (17 tokens) on an 8 x 32 px image, a 2 x 8 grid of as many patches: one
+    ValueError at the forward saying how to build M for 2 x 8 and to patch with grid=(2, 8). The M so
+    built is the impulse prior of the 2 x 8 grid written out; patched with it the model runs there and
+    refuses the 4 x 4 grid it no longer fits."""
+    build, call = GRIDS[name]
+    torch.manual_seed(0)
+    model = build().eval()
+    maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, 2, 4))
+    wide, square = torch.randn(1, 3, 8, 32), torch.randn(1, 3, 16, 16)
+    call(model, square)
+    with pytest.raises(ValueError, match=r"\+ 16 patches, M \(2, 17, 17\) is for N = 17: for a 2 x 8 grid M = "
+                                         r"(?P<recipe>.*), i = (?P<index>.*); patch with add_mask_prior\(\.\.\., "
+                                         r"grid=\(2, 8\)\)$") as refused:
+        call(model, wide)
+    found = re.search(r"M = (?P<recipe>.*), i = (?P<index>.*); patch", str(refused.value))
+    mask = eval(found["recipe"], {"maskprior": maskprior, "depth": LAYERS, "heads": 2, "i": eval(found["index"])})
+    assert torch.equal(mask, rectangle_impulse(2, 2, 8).expand(LAYERS, -1, -1, -1))
+    torch.manual_seed(0)
+    model = build().eval()
+    maskprior.add_mask_prior(model, mask, grid=(2, 8))
+    assert call(model, wide).shape[-2] == 17
+    with pytest.raises(ValueError, match=r"for a 4 x 4 grid M = "):
+        call(model, square)
