@@ -1334,12 +1334,14 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None):
     if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
         raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) for the "
                          f"modules {[layer[0] for layer in named]}, got {tuple(mask_init.shape)}")
-    # The record belongs to the model patched: a transformers model takes its own copies of the configs
-    # its modules hold (one deepcopy: a composite's sub-configs stay its sub-configs), which a model
-    # built from the same config object does not see. A part (a ModuleList, a layer) writes into the
-    # config its model holds, which the part cannot reach to copy.
+    # The record belongs to the model patched: a transformers model with a head (its base_model another
+    # module: LlamaForCausalLM, ViTForImageClassification, LlavaForConditionalGeneration) takes its own
+    # copies of the configs its modules hold (one deepcopy: a composite's sub-configs stay its
+    # sub-configs), which a model built from the same config object does not see. A base model or a
+    # part (a ModuleList, a layer) writes into the config it shares with the model around it, which
+    # save_pretrained writes: a module cannot reach the model that holds it to copy that one's.
     holders = [m for m in model.modules() if hasattr(getattr(m, "config", None), "to_json_string")]
-    if hasattr(getattr(model, "config", None), "to_json_string"):
+    if holders and getattr(model, "base_model", model) is not model:
         import copy
         copies = copy.deepcopy({id(m.config): m.config for m in holders})
         for module in holders:
@@ -1376,9 +1378,15 @@ def from_pretrained(model_class, path, **kwargs):
     for file in sorted(pathlib.Path(path).glob("*.safetensors")):
         with safe_open(file, "pt") as tensors:
             masks.update({key[:-5]: tensors.get_tensor(key) for key in tensors.keys() if key.endswith(".mask")})
+    from transformers.core_model_loading import revert_weight_conversion
     prefix = model.base_model_prefix + "."            # the checkpoint may hold the model with a head or without
-    layers = {saved: layer for layer in _self_attention_layers(model)
-              for saved in (layer[0], prefix + layer[0], layer[0].removeprefix(prefix))}
+    found = _self_attention_layers(model)
+    # each layer's M under the name save_pretrained gives it (a composite's renamed: Llava's
+    # model.language_model.layers.0 is saved as language_model.model.layers.0), by the tensor's identity
+    probes = {f"{layer[0]}.mask": torch.empty(0) for layer in found}
+    renamed = {id(t): key[:-5] for key, t in revert_weight_conversion(model, dict(probes)).items()}
+    layers = {saved: layer for layer, probe in zip(found, probes.values())
+              for saved in (layer[0], prefix + layer[0], layer[0].removeprefix(prefix), renamed.get(id(probe)))}
     configs = {id(c): c for _, m, _, _ in layers.values() if getattr(c := getattr(m, "config", None), "mask_prior", 0)}
     for config in configs.values():
         record, config.mask_prior = config.mask_prior, None     # rebuilt by _patch under the loaded names

@@ -299,3 +299,25 @@ def test_a_grid_of_the_same_token_count_is_refused_and_the_recipe_given_fits(nam
     assert call(model, wide).shape[-2] == 17
     with pytest.raises(ValueError, match=r"for a 4 x 4 grid M = "):
         call(model, square)
+
+
+def test_a_composite_model_s_folder_loads_back_whole_under_its_saved_names(tmp_path):
+    """Llava (a CLIP vision tower, a Llama language model) with the prior in its language model:
+    save_pretrained writes each M as language_model.model.layers.i.self_attn.mask (transformers'
+    name in the checkpoint), the record into config.json's text_config; maskprior.from_pretrained
+    gives back every M and the logits, a plain from_pretrained the model without them."""
+    config = T.LlavaConfig(text_config=llama_config(), image_token_id=VOCAB - 1, vision_config=T.CLIPVisionConfig(
+        num_hidden_layers=LAYERS, hidden_size=WIDTH, num_attention_heads=2, intermediate_size=64, image_size=16,
+        patch_size=4))
+    torch.manual_seed(0)
+    model = T.LlavaForConditionalGeneration(config).eval()
+    patched = maskprior.add_mask_prior(model.model.language_model, random_masks(LAYERS, 4, N))
+    model.save_pretrained(tmp_path)
+    loaded = maskprior.from_pretrained(T.LlavaForConditionalGeneration, tmp_path)
+    plain = T.LlavaForConditionalGeneration.from_pretrained(tmp_path)
+    restored = [layer.self_attn for layer in loaded.model.language_model.layers]
+    assert all(torch.equal(a.mask, b.mask) for a, b in zip(patched, restored))
+    with torch.no_grad():
+        expected = model(input_ids=IDS).logits
+        torch.testing.assert_close(loaded(input_ids=IDS).logits, expected, rtol=0, atol=1e-5)
+        assert (plain(input_ids=IDS).logits - expected).abs().max() > 1e-3
