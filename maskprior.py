@@ -980,7 +980,10 @@ def _log_sigmoid(x):
     to the dtype's precision, in under half its CPU time forward and backward (its kernel calls log1p
     element by element): log(sigmoid(x)) where sigmoid(x) is at least the dtype's eps, else x, which
     x - log(1 + e^x) rounds to there (e^x is below half an ulp of x). The clamp keeps the branch not
-    taken finite, and so its gradient: zero, not NaN."""
+    taken finite, and so its gradient: zero, not NaN. A few entries (a cached token's row of M: up to
+    heads x N) go to F.logsigmoid, one kernel call where the log(sigmoid) takes five, each a dispatch."""
+    if x.numel() <= 4096:
+        return F.logsigmoid(x)
     floor = math.log(torch.finfo(x.dtype).eps)
     return torch.where(x > floor, x.clamp(min=floor).sigmoid().log(), x)
 
@@ -1002,9 +1005,9 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     prefix, grid, conv = attn.mask_prior_image or (None, None, None)
     # the image's grid: the convolution's output (B, C, rows, cols), else the square of the patches;
     # without the convolution only the count is checked, and an M of no grid refused
-    patches = largest + 1 - (prefix or 0)
-    seen = prefix is not None and (getattr(conv, "mask_prior_grid", None) or (math.isqrt(max(patches, 0)),) * 2)
-    if prefix is not None and (largest != size - 1 or (seen != grid if conv is not None else grid is None)):
+    patches = None if prefix is None else largest + 1 - prefix
+    seen = patches and (getattr(conv, "mask_prior_grid", None) or (math.isqrt(max(patches, 0)),) * 2)
+    if patches is not None and (largest != size - 1 or (seen != grid if conv is not None else grid is None)):
         # Another grid's M, of another N or of the same N (2 x 8 patches for 4 x 4): it would give each
         # patch another patch's prior. impulse_mask builds CLS + g x g patches, row-major (Section 5.3);
         # its rows and columns indexed by [0] * prefix + the patches (r, c) of a rows x cols grid give

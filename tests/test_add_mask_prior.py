@@ -132,6 +132,9 @@ def test_the_patch_s_log_sigmoid_is_torch_s_to_the_dtype_s_precision(dtype):
     exact = F.logsigmoid(x.detach().double())
     torch.testing.assert_close(y.detach().double(), exact, rtol=eps, atol=eps)
     torch.testing.assert_close(x.grad.double(), torch.sigmoid(-x.detach().double()), rtol=eps, atol=eps)
+    few = x.detach()[::37]                       # a cached token's row of M is this small: a path of its own
+    assert len(few) < 4096 < len(x)
+    torch.testing.assert_close(maskprior._log_sigmoid(few).double(), exact[::37], rtol=eps, atol=eps)
 
 
 def test_caller_masks_and_unbatched_input_combine_with_the_prior():
