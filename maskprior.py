@@ -882,7 +882,9 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
 # position past N is a ValueError. A layer over text takes any n <= N tokens; an image's layer (timm's
 # ViTs, torchvision's, transformers' vision models) exactly the N its M was built for, its prefix
-# tokens and its grid: with fewer, M's top-left block would give each patch another patch's prior.
+# tokens and its grid of (rows, cols) patches, which a forward hook on the model's patch embedding
+# reads off each image: with another grid, of fewer patches or as many (2 x 8 for 4 x 4), M would
+# give each patch another patch's prior.
 # Three kinds of layer, each reached through its own door:
 #   nn.MultiheadAttention (torchvision's ViT, nn.TransformerEncoder, nn.Transformer): a forward
 #     pre-hook passes the bias as attn_mask (B * heads, N, N). No fused shortcut bypasses it:
@@ -900,15 +902,18 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 #     prior joins all of them as the causal and padding masks do. A forward pre-hook on each patched
 #     layer finds the positions as the model's masks do (position_ids, and for the keys a cache holds,
 #     dynamic, static or sliding-window, the cache's get_query_offset and get_mask_sizes) and leaves
-#     the bias at those positions on the layer for that function.
+#     the bias at those positions on the layer for that function. The record of the prior
+#     (scale, mode, each layer's M) goes into the config the model saves; each layer holds a
+#     _TransformersDoor, which registers the function wherever the layer is unpickled.
 # Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers) is
 # left unpatched: its keys are another sequence, which has no positions in M.
 # The prior costs the model little (tests/bench_add_mask_prior.py): where the positions are 0..n-1
 # (training, plain generation) M is read by one slice, not gathered, its log sigmoid recomputed at
-# every forward (M as it is then, whatever wrote it: a kept table could go stale); the CPU's fused SDPA kernels give no gradient for a mask (CUDA's
-# memory-efficient kernel does), so there a trained M takes the written-out softmax, the scaling on Q, a
-# causal layer's in blocks of rows that skip most of the future, as the fused causal kernel does; log
-# sigmoid by log(sigmoid) where that is exact to the dtype (F.logsigmoid's CPU kernel is slow).
+# every forward (M as it is then, whatever wrote it: a kept table could go stale); the CPU's fused
+# SDPA kernels give no gradient for a mask (CUDA's memory-efficient kernel does), so there a trained
+# M takes the written-out softmax, the scaling on Q, a causal layer's in blocks of rows that skip
+# most of the future, as the fused causal kernel does; log sigmoid by log(sigmoid) where that is
+# exact to the dtype (F.logsigmoid's CPU kernel is slow).
 # timm and transformers are never imported at module level: a model holds their modules only once
 # they are imported, so they are looked up in sys.modules.
 MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
@@ -995,10 +1000,11 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     M is read by one slice, which costs no gather forward and no scatter backward. Every call reads
     M as it is at that call, and keeps nothing of it: no version counter or address tells every
     writer of M (fused optimizers and .data writes leave its version, a parametrization or
-    torch.func.functional_call hands a new tensor at a freed one's address). largest: the largest query position (an int, or a tensor where
-    positions are data), which must lie below M's N; an image's layer (mask_prior_image set: prefix
-    tokens, then a grid of patches) takes exactly the N tokens and the (rows, cols) grid M was built for. A key outside 0..N-1
-    is a slot every mask blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
+    torch.func.functional_call hands a new tensor at a freed one's address). largest: the largest
+    query position (an int, or a tensor where positions are data), which must lie below M's N; an
+    image's layer (mask_prior_image set: prefix tokens, then a grid of patches) takes exactly the N
+    tokens and the (rows, cols) grid M was built for. A key outside 0..N-1 is a slot every mask
+    blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
     mask, size = attn.mask, attn.mask.shape[-1]        # size: M's N
     # an image's layer: its prefix tokens, the (rows, cols) of the grid M is for, the patch embedding's
     # convolution (None in a part without it), which holds the grid of this call's image
@@ -1015,9 +1021,9 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
         (rows, cols), g = seen, max(seen)
         raise ValueError(f"{attn.mask_prior_name}: an image layer takes the N tokens its mask was built for, on its "
                          f"grid; got {largest + 1} = {prefix} prefix tokens (class, distillation, register tokens in "
-                         f"the patched module) + {patches} patches, M {tuple(mask.shape)} is for N = {size}: for a {rows} "
-                         f"x {cols} grid M = maskprior.impulse_mask(depth, heads, {g})[..., i, :][..., i], i = [0] * "
-                         f"{prefix} + [1 + r * {g} + c for r in range({rows}) for c in range({cols})]"
+                         f"the patched module) + {patches} patches, M {tuple(mask.shape)} is for N = {size}: for a "
+                         f"{rows} x {cols} grid M = maskprior.impulse_mask(depth, heads, {g})[..., i, :][..., i], "
+                         f"i = [0] * {prefix} + [1 + r * {g} + c for r in range({rows}) for c in range({cols})]"
                          + (f"; patch with add_mask_prior(..., grid=({rows}, {cols}))" if rows != cols else ""))
     if torch.compiler.is_compiling() or largest >= size:   # a compiled graph cannot branch on data: it asserts
         message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
@@ -1240,10 +1246,11 @@ def _patch(named, masks, mode, scale, grid=None):
     writes to config.json): scale, mode, grid if given and each layer's M shape under its name in the
     module add_mask_prior was given. A record is this model's where a patch of this process wrote it
     (attn_implementation MASK_PRIOR_ATTENTION, which config.json never holds): one a plain
-    from_pretrained read from config.json describes no layer of the model. First a ValueError naming the module unless every layer is unpatched,
-    its mask is (heads, N, N), and (a transformers layer) its config records no prior of another
-    scale or mode (config.json holds one) nor another layer of this name (a part of the model
-    patched alone before: config.json could not tell the two apart)."""
+    from_pretrained read from config.json describes no layer of the model. First a ValueError
+    naming the module unless every layer is unpatched, its mask is (heads, N, N), and (a
+    transformers layer) its model's record holds no prior of another scale or mode nor another
+    layer of this name (a part of the model patched alone before: config.json could not tell the
+    two apart)."""
     import inspect
     for (name, attn, _, _), mask in zip(named, masks):
         heads, rows, cols = mask.shape

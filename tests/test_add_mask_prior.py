@@ -282,8 +282,8 @@ def test_a_mask_for_another_grid_is_refused_at_forward_time(grid):
     n = grid * grid + 1
     maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, HEADS, grid))
     message = (re.escape(FIRST_VIT_ATTENTION) + r": an image layer takes the N tokens its mask was built for, on its "
-               rf"grid; got 17 = 1 prefix tokens \(.*\) \+ 16 patches, M \(2, {n}, {n}\) is for N = {n}: for a 4 x 4 grid M = "
-               r"maskprior\.impulse_mask\(depth, heads, 4\)")
+               rf"grid; got 17 = 1 prefix tokens \(.*\) \+ 16 patches, M \(2, {n}, {n}\) is for N = {n}: for a 4 x 4 "
+               r"grid M = maskprior\.impulse_mask\(depth, heads, 4\)")
     with pytest.raises(ValueError, match=message):
         model(torch.randn(1, 3, 32, 32))
 

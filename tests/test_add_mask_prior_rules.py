@@ -224,8 +224,8 @@ def test_a_pickled_patched_model_gives_its_outputs_in_a_fresh_process(tmp_path):
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr
     for name in models:
-        torch.testing.assert_close(torch.load(tmp_path / f"{name}_loaded.pt"), torch.load(tmp_path / f"{name}_logits.pt"),
-                                   rtol=0, atol=1e-6)
+        loaded, expected = (torch.load(tmp_path / f"{name}_{kind}.pt") for kind in ("loaded", "logits"))
+        torch.testing.assert_close(loaded, expected, rtol=0, atol=1e-6)
 
 
 def test_torch_export_with_a_dynamic_length_runs_every_length_up_to_n():
