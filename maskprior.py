@@ -1005,7 +1005,8 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     image's layer (mask_prior_image set: prefix tokens, then a grid of patches) takes exactly the N
     tokens and the (rows, cols) grid M was built for. A key outside 0..N-1 is a slot every mask
     blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
-    mask, size = attn.mask, attn.mask.shape[-1]        # size: M's N
+    mask = attn.mask                                  # one look-up: nn.Module's __getattr__ costs a microsecond
+    size = mask.shape[-1]                                                          # M's N
     # an image's layer: its prefix tokens, the (rows, cols) of the grid M is for, the patch embedding's
     # convolution (None in a part without it), which holds the grid of this call's image
     prefix, grid, conv = attn.mask_prior_image or (None, None, None)
