@@ -2,8 +2,10 @@
 built from configs (no download): every forward reads log sigmoid(s M) of M as it is at that
 forward, whatever wrote M (fused and foreach optimizers, .data writes, an EMA, load_state_dict, a
 parametrization, torch.func.functional_call), and param_groups finds M however it is held; the
-prior's record belongs to the model patched, not to a config object two models share; a patched
-model travels (pickled whole into a fresh process, torch.export with a dynamic length)."""
+prior's record belongs to the model patched, not to a config object two models share, and a model
+loaded without it takes a new one; a patched model travels (pickled whole into a fresh process,
+torch.export with a dynamic length, a composite's folder under the names transformers saves); an
+image layer refuses an M of another grid, of the same token count too, saying how to build its M."""
 import copy
 import re
 import os
