@@ -1036,7 +1036,13 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
         heads = torch.arange(len(mask), device=mask.device)[:, None, None]                    # (H, 1, 1)
         rows, cols = rows[:, None, :, None], cols.clamp(0, size - 1)[:, None, None, :]   # (B, 1, n, 1), (B, 1, 1, k)
         return _log_sigmoid(attn.mask_scale * mask[heads, rows, cols])                        # (B, H, n, n_keys)
-    bias = _log_sigmoid(attn.mask_scale * mask[None, :, rows, cols])                          # (1, H, n, n_keys)
+    if mask.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
+        block = mask[None, :, rows, cols]                                                     # (1, H, n, n_keys)
+    else:     # no backward to serve: one view op, not the indexing's two, which a cached token's step pays for
+        (heads, row, col), offset = mask.stride(), mask.storage_offset() + rows.start * mask.stride(1)
+        block = mask.as_strided((1, len(mask), rows.stop - rows.start, cols.stop - cols.start), (0, heads, row, col),
+                                offset + cols.start * col)                                    # (1, H, n, n_keys)
+    bias = _log_sigmoid(attn.mask_scale * block)
     return bias + bias.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias   # the future: -inf
 
 def _add_mask_prior_to_call(attn, args, kwargs):
