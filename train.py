@@ -991,12 +991,14 @@ def build_parser():
                    help=f"{', '.join(every_task)}; all: the Boolean four")
     g.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS), metavar="INIT",
                    help=f"{', '.join(INITS)} (default mask)")
-    g.add_argument("--seed", type=count, default=0, help="random seed (default 0; with --preset paper the "
-                   "paper's: 1337 for language, 42 for imagenet100)")
-    g.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid")
+    one_or_many = g.add_mutually_exclusive_group()     # --seed beside --seeds: exit 2, not one dropped
+    one_or_many.add_argument("--seed", type=count, default=0, help="random seed (default 0; with --preset paper "
+                             "the paper's: 1337 for language, 42 for imagenet100)")
+    one_or_many.add_argument("--seeds", type=count, nargs="+", metavar="SEED",
+                             help="several seeds: a grid (not with --seed)")
     g.add_argument("--preset", choices=["cpu", "paper"], default="cpu", help="cpu (quick, default) or paper "
                    "(the paper's tables)")
-    g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs")
+    g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs (no other flag)")
     g.add_argument("--model", choices=["maskprior", "timm"], help="vision: maskprior.ViT (default) or timm's "
                    "VisionTransformer, same shape")
     g = p.add_argument_group("the mask prior (inits mask, mask-fixed, mask-hadamard)")
@@ -1043,7 +1045,8 @@ def build_parser():
     g.add_argument("--download", action="store_true", help="vision: fetch CIFAR if missing")
     g.add_argument("--workers", type=count, metavar="N", help="vision: loader processes")
     g = p.add_argument_group("output and resume")
-    g.add_argument("--out", metavar="DIR", help="output folder (default runs/<run name> or runs/grid)")
+    g.add_argument("--out", metavar="DIR", help="a single run writes into DIR (default runs/<run name>); a grid "
+                   "each run into DIR/<task>-<init>-seed<N>[-<setting>] (default runs/grid)")
     g.add_argument("--resume", action="store_true", help="continue from checkpoint.pt (a grid: all)")
     g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1")
     g.add_argument("--threads", type=natural, metavar="N", help="torch CPU threads")
@@ -1371,8 +1374,15 @@ def main(argv=None):
     # -> train_all (above), where the path of one run goes on; the module docstring follows it to the end.
     args = None
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
         if args.summarize:
+            # The tables are of the runs DIR holds, as they were trained: a flag of what to train would be ignored.
+            given = [key for key, value in vars(args).items()
+                     if key != "summarize" and value != parser.get_default(key)]
+            if given:
+                raise UsageError(f"--summarize takes no other flag (--{given[0].replace('_', '-')} given): its "
+                                 f"tables are of the runs DIR holds, as they were trained")
             return summarize(args.summarize)
         return train_all(args, stop)
     except (UsageError, tasks.DataError) as err:
@@ -1599,7 +1609,8 @@ def check_folder(folder, run=None):
         runs = sorted(e.name for e in os.scandir(folder)
                       if e.is_dir() and any(os.path.isfile(os.path.join(e.path, n)) for n in RUN_FILES))
     grid_files = [n for n in ("grid.json", "table.md") if os.path.isfile(os.path.join(folder, n))]
-    if not run.grid and (grid_files or runs):
+    # table.md beside a run's own files is that run's --summarize, not a grid: the run's folder stays its own.
+    if not run.grid and (runs or grid_files and not found):
         example = f", e.g. --out {os.path.join(folder, runs[0])}" if runs else ""
         raise UsageError(f"--out {folder} holds a grid: continue the grid with its own command (its --task, "
                          f"--init, --seeds), or name one run's folder{example}")
