@@ -1093,6 +1093,8 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     first, (length, offset) = (0, (n, 0)) if cache is None else (   # the queries' first cache index, the keys'
         cache.get_query_offset(attn.layer_idx), cache.get_mask_sizes(n, attn.layer_idx))   # number and first index
     positions = call.get("position_ids")                                 # (B or 1, n), or mRoPE's (3, B, n)
+    # a layer its model hands none (GPTBigCode's): the model's call's, which its embeddings took (_remember_positions)
+    positions = attn.mask_prior_positions.get("position_ids") if positions is None else positions
     positions = positions if positions is not None and positions.dim() == 2 and positions.shape[-1] == n else None
     if offset + length <= mask.shape[-1] and (positions is None or not torch.compiler.is_compiling() and (
             positions.item() == first if positions.numel() == 1 else     # a cached token's step: one position
@@ -1224,7 +1226,16 @@ def _self_attention_layers(model):
             named.append((name, module, _add_mask_prior_to_transformers_call, prefix if image else None))
     return named
 
-def _patch(named, masks, mode, scale):
+def _remember_positions(model, args, kwargs):
+    """A transformers model's forward pre-hook, which serves the rule that a decoder reads M at the
+    positions it uses where its layers are not handed them (GPTBigCode, CTRL, BERT's line as a decoder:
+    position_ids go to their position embeddings alone; generate passes them, counted from the
+    attention mask under left padding): keeps the call's position_ids, None where it gives none (the
+    model then counts from its cache, as the layer's pre-hook does), for the patched layers it holds."""
+    model.mask_prior_positions["position_ids"] = dict(zip(model.mask_prior_arguments, args), **kwargs).get(
+        "position_ids")
+
+def _patch(named, masks, mode, scale, model=None):
     """Serves add_mask_prior and from_pretrained, the one place a layer takes the prior: give each
     (name, layer, pre-hook, prefix) of named its M (a Parameter from masks), its pre-hook and, for a
     transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which save_pretrained
@@ -1234,6 +1245,7 @@ def _patch(named, masks, mode, scale):
     scale or mode (config.json holds one) nor another layer of this name (a part of the model
     patched alone before: config.json could not tell the two apart)."""
     import inspect
+    import sys
     for (name, attn, _, _), mask in zip(named, masks):
         heads, rows, cols = mask.shape
         if hasattr(attn, "mask_prior_name"):
@@ -1252,6 +1264,7 @@ def _patch(named, masks, mode, scale):
         attn.mask_scale, attn.mask_prior_name = scale, name or "model"     # the name for the forward-time messages
         # None over a sequence, else an image's prefix tokens; (M's version, log sigmoid(s M)) for _prior_bias
         attn.mask_prior_prefix, attn.mask_prior_table = prefix, (None, None)
+        attn.mask_prior_positions = {}         # the position_ids of its model's call (_remember_positions)
         # the names of forward's arguments, by which each hook reads a call's positional ones
         attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
         attn.register_forward_pre_hook(hook, with_kwargs=True)
@@ -1267,6 +1280,16 @@ def _patch(named, masks, mode, scale):
             AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
             AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, sdpa_mask)
             attn.config._attn_implementation = MASK_PRIOR_ATTENTION
+    # Each transformers model in model keeps its call's position_ids for the patched layers it holds,
+    # a layer the innermost model's (a vision tower's call has none: its layers count their tokens)
+    pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
+    for module in (m for m in (model.modules() if model is not None else ()) if isinstance(m, pretrained)):
+        if not hasattr(module, "mask_prior_positions"):
+            module.mask_prior_positions = {}
+            module.mask_prior_arguments = tuple(inspect.signature(module.forward).parameters)
+            module.register_forward_pre_hook(_remember_positions, with_kwargs=True)
+        for layer in (m for m in module.modules() if hasattr(m, "mask_prior_name")):
+            layer.mask_prior_positions = module.mask_prior_positions
 
 def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     """The appendix's feature, Section 4.1's prior in an existing model: log sigmoid(scale * M) in
@@ -1293,7 +1316,7 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
         raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) for the "
                          f"modules {[layer[0] for layer in named]}, got {tuple(mask_init.shape)}")
-    _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale)
+    _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale, model)
     for encoder in (m for m in model.modules() if isinstance(m, nn.TransformerEncoder)):
         encoder.use_nested_tensor = False
     return [layer[1] for layer in named]
@@ -1339,7 +1362,7 @@ def from_pretrained(model_class, path, **kwargs):
                 raise ValueError(f"{path}: config.json records a mask prior {tuple(shape)} in layer {recorded!r} of a "
                                  f"{model_class.__name__}; the weight files hold {held}")
             chosen.append((layers[keys[0]], masks.pop(keys[0])))
-        _patch([layer for layer, _ in chosen], [mask for _, mask in chosen], record["mode"], record["scale"])
+        _patch([layer for layer, _ in chosen], [mask for _, mask in chosen], record["mode"], record["scale"], model)
     if masks or not configs:        # an M config.json does not record, or no prior at all
         raise ValueError(f"{path}: the weight files hold M for layers config.json records no prior in: "
                          f"{[key + '.mask' for key in sorted(masks)]}" if masks else
