@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import copy
 import gc
+import importlib
 import inspect
 import os
 import signal
@@ -53,14 +54,15 @@ SECONDS = 120                   # a family's time limit
 REFERENCE = "sweep_reference"
 
 # The size fields shrunk in every config and sub-config, to the sizes transformers' model testers
-# use (hidden 32, 2 layers, 4 heads, intermediate 37, vocabulary 99; images 32 px in patches of 8):
+# use (hidden 32, 2 layers, 4 heads, vocabulary 99; images 32 px in patches of 8; intermediate 64, not the
+# testers' 37: grouped MoE kernels take rows of a multiple of 16 bytes):
 # a field is set to this value where its default is larger.
 SMALL = dict(
-    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=37,
-    vocab_size=99, head_dim=8, n_embd=32, n_head=4, n_layer=2, n_inner=37, d_model=32, d_ff=37, d_kv=8,
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+    vocab_size=99, head_dim=8, n_embd=32, n_head=4, n_layer=2, n_inner=64, d_model=32, d_ff=64, d_kv=8,
     encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=37, decoder_ffn_dim=37, ffn_dim=37, embed_dim=32, num_layers=2, num_heads=4,
-    n_layers=2, n_heads=4, dim=32, hidden_dim=37, num_experts=4, num_local_experts=4, n_routed_experts=4,
+    encoder_ffn_dim=64, decoder_ffn_dim=64, ffn_dim=64, embed_dim=32, num_layers=2, num_heads=4,
+    n_layers=2, n_heads=4, dim=32, hidden_dim=64, num_experts=4, num_local_experts=4, n_routed_experts=4,
     num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16, n_shared_experts=1,
     kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
     image_size=32, patch_size=8, projection_dim=32, text_embed_dim=32, vision_embed_dim=32,
@@ -69,22 +71,27 @@ SMALL = dict(
 )
 # Per-family fixes, learned from transformers' model testers where the generic shrink does not build.
 OVERRIDES = {}
-# The per-layer lists a config derives from its layer count: rebuilt from the shrunk count.
-PER_LAYER = ("layer_types", "mlp_only_layers", "layers_block_type", "attn_layer_indices", "block_types")
 
 
 def shrink(d):
-    """A config's to_dict() with SMALL applied, in place, sub-configs (dicts with a model_type) too."""
-    changed = False
+    """A config's to_dict() with SMALL applied, in place, sub-configs (dicts with a model_type) too: the
+    vocabulary kept above the config's special token ids, the per-layer lists and dicts cut to the
+    shrunk layer count."""
+    layers = {key: d[key] for key in ("num_hidden_layers", "num_layers", "n_layer") if isinstance(d.get(key), int)}
+    tokens = [v for k, v in d.items() if k.endswith(("token_id", "token_index")) and isinstance(v, int)]
     for key, value in list(d.items()):
         if isinstance(value, dict) and "model_type" in value:
             shrink(value)
         elif key in SMALL and isinstance(value, int) and not isinstance(value, bool) and value > SMALL[key]:
-            d[key] = SMALL[key]
-            changed = True
-    if changed:
-        for key in PER_LAYER:
-            d.pop(key, None)
+            d[key] = max(SMALL[key], max(tokens, default=0) + 1) if key == "vocab_size" else SMALL[key]
+            d[key] = min(d[key], value)
+    for key, old in layers.items():
+        new = d[key]
+        for name, value in list(d.items()):
+            if isinstance(value, list) and len(value) == old and new < old:
+                d[name] = value[:new]
+            elif isinstance(value, dict) and name.startswith("per_layer") and new < old:
+                d[name] = {k: v for k, v in value.items() if int(k) < new}
     return d
 
 
@@ -180,8 +187,9 @@ def model_class(model_type, config):
     if isinstance(names, (list, tuple)):
         names = names[0]
     cls = getattr(transformers, names, None) if names else None
-    if cls is None:
-        candidates = [c for c in vars(transformers).values() if isinstance(c, type) and
+    if cls is None:                  # a part's config (a text or vision tower): its modeling module's class
+        module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+        candidates = [c for c in vars(module).values() if isinstance(c, type) and
                       issubclass(c, transformers.PreTrainedModel) and getattr(c, "config_class", None) is type(config)
                       and not c.__name__.endswith("PreTrainedModel")]
         if not candidates:
@@ -379,6 +387,7 @@ def main(argv=None):
         found = [t for t in found if t in args.only.split(",")]
     start, lines, totals = time.time(), [], {}
     for model_type in found:
+        began = time.time()
         with time_limit(SECONDS):
             try:
                 outcome, detail = check_family(model_type)
@@ -387,7 +396,7 @@ def main(argv=None):
         BIAS.clear()
         gc.collect()
         totals.setdefault(outcome, []).append(model_type)
-        lines.append(f"{model_type:40s} {outcome}: {detail}")
+        lines.append(f"{model_type:36s} {time.time() - began:5.1f} s  {outcome}: {detail}")
         print(lines[-1], flush=True)
     summary = [f"transformers {transformers.__version__}, torch {torch.__version__}: {len(found)} families on the "
                f"AttentionInterface swept in {time.time() - start:.0f} s ({off} model types off it, not swept)"]
