@@ -942,8 +942,9 @@ def _check_transformers_part(where, module, layer, pretrained):
     the message starting with where, unless add_mask_prior can patch module, a transformers layer or
     (layer False) model (pretrained: transformers' PreTrainedModel). A family must support attention
     backends (transformers' _supports_attention_backend: BLOOM, T5, BART and Whisper do not), its
-    eager attention must read attention_mask, and its attention must span the sequence with one head
-    count (Swin's attends within windows, stage by stage). A layer's class is entered in _ATTENTION_OF."""
+    eager attention must read attention_mask, its attention must span the sequence with one head
+    count (Swin's attends within windows, stage by stage), and it must keep each patch in its place
+    (ViTMAE shuffles them). A layer's class is entered in _ATTENTION_OF."""
     import sys
     name = type(module).__name__
     family = [type(module)] if isinstance(module, pretrained) else [
@@ -958,6 +959,10 @@ def _check_transformers_part(where, module, layer, pretrained):
     if layer and not isinstance(_heads(module), int):
         raise ValueError(f"{where}: {name} takes a head count per stage, num_heads={_heads(module)}: a hierarchical "
                          f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")
+    # ViTMAE's random_masking: patches in the order of argsort(noise), at any mask_ratio, the kept first
+    if layer and all(hasattr(getattr(module, "config", None), key) for key in ("mask_ratio", "image_size")):
+        raise ValueError(f"{where}: {name} shuffles its patches at random before its layers and drops a mask_ratio "
+                         f"of them (ViTMAE's random_masking), so no row of M stays with one patch's place on the grid")
     if layer:
         _ATTENTION_OF[type(module)] = None if any(c._supports_sdpa for c in family) else _eager_attention(type(module))
 
