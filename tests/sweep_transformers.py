@@ -196,8 +196,11 @@ def model_class(model_type, config):
             return None, None
         cls = min(candidates, key=lambda c: (not c.__name__.endswith("Model"), len(c.__name__)))
     arguments = inspect.signature(cls.forward).parameters
-    if kind is None:
-        kind = "encoder" if "input_ids" in arguments else "vision" if "pixel_values" in arguments else None
+    if kind is None and "input_ids" in arguments and "pixel_values" in arguments:
+        kind = "composite"
+    elif kind is None:
+        kind = "encoder" if "input_ids" in arguments else "vision" if "pixel_values" in arguments else next(
+            (name for name in ("input_values", "input_features") if name in arguments), None)
     return kind, cls
 
 
@@ -242,6 +245,12 @@ def inputs_for(kind, config, batch=2, n=8):
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     vocab = min(getattr(text, "vocab_size", 99) or 99, 99)
     g = torch.Generator().manual_seed(5)
+    if kind == "input_values":                      # a waveform: 0.25 s at 16 kHz
+        return {"input_values": torch.randn(batch, 4000, generator=g)}
+    if kind == "input_features":                    # a log-mel spectrogram, 64 frames
+        bins = next((getattr(config, k) for k in ("num_mel_bins", "feature_size", "input_feat_size")
+                     if isinstance(getattr(config, k, None), int)), 80)
+        return {"input_features": torch.randn(batch, bins, 64, generator=g)}
     if kind == "vision":
         vision = getattr(config, "vision_config", None) or config
         channels, size = getattr(vision, "num_channels", 3), getattr(vision, "image_size", 32)
@@ -262,19 +271,20 @@ def run(model, inputs, **kwargs):
 
 
 def token_count(model, kind, inputs):
-    """The tokens the first attention layer sees in an unpatched run of inputs (an image's prefix and patches)."""
-    seen = []
+    """The tokens each attention layer sees in an unpatched run of inputs (an image's prefix and
+    patches): one count, or a sorted list where the layers differ (DETR's encoder and its queries)."""
+    seen = set()
     layers = [m for m in model.modules() if "ALL_ATTENTION_FUNCTIONS" in
               getattr(getattr(inspect.unwrap(type(m).forward), "__code__", None), "co_names", ())]
-    if not layers:
-        return None
-    hook = layers[0].register_forward_pre_hook(
-        lambda m, a, k: seen.append((a[0] if a else next(iter(k.values()))).shape[1]), with_kwargs=True)
+    hooks = [layer.register_forward_pre_hook(
+        lambda m, a, k: seen.add((a[0] if a else next(iter(k.values()))).shape[1]), with_kwargs=True)
+        for layer in layers]
     try:
         run(model, inputs, **({"use_cache": False} if kind == "decoder" else {}))
     finally:
-        hook.remove()
-    return seen[0] if seen else None
+        for hook in hooks:
+            hook.remove()
+    return seen.pop() if len(seen) == 1 else sorted(seen) or None
 
 
 def check_family(model_type):
@@ -285,7 +295,10 @@ def check_family(model_type):
         if cls is None:
             return "not built", "no model class in transformers' auto mappings or namespace"
         if kind is None:
-            return "not built", f"{cls.__name__} takes neither input_ids nor pixel_values"
+            return "not built", f"{cls.__name__} takes no input_ids, pixel_values, input_values or input_features"
+        if kind == "composite":
+            return "not built", (f"{cls.__name__} takes input_ids and pixel_values: towers of their own N, which one "
+                                 f"(layers, heads, N, N) M cannot span (a tower registered alone is swept alone)")
         with torch.device("meta"):
             size = sum(p.numel() for p in cls(config).parameters())
         if size > MAX_PARAMETERS:
@@ -295,7 +308,7 @@ def check_family(model_type):
         set_attention(model, "eager")
         inputs = inputs_for(kind, config)
         seq2seq(model, inputs)
-        n = token_count(model, kind, inputs) if kind == "vision" else N
+        n = N if kind in ("decoder", "encoder") else token_count(model, kind, inputs)
         run(model, inputs, **({"use_cache": False} if kind == "decoder" else {}))
     except Timeout:
         raise
@@ -303,6 +316,8 @@ def check_family(model_type):
         return "not built", f"{type(e).__name__}: {one_line(e)}"
     if n is None:
         return "not built", f"{cls.__name__}: no attention layer ran"
+    if isinstance(n, list):
+        return "not built", f"{cls.__name__}: its layers see {n} tokens, where one (layers, heads, N, N) M has one N"
     reference = copy.deepcopy(model)
     set_attention(reference, REFERENCE)
     # M per layer, (layers, H, n, n), random so that every pair of positions has its own prior
@@ -327,11 +342,12 @@ def check_family(model_type):
 
 def check(kind, model, reference, named, masks, inputs, config):
     """The checks of one kind: (outcome, detail)."""
-    if kind == "vision":
+    if kind not in ("decoder", "encoder"):              # images, sounds: M over every token the layers see
         set_reference_bias(reference, named, masks, None)
         gap = differ(run(model, inputs), run(reference, inputs))
-        return ("right", f"vision, {masks.shape[-1]} tokens") if gap is None else (
-            "WRONG", f"vision: images differ by {gap:.2e}")
+        what = "vision" if kind == "vision" else f"audio ({kind})"
+        return ("right", f"{what}, {masks.shape[-1]} tokens") if gap is None else (
+            "WRONG", f"{what}: differs by {gap:.2e}")
     ids = inputs["input_ids"]
     real = torch.ones_like(ids)
     if kind == "encoder":
