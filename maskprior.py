@@ -944,7 +944,9 @@ def _check_transformers_part(where, module, layer, pretrained):
     backends (transformers' _supports_attention_backend: BLOOM, T5, BART and Whisper do not), its
     eager attention must read attention_mask, its attention must span the sequence with one head
     count (Swin's attends within windows, stage by stage), and it must keep each patch in its place
-    (ViTMAE shuffles them). A layer's class is entered in _ATTENTION_OF."""
+    (ViTMAE shuffles them), in one attention call a forward. A layer's class is entered in _ATTENTION_OF."""
+    import dis
+    import inspect
     import sys
     name = type(module).__name__
     family = [type(module)] if isinstance(module, pretrained) else [
@@ -963,6 +965,12 @@ def _check_transformers_part(where, module, layer, pretrained):
     if layer and all(hasattr(getattr(module, "config", None), key) for key in ("mask_ratio", "image_size")):
         raise ValueError(f"{where}: {name} shuffles its patches at random before its layers and drops a mask_ratio "
                          f"of them (ViTMAE's random_masking), so no row of M stays with one patch's place on the grid")
+    # the prior is left on the layer for one attention call a forward; DiffLlama's differential attention makes two
+    forward = inspect.unwrap(type(module).forward) if layer else None
+    if layer and sum("attention_interface" in str(i.argval) for i in dis.get_instructions(forward)
+                     if i.opname.startswith("LOAD_FAST")) > 1:
+        raise ValueError(f"{where}: {name} calls its attention function twice a forward (a differential attention's "
+                         f"two softmaxes, DiffLlama's), where add_mask_prior adds M to the one attention of Section 4.1")
     if layer:
         _ATTENTION_OF[type(module)] = None if any(c._supports_sdpa for c in family) else _eager_attention(type(module))
 

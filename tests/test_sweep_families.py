@@ -32,6 +32,7 @@ SUBSET = {
     "vit": ("right", "vision, 17 tokens"),          # class token + 4 x 4 patches
     "clip_vision_model": ("right", "vision, 17 tokens"),
     "vit_mae": ("refused", "shuffles its patches"),
+    "diffllama": ("refused", "calls its attention function twice"),
     "align_text_model": ("refused", "_supports_attention_backend"),
 }
 
