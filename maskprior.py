@@ -969,8 +969,9 @@ def _check_transformers_part(where, module, layer, pretrained):
     forward = inspect.unwrap(type(module).forward) if layer else None
     if layer and sum("attention_interface" in str(i.argval) for i in dis.get_instructions(forward)
                      if i.opname.startswith("LOAD_FAST")) > 1:
-        raise ValueError(f"{where}: {name} calls its attention function twice a forward (a differential attention's "
-                         f"two softmaxes, DiffLlama's), where add_mask_prior adds M to the one attention of Section 4.1")
+        raise ValueError(f"{where}: {name} calls its attention function twice a forward (a differential "
+                         f"attention's two softmaxes, DiffLlama's), where add_mask_prior adds M to the one attention "
+                         f"of Section 4.1")
     if layer:
         _ATTENTION_OF[type(module)] = None if any(c._supports_sdpa for c in family) else _eager_attention(type(module))
 

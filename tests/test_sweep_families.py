@@ -14,7 +14,8 @@ import torch
 
 import maskprior
 
-T = pytest.importorskip("transformers", reason="needs the test extras (pip install .[test]): Hugging Face transformers")
+T = pytest.importorskip("transformers",
+                        reason="needs the test extras (pip install .[test]): Hugging Face transformers")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_transformers as sweep  # noqa: E402
 
