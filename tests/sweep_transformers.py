@@ -366,14 +366,34 @@ def check_family(model_type):
         return "FAILS", f"{type(e).__name__}: {one_line(e)}"
 
 
+def stock_gap(reference, inputs, where=None, **kwargs):
+    """How far the unpatched model on SDPA lies from it on its eager attention (no prior), or None: where
+    a family's own two disagree, the eager reference cannot judge the patched model, which runs SDPA's."""
+    BIAS.clear()
+    sdpa = copy.deepcopy(reference)
+    set_attention(sdpa, "sdpa")
+    try:
+        return differ(run(sdpa, inputs, **kwargs), run(reference, inputs, **kwargs), where)
+    except Exception:                                           # noqa: BLE001 (no SDPA in the family)
+        return None
+
+
+def verdict(outcome, detail, reference, inputs, where=None, **kwargs):
+    """outcome, or "not built" where the family's own eager and SDPA attention disagree on these inputs."""
+    gap = stock_gap(reference, inputs, where, **kwargs) if outcome == "WRONG" else None
+    if gap is not None:
+        return "not built", f"unpatched, its eager and SDPA attention differ by {gap:.2e} on the inputs of: {detail}"
+    return outcome, detail
+
+
 def check(kind, model, reference, named, masks, inputs):
     """The checks of one kind: (outcome, detail)."""
     if kind not in ("decoder", "encoder"):              # images, sounds: M over every token the layers see
         set_reference_bias(reference, named, masks, None)
         gap = differ(run(model, inputs), run(reference, inputs))
         what = "vision" if kind == "vision" else f"audio ({kind})"
-        return ("right", f"{what}, {masks.shape[-1]} tokens") if gap is None else (
-            "WRONG", f"{what}: differs by {gap:.2e}")
+        return ("right", f"{what}, {masks.shape[-1]} tokens") if gap is None else verdict(
+            "WRONG", f"{what}: differs by {gap:.2e}", reference, inputs)
     ids = inputs["input_ids"]
     real = torch.ones_like(ids)
     if kind == "encoder":
@@ -381,27 +401,30 @@ def check(kind, model, reference, named, masks, inputs):
         set_reference_bias(reference, named, masks, None)
         gap = differ(run(model, inputs, attention_mask=real), run(reference, inputs, attention_mask=real),
                      real.bool())
-        return ("right", "encoder, padded batch") if gap is None else ("WRONG", f"padded batch differs by {gap:.2e}")
+        return ("right", "encoder, padded batch") if gap is None else verdict(
+            "WRONG", f"padded batch differs by {gap:.2e}", reference, inputs, real.bool(), attention_mask=real)
     plain = dict(use_cache=False)
     set_reference_bias(reference, named, masks, None)
     gap = differ(run(model, inputs, **plain), run(reference, inputs, **plain))
     if gap is not None:
-        return "WRONG", f"plain forward differs by {gap:.2e}"
+        return verdict("WRONG", f"plain forward differs by {gap:.2e}", reference, inputs, **plain)
     real[0, :3] = 0                                                           # row 0 left-padded by 3
     positions = (real.cumsum(1) - 1).clamp(min=0)
     set_reference_bias(reference, named, masks, positions)
     padded = dict(attention_mask=real, position_ids=positions, use_cache=False)
     gap = differ(run(model, inputs, **padded), run(reference, inputs, **padded), real.bool())
     if gap is not None:
-        return "WRONG", f"left-padded batch with position_ids differs by {gap:.2e}"
-    # cached generation from the padded batch: each step's logits are the reference's no-cache forward
-    # of the sequences generated, at the positions generate gives them (the attention mask's count)
+        return verdict("WRONG", f"left-padded batch with position_ids differs by {gap:.2e}", reference, inputs,
+                       real.bool(), **padded)
+    # cached generation from the padded batch: each step's logits are those of generate without a cache,
+    # the whole sequence at each step, at the positions generate gives it (checked above where it passes
+    # position_ids from the attention mask)
     new = 4
     greedy = dict(attention_mask=real, max_new_tokens=new, do_sample=False, output_logits=True,
                   return_dict_in_generate=True, pad_token_id=0, eos_token_id=None, min_new_tokens=new)
     try:
         with torch.no_grad():
-            out = model.generate(ids, **greedy)
+            cached, whole = (model.generate(ids, use_cache=use, **greedy) for use in (True, False))
     except Exception as e:                                      # noqa: BLE001
         BIAS.clear()                                            # the unpatched model's own generation
         try:
@@ -410,15 +433,9 @@ def check(kind, model, reference, named, masks, inputs):
         except Exception:                                       # noqa: BLE001
             return "not built", f"the unpatched model's generate raises {type(e).__name__}: {one_line(e)}"
         raise
-    real = torch.cat([real, torch.ones(len(ids), new, dtype=real.dtype)], 1)
-    positions = (real.cumsum(1) - 1).clamp(min=0)
-    set_reference_bias(reference, named, masks, positions)
-    given = {"position_ids": positions} if "position_ids" in inspect.signature(model.forward).parameters else {}
-    logits = run(reference, {"input_ids": out.sequences}, attention_mask=real, use_cache=False, **given).logits
-    steps = torch.stack(out.logits, 1)                                           # (B, new, V)
-    gap = differ(steps, logits[:, ids.shape[1] - 1:-1])
+    gap = differ(torch.stack(cached.logits, 1), torch.stack(whole.logits, 1))             # (B, new, V)
     if gap is not None:
-        return "WRONG", f"cached generation from the left-padded batch differs by {gap:.2e}"
+        return "WRONG", f"cached generation from the left-padded batch differs from generate without cache by {gap:.2e}"
     return "right", "decoder: plain, left-padded with position_ids, cached generation"
 
 
