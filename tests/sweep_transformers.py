@@ -18,6 +18,7 @@ computes (position_ids where given, else 0..n-1), independently of maskprior's h
 Each family ends as one line:
   right        every check matches the reference (max |difference| <= ATOL + RTOL |reference|);
   refused      add_mask_prior raised a ValueError at the patch: its message;
+  refused at forward   the patched model raised maskprior's ValueError at the forward: its message;
   WRONG        a check differs from the reference: a silent wrong answer;
   FAILS        the patched model raised where the unpatched one ran: its error;
   not built    the tiny model could not be built or run unpatched: why.
@@ -363,6 +364,9 @@ def check_family(model_type):
     except Timeout:
         raise
     except Exception as e:                                      # noqa: BLE001
+        frames = traceback.extract_tb(e.__traceback__)
+        if isinstance(e, ValueError) and frames[-1].filename == maskprior.__file__:   # maskprior's own message
+            return "refused at forward", one_line(e)
         return "FAILS", f"{type(e).__name__}: {one_line(e)}"
 
 
