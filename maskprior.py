@@ -877,8 +877,10 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # adds log sigmoid(s * M[h, i, j]) to its scores before the softmax: the attention of Section 4.1.
 # M is indexed by the positions the model uses: i is the query's position and j the key's, as the
 # model's position_ids give them where it passes them to its attention layers (transformers'
-# decoders: left padding, cached decoding and offsets included), else the token's index in the
-# sequence or the cache (BERT, ViT, timm, nn.MultiheadAttention). So a cached, padded or offset run
+# decoders: left padding, cached decoding and offsets included) or to its position embeddings alone
+# (GPTBigCode, CTRL: the patched model's call's, _remember_positions; a part patched without its model
+# cannot see them), else the token's index in the sequence or the cache (BERT, ViT, timm,
+# nn.MultiheadAttention). So a cached, padded or offset run
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
 # position past N is a ValueError. A layer over text takes any n <= N tokens; an image's layer (timm's
 # ViTs, torchvision's, transformers' vision models) exactly the N its M was built for, its prefix
