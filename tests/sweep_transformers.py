@@ -10,8 +10,10 @@ them otherwise. Then, by kind:
   decoder  (a *ForCausalLM): a plain forward; a batch with a row left-padded by 3, position_ids from
            the attention mask; cached greedy generation from that batch, each step's logits against the
            no-cache forward of the row's tokens alone;
-  encoder  (a base model on input_ids): a batch with a row right-padded by 3;
-  vision   (a base model on pixel_values): a batch of images, M over every token the layers see.
+  encoder  (a base model on input_ids): a batch with a row right-padded by 3; a composite (input_ids
+           and pixel_values: towers of their own N) the same, its language model patched alone;
+  vision   (a base model on pixel_values): a batch of images, M over every token the layers see; audio
+           (input_values, input_features) the same.
 Each forward of the patched model is compared with the unpatched model's, run on REFERENCE: the
 family's own eager attention with log sigmoid(s M) added to its float mask at the positions this file
 computes (position_ids where given, else 0..n-1), independently of maskprior's hooks.
@@ -249,7 +251,7 @@ def first_float(out):
 def differ(patched, reference, where=None):
     """max |patched - reference| beyond the tolerance (over the rows `where` selects), else None."""
     a, b = first_float(patched), first_float(reference)
-    if where is not None:
+    if where is not None and a.shape[:2] == where.shape:   # an encoder-decoder's output: its decoder's, whole
         a, b = a[where], b[where]
     gap = ((a - b).abs() - RTOL * b.abs()).max().item()
     return None if gap <= ATOL else gap
@@ -310,9 +312,6 @@ def build(model_type, variant):
             return "not built", "no model class in transformers' auto mappings or namespace"
         if kind is None:
             return "not built", f"{cls.__name__} takes no input_ids, pixel_values, input_values or input_features"
-        if kind == "composite":
-            return "not built", (f"{cls.__name__} takes input_ids and pixel_values: towers of their own N, which one "
-                                 f"(layers, heads, N, N) M cannot span (a tower registered alone is swept alone)")
         with torch.device("meta"):
             size = sum(p.numel() for p in cls(config).parameters())
         if size > MAX_PARAMETERS:
@@ -322,7 +321,7 @@ def build(model_type, variant):
         set_attention(model, "eager")
         inputs = inputs_for(kind, config)
         seq2seq(model, inputs)
-        n = N if kind in ("decoder", "encoder") else token_count(model, kind, inputs)
+        n = N if kind in ("decoder", "encoder", "composite") else token_count(model, kind, inputs)
         run(model, inputs, **({"use_cache": False} if kind == "decoder" else {}))
     except Timeout:
         raise
@@ -333,6 +332,16 @@ def build(model_type, variant):
     if isinstance(n, list):
         return "not built", f"{cls.__name__}: its layers see {n} tokens, where one (layers, heads, N, N) M has one N"
     return "built", kind, model, inputs, n
+
+
+def language_model(model):
+    """A composite's language model (a transformers model of its own), else None."""
+    for holder in (model, getattr(model, "model", None)):
+        for name in ("language_model", "text_model"):
+            part = getattr(holder, name, None)
+            if isinstance(part, transformers.PreTrainedModel):
+                return part
+    return None
 
 
 def check_family(model_type):
@@ -349,12 +358,18 @@ def check_family(model_type):
     set_attention(reference, REFERENCE)
     # M per layer, (layers, H, n, n), random so that every pair of positions has its own prior
     try:
-        named = [(name, m) for name, m, _, _ in maskprior._self_attention_layers(model)]
+        # a composite of towers of their own N: its language model patched alone, run on text
+        part = language_model(model) if kind == "composite" else model
+        if part is None:
+            return "not built", (f"{type(model).__name__} takes input_ids and pixel_values, and holds no "
+                                 f"language_model to patch alone (its towers have their own N)")
+        where = {id(m): name for name, m in model.named_modules()}[id(part)]
+        named = [(f"{where}.{name}".strip("."), m) for name, m, _, _ in maskprior._self_attention_layers(part)]
         heads = {maskprior._heads(m) for _, m in named}
         if len(heads) != 1:
             return "not built", f"layers with head counts {sorted(heads)}: no one (layers, heads, N, N) M"
         masks = 3 * torch.randn(len(named), heads.pop(), n, n, generator=torch.Generator().manual_seed(1))
-        maskprior.add_mask_prior(model, masks, scale=SCALE)
+        maskprior.add_mask_prior(part, masks, scale=SCALE)
     except ValueError as e:
         return "refused", one_line(e)
     except Exception as e:                                      # noqa: BLE001
@@ -400,12 +415,13 @@ def check(kind, model, reference, named, masks, inputs):
             "WRONG", f"{what}: differs by {gap:.2e}", reference, inputs)
     ids = inputs["input_ids"]
     real = torch.ones_like(ids)
-    if kind == "encoder":
+    if kind in ("encoder", "composite"):
         real[0, -3:] = 0                                                      # row 0 right-padded by 3
         set_reference_bias(reference, named, masks, None)
         gap = differ(run(model, inputs, attention_mask=real), run(reference, inputs, attention_mask=real),
                      real.bool())
-        return ("right", "encoder, padded batch") if gap is None else verdict(
+        what = "encoder" if kind == "encoder" else f"the language model of a composite"
+        return ("right", f"{what}, padded batch") if gap is None else verdict(
             "WRONG", f"padded batch differs by {gap:.2e}", reference, inputs, real.bool(), attention_mask=real)
     plain = dict(use_cache=False)
     set_reference_bias(reference, named, masks, None)
