@@ -407,7 +407,7 @@ def verdict(outcome, detail, reference, inputs, where=None, **kwargs):
 
 def check(kind, model, reference, named, masks, inputs):
     """The checks of one kind: (outcome, detail)."""
-    if kind not in ("decoder", "encoder"):              # images, sounds: M over every token the layers see
+    if kind not in ("decoder", "encoder", "composite"):  # images, sounds: M over every token the layers see
         set_reference_bias(reference, named, masks, None)
         gap = differ(run(model, inputs), run(reference, inputs))
         what = "vision" if kind == "vision" else f"audio ({kind})"
