@@ -323,6 +323,10 @@ def build(model_type, variant):
         seq2seq(model, inputs)
         n = N if kind in ("decoder", "encoder", "composite") else token_count(model, kind, inputs)
         run(model, inputs, **({"use_cache": False} if kind == "decoder" else {}))
+        if "input_ids" in inputs:       # the checks' calls: with an attention mask, a decoder's with position_ids
+            ones = torch.ones_like(inputs["input_ids"])
+            given = dict(position_ids=ones.cumsum(1) - 1, use_cache=False) if kind == "decoder" else {}
+            run(model, inputs, attention_mask=ones, **given)
     except Timeout:
         raise
     except Exception as e:                                     # noqa: BLE001 (a family's own error)

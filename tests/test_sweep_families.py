@@ -1,7 +1,7 @@
 """add_mask_prior across transformers' families, as tests/sweep_transformers.py sweeps them all: a
 representative subset, one family of each kind and each rule (decoders with RoPE, learned positions,
-sliding windows, MoE; a decoder whose layers are handed no positions; an encoder; vision models with
-and without a class token; families refused at the patch), each right against the unpatched model
+sliding windows, MoE; a decoder whose layers are handed no positions; an encoder, an encoder-decoder,
+a composite's language model; vision models; families refused at the patch), each right against the unpatched model
 with log sigmoid(s M) in its float mask, or refused with a ValueError naming the family and why.
 Plus the rules the sweep found: a layer its model hands no position_ids reads M at the model call's
 (through deepcopy too), and a model that shuffles its patches is refused."""
@@ -30,6 +30,8 @@ SUBSET = {
     "qwen3_moe": ("right", "decoder"),              # MoE
     "bert": ("right", "decoder"),                   # BERT's line as a decoder (is_decoder)
     "clip_text_model": ("right", "encoder"),        # a padded batch
+    "t5gemma": ("right", "encoder"),                # an encoder-decoder
+    "smolvlm": ("right", "composite"),              # a vision-language model's language model
     "vit": ("right", "vision, 17 tokens"),          # class token + 4 x 4 patches
     "clip_vision_model": ("right", "vision, 17 tokens"),
     "vit_mae": ("refused", "shuffles its patches"),
