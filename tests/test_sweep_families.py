@@ -63,14 +63,19 @@ def bigcode():
                                                       eos_token_id=64, pad_token_id=0)).eval()
 
 
-@pytest.mark.parametrize("copied", [False, True])
-def test_a_left_padded_row_of_a_family_without_layer_positions_equals_its_prompt_alone(copied):
+@pytest.mark.parametrize("how", ["patched", "deepcopy", "from_pretrained"])
+def test_a_left_padded_row_of_a_family_without_layer_positions_equals_its_prompt_alone(how, tmp_path):
     """GPTBigCode hands position_ids to its embeddings alone; generate counts them from the attention
     mask. The row left-padded by 3 reads M[i, j], as its prompt alone does, not M[3 + i, 3 + j]: the
-    same greedy tokens and logits (also in a deepcopy, whose layers read the copy's model's call)."""
+    same greedy tokens and logits (also in a deepcopy, whose layers read the copy's model's call, and
+    in the model maskprior.from_pretrained loads)."""
     model = bigcode()
     maskprior.add_mask_prior(model, 3 * torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(1)))
-    model = copy.deepcopy(model) if copied else model
+    if how == "deepcopy":
+        model = copy.deepcopy(model)
+    elif how == "from_pretrained":
+        model.save_pretrained(tmp_path)
+        model = maskprior.from_pretrained(T.GPTBigCodeForCausalLM, tmp_path).eval()
     prompt = torch.randint(1, 64, (1, 5), generator=torch.Generator().manual_seed(3))
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], 1)
     greedy = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
