@@ -71,9 +71,11 @@ SMALL = dict(
     image_size=32, patch_size=8, projection_dim=32, text_embed_dim=32, vision_embed_dim=32,
     num_global_layers=1, global_attn_every_n_layers=1, linear_key_head_dim=8, linear_value_head_dim=8,
     linear_num_key_heads=2, linear_num_value_heads=4, max_window_layers=2, first_k_dense_replace=1,
+    mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, window_size=2,
 )
 # Per-family fixes, learned from transformers' model testers where the generic shrink does not build.
-OVERRIDES = {}
+SWIN = dict(image_size=32, patch_size=2, embed_dim=16, depths=[1, 2, 1], num_heads=[2, 2, 4], window_size=2)
+OVERRIDES = {"swin": SWIN, "swinv2": SWIN, "donut-swin": SWIN, "maskformer-swin": SWIN}
 
 
 def shrink(d):
