@@ -941,8 +941,10 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # adds log sigmoid(s * M[h, i, j]) to its scores before the softmax: the attention of Section 4.1.
 # M is indexed by the positions the model uses: i is the query's position and j the key's, as the
 # model's position_ids give them where it passes them to its attention layers (transformers'
-# decoders: left padding, cached decoding and offsets included), else the token's index in the
-# sequence or the cache (BERT, ViT, timm, nn.MultiheadAttention). So a cached, padded or offset run
+# decoders: left padding, cached decoding and offsets included) or to its position embeddings alone
+# (GPTBigCode, CTRL: the patched model's call's, _remember_positions; a part patched without its model
+# cannot see them), else the token's index in the sequence or the cache (BERT, ViT, timm,
+# nn.MultiheadAttention). So a cached, padded or offset run
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
 # position past N is a ValueError; a relative M (relative=True, one logit per head and distance i - j,
 # section 1) takes any position. A layer over text takes any n <= N tokens; an image's layer (timm's
@@ -1012,8 +1014,11 @@ def _check_transformers_part(where, module, layer, pretrained):
     the message starting with where, unless add_mask_prior can patch module, a transformers layer or
     (layer False) model (pretrained: transformers' PreTrainedModel). A family must support attention
     backends (transformers' _supports_attention_backend: BLOOM, T5, BART and Whisper do not), its
-    eager attention must read attention_mask, and its attention must span the sequence with one head
-    count (Swin's attends within windows, stage by stage). A layer's class is entered in _ATTENTION_OF."""
+    eager attention must read attention_mask, its attention must span the sequence with one head
+    count (Swin's attends within windows, stage by stage), and it must keep each patch in its place
+    (ViTMAE shuffles them), in one attention call a forward. A layer's class is entered in _ATTENTION_OF."""
+    import dis
+    import inspect
     import sys
     name = type(module).__name__
     family = [type(module)] if isinstance(module, pretrained) else [
@@ -1028,6 +1033,17 @@ def _check_transformers_part(where, module, layer, pretrained):
     if layer and not isinstance(_heads(module), int):
         raise ValueError(f"{where}: {name} takes a head count per stage, num_heads={_heads(module)}: a hierarchical "
                          f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")
+    # ViTMAE's random_masking: patches in the order of argsort(noise), at any mask_ratio, the kept first
+    if layer and all(hasattr(getattr(module, "config", None), key) for key in ("mask_ratio", "image_size")):
+        raise ValueError(f"{where}: {name} shuffles its patches at random before its layers and drops a mask_ratio "
+                         f"of them (ViTMAE's random_masking), so no row of M stays with one patch's place on the grid")
+    # the prior is left on the layer for one attention call a forward; DiffLlama's differential attention makes two
+    forward = inspect.unwrap(type(module).forward) if layer else None
+    if layer and sum("attention_interface" in str(i.argval) for i in dis.get_instructions(forward)
+                     if i.opname.startswith("LOAD_FAST")) > 1:
+        raise ValueError(f"{where}: {name} calls its attention function twice a forward (a differential "
+                         f"attention's two softmaxes, DiffLlama's), where add_mask_prior adds M to the one attention "
+                         f"of Section 4.1")
     if layer:
         _ATTENTION_OF[type(module)] = None if any(c._supports_sdpa for c in family) else _eager_attention(type(module))
 
@@ -1185,6 +1201,8 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     first, (length, offset) = (0, (n, 0)) if cache is None else (   # the queries' first cache index, the keys'
         cache.get_query_offset(attn.layer_idx), cache.get_mask_sizes(n, attn.layer_idx))   # number and first index
     positions = call.get("position_ids")                                 # (B or 1, n), or mRoPE's (3, B, n)
+    # a layer its model hands none (GPTBigCode's): the model's call's, which its embeddings took (_remember_positions)
+    positions = attn.mask_prior_positions.get("position_ids") if positions is None else positions
     positions = positions if positions is not None and positions.dim() == 2 and positions.shape[-1] == n else None
     if offset + length <= mask.shape[-1] and (positions is None or not torch.compiler.is_compiling() and (
             positions.item() == first if positions.numel() == 1 else     # a cached token's step: one position
@@ -1320,7 +1338,16 @@ def _self_attention_layers(model):
             named.append((name, module, _add_mask_prior_to_transformers_call, (prefix, conv) if image else None))
     return named
 
-def _patch(named, masks, mode, scale, grid=None):
+def _remember_positions(model, args, kwargs):
+    """A transformers model's forward pre-hook, which serves the rule that a decoder reads M at the
+    positions it uses where its layers are not handed them (GPTBigCode, CTRL, BERT's line as a decoder:
+    position_ids go to their position embeddings alone; generate passes them, counted from the
+    attention mask under left padding): keeps the call's position_ids, None where it gives none (the
+    model then counts from its cache, as the layer's pre-hook does), for the patched layers it holds."""
+    model.mask_prior_positions["position_ids"] = dict(zip(model.mask_prior_arguments, args), **kwargs).get(
+        "position_ids")
+
+def _patch(named, masks, mode, scale, grid=None, model=None):
     """Serves add_mask_prior and from_pretrained, the one place a layer takes the prior: give each
     (name, layer, pre-hook, image) of named its M (a Parameter from masks), its pre-hook, an image's
     layer the grid M is for (grid, else the square of M's patches; None if they make no square) and,
@@ -1334,6 +1361,7 @@ def _patch(named, masks, mode, scale, grid=None):
     layer of this name (a part of the model patched alone before: config.json could not tell the
     two apart)."""
     import inspect
+    import sys
     for (name, attn, _, image), mask in zip(named, masks):
         heads, rows, cols = mask.shape if mask.dim() == 3 else (len(mask), 1, 1)     # relative: (H, R)
         if hasattr(attn, "mask_prior_name"):
@@ -1366,6 +1394,7 @@ def _patch(named, masks, mode, scale, grid=None):
                 image[1].register_forward_hook(_record_grid)
         else:
             attn.mask_prior_image = None
+        attn.mask_prior_positions = {}         # the position_ids of its model's call (_remember_positions)
         # the names of forward's arguments, by which each hook reads a call's positional ones
         attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
         attn.register_forward_pre_hook(hook, with_kwargs=True)
@@ -1377,6 +1406,16 @@ def _patch(named, masks, mode, scale, grid=None):
             attn.config.mask_prior = record
             attn.mask_prior_door = _TransformersDoor(type(attn), _ATTENTION_OF[type(attn)])
             attn.config._attn_implementation = MASK_PRIOR_ATTENTION     # every layer on the config takes it
+    # Each transformers model in model keeps its call's position_ids for the patched layers it holds,
+    # a layer the innermost model's (a vision tower's call has none: its layers count their tokens)
+    pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
+    for module in (m for m in (model.modules() if model is not None else ()) if isinstance(m, pretrained)):
+        if not hasattr(module, "mask_prior_positions"):
+            module.mask_prior_positions = {}
+            module.mask_prior_arguments = tuple(inspect.signature(module.forward).parameters)
+            module.register_forward_pre_hook(_remember_positions, with_kwargs=True)
+        for layer in (m for m in module.modules() if hasattr(m, "mask_prior_name")):
+            layer.mask_prior_positions = module.mask_prior_positions
 
 def _record_grid(conv, args, output):
     """Serves the rule that a grid is a grid: a forward hook on an image model's patch embedding, its
@@ -1450,7 +1489,7 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None, rel
         for module in holders:
             module.config = copies[id(module.config)]
     _patch(named, mask_init if mask_init.dim() == dims + 1 else mask_init.expand(len(named), *mask_init.shape),
-           mode, scale, grid)
+           mode, scale, grid, model)
     for encoder in (m for m in model.modules() if isinstance(m, nn.TransformerEncoder)):
         encoder.use_nested_tensor = False
     return [layer[1] for layer in named]
@@ -1503,7 +1542,7 @@ def from_pretrained(model_class, path, **kwargs):
                                  f"{model_class.__name__}; the weight files hold {held}")
             chosen.append((layers[keys[0]], masks.pop(keys[0])))
         _patch([layer for layer, _ in chosen], [mask for _, mask in chosen], record["mode"], record["scale"],
-               record.get("grid"))
+               record.get("grid"), model)
     if masks or not configs:        # an M config.json does not record, or no prior at all
         raise ValueError(f"{path}: the weight files hold M for layers config.json records no prior in: "
                          f"{[key + '.mask' for key in sorted(masks)]}" if masks else
