@@ -1182,7 +1182,7 @@ def figure(rows, init_order, column, keys, caption, panel_columns=()):
         if panels:
             chart.append(panels)
     points = [len(by_x) for panels in chart for *_, lines in panels for _, by_x in lines.values()]
-    if not points or (column and max(points) < 2):
+    if not points or (column not in (None, "init") and max(points) < 2):   # x = init: a dot per init, no line
         return None
     return line_chart(chart, init_order, caption)
 
@@ -1380,14 +1380,6 @@ def attention_figure(snapshots, cls_token, causal=False):
         notes.append("Centre patch: its row of the map, CLS left out, laid out on the patch grid.")
     notes.append(f"{COLOURS_NOTE}the right end.")
     return heatmap_svg(bands, notes) if bands else None
-
-def persistence_figure(runs):
-    """The README's figures/persistence.svg (called by hand, the command in the README): Figure
-    "Comparison of attention patterns before and after training" from finished runs, per (label, run
-    folder), each run's mean attention before and after training side by side."""
-    blocks = [(f"{label}, {when} training", torch.load(os.path.join(folder, f"attention_{when}.pt"))["attn"],
-               0, 1, "mean attention weight") for label, folder in runs for when in ("before", "after")]
-    return heatmap_svg([blocks], [f"{BLOCKS_NOTE}; token 0 is CLS."])
 
 def learned_prior_figure(runs):
     """figures/learned_prior.svg (called by hand, as persistence_figure; no command of train.py draws
