@@ -886,7 +886,7 @@ PAPER_LM = (("default", "mask", "mimetic"), {
 #   attention.svg               attention_figure -> heatmap_svg, a run's counterpart of Figure "Comparison of
 #                               attention patterns before and after training" (and, for a ViT, of Appendix
 #                               "Attention Map For Image Classification")
-#   figures/ of the README      persistence_figure, learned_prior_figure -> heatmap_svg, called by hand
+#   figures/ of the README      heatmap_svg, figure and line_chart, called by train.py's --figure
 # task -> its family, which picks its table, its main number and its figures
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
@@ -1288,7 +1288,7 @@ def line_chart(rows, init_order, caption, width=380, height=260):
     width = max(x + 40 + 7 * max(len(text) for text in legend), 20 + 7 * len(caption))
     return svg_document(width, max(y, 70 + 18 * len(legend)), parts)
 
-# Heat maps (attention.svg, persistence_figure, learned_prior_figure): bands of blocks one under another, a
+# Heat maps (attention.svg, train.py's --figure): bands of blocks one under another, a
 # block a (rows, cols, n, n) grid of matrices, layers down and heads across, drawn as one PNG: each entry a
 # cell of 128 // n pixels coloured by viridis from lo (purple) to hi (yellow), panels 4 white pixels apart;
 # its title above, its colour bar and what the colours mean below.
@@ -1299,7 +1299,7 @@ BLOCKS_NOTE = f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
 COLOURS_NOTE = "Colours: purple = the left end of the bar under the block, yellow = "
 
 def heatmap_svg(bands, notes, gap=4, left=64):
-    """The one heat-map writer (attention.svg, persistence_figure, learned_prior_figure): bands of blocks
+    """The one heat-map writer (attention.svg, train.py's --figure): bands of blocks
     (title, grid (R, C, n, n), lo, hi, meaning); notes below."""
     from torchvision.io import encode_png
     from torchvision.utils import make_grid
@@ -1380,16 +1380,3 @@ def attention_figure(snapshots, cls_token, causal=False):
         notes.append("Centre patch: its row of the map, CLS left out, laid out on the patch grid.")
     notes.append(f"{COLOURS_NOTE}the right end.")
     return heatmap_svg(bands, notes) if bands else None
-
-def learned_prior_figure(runs):
-    """figures/learned_prior.svg (called by hand, as persistence_figure; no command of train.py draws
-    it): priors side by side, per (label, run folder) of a mask init: its bias log sigmoid(s M) at init,
-    e.g. a --mask-from prior beside the hand-made one."""
-    blocks = []
-    for label, folder in runs:
-        bias = torch.load(os.path.join(folder, "attention_before.pt"), weights_only=True)["bias"]
-        if bias is None:
-            raise ValueError(f"{folder}: a run without a mask has no prior to draw")
-        blocks.append((f"{label}: log σ(s M) at init", bias, min(bias.min().item(), -1e-6), 0.0,
-                       "bias added to the logits"))
-    return heatmap_svg([blocks], [f"{BLOCKS_NOTE}.", f"{COLOURS_NOTE}0 (an open entry)."])
