@@ -1297,6 +1297,7 @@ VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98
 PANEL_NOTE = "In each panel row = query, column = key"
 BLOCKS_NOTE = f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
 COLOURS_NOTE = "Colours: purple = the left end of the bar under the block, yellow = "
+CENTRE_NOTE = "Centre patch: its row of the map, CLS left out, laid out on the patch grid."
 
 def heatmap_svg(bands, notes, gap=4, left=64):
     """The one heat-map writer (attention.svg, train.py's --figure): bands of blocks
@@ -1377,6 +1378,6 @@ def attention_figure(snapshots, cls_token, causal=False):
         notes.append("Causal: above the diagonal (key after query) the hard mask hides every key, "
                      "whatever the bias there.")
     if bands[1:]:
-        notes.append("Centre patch: its row of the map, CLS left out, laid out on the patch grid.")
+        notes.append(CENTRE_NOTE)
     notes.append(f"{COLOURS_NOTE}the right end.")
     return heatmap_svg(bands, notes) if bands else None

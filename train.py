@@ -1361,8 +1361,8 @@ def summarize(root, figure=None):
 
 # The README's figures/ (section "Figures"): counterparts of the paper's Figures 1-11 and 14 and our studies'
 # figures, each written by one command, --figure NAME FILE, from the runs below --summarize DIR or, for the first
-# three, from maskprior's constructors alone at the `paper` presets' shapes (Boolean 4 layers of 3 heads,
-# arithmetic 6 of 4; one ViT layer of 9 heads, a head per impulse offset):
+# three, from maskprior's constructors alone: the Boolean and arithmetic patterns at the `paper` presets' layers
+# and heads, and one ViT layer of 9 heads, a head per impulse offset, on a 4 x 4 patch grid for legibility:
 #   masks      Figure 2, "mask patterns" of the logical and the arithmetic tasks: every layer and head, open or
 #              closed
 #   logits     Figure "Initial mask logits": M of the first layer, a row a task, a column a head
@@ -1391,9 +1391,10 @@ def draw_figure(name, out, found=None):
         settings = tasks.settings_of(r)
         rows.setdefault(json.dumps(settings), (settings, []))[1].append({**r, "folder": folder})
     rows, bands, svg = list(rows.values()), [], None
-    # Section 4.2's patterns (Appendix "Design of Mask Pattern"), the logits M a mask run starts from
-    patterns = {t: maskprior.boolean_mask(t, 4, 3) for t in maskprior.BOOLEAN_MASKS}        # (L, H, N, N)
-    patterns.update({t: make(6, 4) for t, make in maskprior.ARITHMETIC_MASKS.items()})
+    # Section 4.2's patterns (Appendix "Design of Mask Pattern"), the logits M a mask run starts from, (L, H, N, N)
+    boolean, arithmetic = ((p["paper"]["layers"], p["paper"]["heads"]) for p in (BOOLEAN_PRESETS, ARITHMETIC_PRESETS))
+    patterns = {t: maskprior.boolean_mask(t, *boolean) for t in maskprior.BOOLEAN_MASKS}
+    patterns.update({t: make(*arithmetic) for t, make in maskprior.ARITHMETIC_MASKS.items()})
     if name == "masks":                        # a band of the logical tasks, one of the arithmetic
         blocks = [(t, (m > 0).float(), 0, 1, "yellow: open (+A), purple: closed (-A)") for t, m in patterns.items()]
         bands = [blocks[:len(maskprior.BOOLEAN_MASKS)], blocks[len(maskprior.BOOLEAN_MASKS):]]
@@ -1423,7 +1424,8 @@ def draw_figure(name, out, found=None):
                            "init", ["test_loss", "test_acc"], "Boolean test loss and accuracy by init")
     if name in FIGURES[7:]:
         svg = tasks.result_tables([r for _, runs in rows for r in runs], list(INITS))[1].get(f"{name}.svg")
-    svg = svg or (tasks.heatmap_svg(bands, [f"{tasks.BLOCKS_NOTE}."]) if bands else None)
+    notes = [f"{tasks.BLOCKS_NOTE}."] + ([tasks.CENTRE_NOTE] if name == "centre" else [])
+    svg = svg or (tasks.heatmap_svg(bands, notes) if bands else None)
     if svg is None:
         raise UsageError(f"--figure {name}: nothing to draw; NAME: {', '.join(FIGURES)} (--help)")
     try:
