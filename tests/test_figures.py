@@ -136,7 +136,7 @@ def test_a_grids_figures_are_the_ones_it_wrote(boolean_grid, tmp_path):
         assert (tmp_path / "attention.svg").read_text() == (grid / f"{name}.svg").read_text()
 
 
-def test_centre_draws_a_vits_centre_patch_on_its_grid(tmp_path, attention_svg):
+def test_centre_draws_a_vits_centre_patch_on_its_grid(boolean_grid, tmp_path, attention_svg, capsys):
     """centre (Figure 11): a ViT run's centre-patch attention on the 4 x 4 patch grid, before | after;
     a grid without a ViT has nothing to draw: exit 2, one line naming the figures."""
     data = write_image_tree(str(tmp_path / "images"), SHAPES[:2], 4, 32, "L")
@@ -148,6 +148,8 @@ def test_centre_draws_a_vits_centre_patch_on_its_grid(tmp_path, attention_svg):
     assert [t.split(":")[0] for t in titles] == ["images mask, before training", "images mask, after training",
                                                  "images mask, after - before"]
     assert panels[titles[1]].shape == (3, 4 + 128 + 4, 2 * (128 + 4) + 4)             # 1 layer, 2 heads
+    assert draw(tmp_path, "--summarize", str(boolean_grid), "centre") == 2
+    assert capsys.readouterr().err.startswith("train.py: error: --figure centre: nothing to draw; NAME: masks, ")
     # the centre patch (2, 2) before training: head 1 (identity) attends to itself, head 2 to the patch above
     before = entries(panels[titles[0]], 1, 2, 4)
     assert near(before[0][0][2][2], YELLOW) and near(before[0][1][1][2], YELLOW)
