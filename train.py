@@ -1387,7 +1387,9 @@ def draw_figure(name, out, found=None):
     """--figure NAME FILE (FIGURES above): writes FILE from found, [(run folder, result.json)] of --summarize DIR,
     or for masks, logits and impulse from the constructors. UsageError: another NAME, or nothing to draw."""
     rows = {}                                  # table.md's rows: settings -> their runs, seeds up, with the folder
-    for folder, r in sorted(found or [], key=lambda fr: (list(INITS).index(fr[1]["init"]), fr[1]["seed"])):
+    def order(run):                            # by task, init (INITS), seed
+        return list(tasks.FAMILY_OF).index(run[1]["task"]), list(INITS).index(run[1]["init"]), run[1]["seed"]
+    for folder, r in sorted(found or [], key=order):
         settings = tasks.settings_of(r)
         rows.setdefault(json.dumps(settings), (settings, []))[1].append({**r, "folder": folder})
     rows, bands, svg = list(rows.values()), [], None
