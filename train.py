@@ -6,6 +6,7 @@
     python train.py --task lm --init mask                          # language, Appendix "Wiki-text"
     python train.py --task images --data-dir DIR                   # your own images (text: --help)
     python train.py --summarize runs/grid                          # tables of finished runs
+    python train.py --summarize runs/grid --figure attention F.svg # a README figure (section "Figures")
 
 Read top to bottom beside the paper:
   1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu").
