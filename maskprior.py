@@ -25,27 +25,29 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# The paper's constants, each once. Appendix "Experiment Details": a hand-made prior opens an entry
-# with M = +A and closes it with M = -A, A = 10 for the Boolean tasks and the ViT: an open entry
-# adds log sigmoid(10) = -4.5e-5 to its logit, a closed one log sigmoid(-10) = -10.00005.
+# The paper's constants, each once; elsewhere they are named, not restated. Appendix "Experiment
+# Details": "For mask initialization, we choose open positions = 10 and close positions = -10" (the
+# Boolean tasks and the ViT): an open entry adds log sigmoid(10) = -4.5e-5 to its logit, a closed one
+# log sigmoid(-10) = -10.00005. For any A, log sigmoid(A) - log sigmoid(-A) = A: an open key outweighs
+# a closed one of equal content score by e^A (e^10 = 22026; arithmetic's e^5 = 148).
 OPEN, CLOSE = 10.0, -10.0
 ARITHMETIC_OPEN, ARITHMETIC_CLOSE = 5.0, -5.0    # Table "Arithmetic task setup": open 5, close -5
 GPT_MASK_SCALE = 10.0   # Appendix "Wiki-text and Tiny-stories": the GPT prior is log sigmoid(10 M)
-NORM_P = 18.0           # structured init multiplies the positions by 18 before its solve (norm_p,
+NORM_P = 18.0           # structured init's factor on the positions before its solve (norm_p,
                         # osiriszjq/structured_initialization; meant for positions drawn at 0.02)
 
 # === 1. The attention block (Section 4.1) =========================================================
 class MaskedSelfAttention(nn.Module):
     """Multi-head self-attention with a learnable additive logit bias per head (Section 4.1; forward
     writes the equation above the lines that compute it). M (heads, seq_len, seq_len) is the
-    parameter `mask`, starting at the task's pattern (open +10, closed -10), scaled by
-    s = mask_scale (1; 10 for the GPT prior). log sigmoid(s M) <= 0 only down-weights: a row whose
-    entries share one M (e.g. the zero mask of Appendix A.1) is vanilla attention; in a mixed row an
-    open key outweighs a closed one of equal content score by e^10 = 22026.
+    parameter `mask`, starting at the task's pattern (open and closed at the constants above),
+    scaled by s = mask_scale (1; GPT_MASK_SCALE for the GPT prior). A row whose entries share one M
+    (e.g. the zero mask of Appendix A.1) is vanilla attention; in a mixed row the open keys outweigh
+    the closed ones (by e^A, the constants say).
     mode: "learnable" (the paper: M trains with the model), "fixed" (Appendix A.2: M never moves),
-    "hadamard" (Appendix B: sigma(s M) o softmax(Q K^T / sqrt(d)), rows no longer sum to 1), "none"
-    (vanilla attention, no M). causal: the hard causal mask on top (the GPT). Inputs shorter than
-    seq_len use the top-left (n, n) block of M. Needs only math, torch, nn and F: pastes alone."""
+    "hadamard" (Appendix B, Proposition 1: sigma(s M) o softmax(Q K^T / sqrt(d)); forward says what
+    it loses), "none" (vanilla attention, no M). causal: the hard causal mask on top (the GPT).
+    Inputs shorter than seq_len use the top-left (n, n) block of M. Needs only math, torch, nn and F: pastes alone."""
     MODES = ("learnable", "fixed", "hadamard", "none")
     # forward computes one function by two paths, written out or in one fused kernel; path "auto"
     # lets writes_out choose, "fused" or "written" forces one (e.g. a backend without the float
@@ -87,18 +89,20 @@ class MaskedSelfAttention(nn.Module):
         mask None: the causal mask alone, (n, n) of 0 and -inf, or None (vanilla attention).
         Why log sigmoid (Section 6.1, Theorem 1): with m = scale * M, dp_i/dm_j = p_i (delta_ij - p_j)
         sigma(-m_j), at most p_i whatever the sizes of q and k (Corollary 1), while the gradients of q
-        and k grow with ||k|| and ||q||. An open entry (m = +10) learns through a factor sigma(-10) =
-        4.5e-5, a closed one (m = -10) through its near-zero p_j: both start almost still, so the prior
-        persists until the content scores give the loss a reason to move it.
+        and k grow with ||k|| and ||q||. An open entry (m = OPEN) learns through a factor sigma(-OPEN) =
+        4.5e-5, a closed one through its near-zero p_j: both start almost still, so the prior persists
+        until the content scores give the loss a reason to move it. tests/test_theory.py checks
+        Theorem 1, Corollary 1 and Proposition 1 by autograd: on bare tensors (its part 1), on this
+        module's mask gradient (part 2) and on its probabilities, hadamard mode included (part 3).
         dtype: cast to it (q's dtype under autocast); device: the causal mask's (default M's)."""
         if mask is None and not causal:
-            return None                                                             # vanilla attention
+            return None
         if mask is None:
             bias = torch.zeros(n, n, dtype=dtype, device=device)                    # (n, n)
         else:
             bias = F.logsigmoid(scale * mask[..., :n, :n]).to(dtype or mask.dtype)  # (H, n, n)
         if causal:
-            future = torch.ones(n, n, dtype=torch.bool, device=bias.device).triu(1)   # key after query
+            future = torch.ones(n, n, dtype=torch.bool, device=bias.device).triu(1)   # (n, n), j > i
             bias = bias.masked_fill(future, float("-inf"))
         return bias
 
@@ -129,13 +133,19 @@ class MaskedSelfAttention(nn.Module):
         # attention. Mode "hadamard" applies M after the softmax instead: its bias is causal only.
         hadamard = self.mode == "hadamard"
         bias = self.logit_bias(None if hadamard else self.mask, N, self.mask_scale, self.causal, q.dtype, q.device)
-        # Section 4.1:    A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
+        # Section 4.1: "Since log sigma(M) <= 0, this selectively down-weights undesired interactions
+        # while preserving the standard attention mechanism."
+        #     A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
         if self.writes_out(q, bias, dropout, return_attn):
             logits = (q @ k.transpose(-2, -1)).div_(math.sqrt(self.head_dim))      # (B, H, N, N)
             if bias is not None:
                 logits.add_(bias)          # div_ and add_ in place: nothing needs what they overwrite
-            attn = logits.softmax(dim=-1)                                          # A
-            if hadamard:     # Appendix B: A = sigma(s M) o softmax(Q K^T / sqrt(d)), rows < 1
+            attn = logits.softmax(dim=-1)                                          # (B, H, N, N)
+            # Appendix B: "A natural question is whether a Hadamard-product mask, sigma(M) o softmax(
+            # X W_Q W_K^T X^T / sqrt(d)), could achieve a similar effect." Proposition 1 says what it
+            # loses: ||softmax(A)||_F >= 1 (each row sums to 1), but sigma(M) o softmax(A) is only >= 0,
+            # rows collapse where sigma(M) is small, and its Jacobian's norm is at most softmax's.
+            if hadamard:
                 attn = self.logit_bias(self.mask, N, self.mask_scale).exp() * attn
             if dropout:      # F.dropout with p = 0 would still cost a pass
                 attn = F.dropout(attn, dropout)
@@ -170,7 +180,7 @@ class Block(nn.Module):
     lucidrains/vit-pytorch), nanoGPT and timm all lay it out. The MLP is Linear -> GELU -> Linear, as in
     those three (Tiny-Stories-GPT, the paper's language code, uses ReLU). Dropout sits where nanoGPT
     puts it: on the attention weights (inside MaskedSelfAttention), after the attention's output
-    projection and after the MLP; only the GPT sets it (0.2, Table "NLP task setup").
+    projection and after the MLP; only the GPT sets it (Table "NLP task setup").
     drop_path: None, or a module on each residual branch (the ViT's StochasticDepth, built by train.py:
     this file imports torch only)."""
     def __init__(self, dim, heads, seq_len, mlp_dim, head_dim=None, mask_init=None, mode="learnable",
@@ -192,8 +202,8 @@ class Block(nn.Module):
     def forward(self, x, return_attn=False):
         """x (B, N, dim) -> (x, the block's attention (B, H, N, N) with return_attn, else None)."""
         # Section 4.1's attention on the normalised stream, added back to the stream; then the
-        # position-wise MLP the same way. drop_path (stochastic depth, "Drop path 0.1" of the vision
-        # tables) drops a whole branch for each sample with its probability, during training only.
+        # position-wise MLP the same way. drop_path (stochastic depth, the vision tables' setting)
+        # drops a whole branch for each sample with its probability, during training only.
         h = self.attn(self.ln1(x), return_attn=return_attn)
         h, attn = h if return_attn else (h, None)
         x = x + self.drop_path(self.resid_dropout(h))
@@ -283,11 +293,12 @@ class GPT(_Model):
     """nanoGPT's GPT (Appendix "Wiki-text and Tiny-stories") on MaskedSelfAttention(causal=True).
     mode "none" is the default GPT; "learnable" with masks (depth, heads, block_size, block_size)
     of relative_distance_mask per layer is the paper's mask init, its bias log sigmoid(mask_scale M).
-    Table "NLP task setup" gives the shape: 12 layers, 12 heads, width 512, block 64, dropout 0.2,
-    learned positions. The paper's code, PraveenRaja42/Tiny-Stories-GPT, has that shape (its 12 heads
-    of 512 // 12 = 42 channels make 504, as here), pre-LN blocks and N(0, 0.02) starts; this model
-    adds what nanoGPT (GPT-2) has and that code lacks: GELU for its ReLU, an output layer without bias
-    tied to the token embedding, dropout on the embeddings, residual projections started smaller."""
+    Table "NLP task setup" gives the shape (train.py's LM_PRESETS["paper"]); it has no positional
+    row: the learned positions are Tiny-Stories-GPT's nn.Embedding(block_size, n_embd). The paper's
+    code, PraveenRaja42/Tiny-Stories-GPT, has the table's shape (its 12 heads of 512 // 12 = 42
+    channels make 504, as here), pre-LN blocks and N(0, 0.02) starts; this model adds what nanoGPT
+    (GPT-2) has and that code lacks: GELU for its ReLU, an output layer without bias tied to the token
+    embedding, dropout on the embeddings, residual projections started smaller."""
     def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none", masks=None,
                  mask_scale=GPT_MASK_SCALE):
         super().__init__()
@@ -330,7 +341,7 @@ class GPT(_Model):
     def generate(self, idx, new_tokens, temperature=1.0, top_k=None, generator=None):
         """Sample new_tokens continuations of idx (B, T), feeding back the last block_size tokens."""
         for _ in range(new_tokens):
-            logits = self(idx[:, -self.block_size:])[:, -1] / temperature  # (B, vocab)
+            logits = self(idx[:, -self.block_size:])[:, -1] / temperature  # (B, vocab), the last position
             if top_k is not None:
                 kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -344,7 +355,7 @@ class ViT(_Model):
     (depth, heads, N, N), one mask_init per layer (impulse_mask for the paper's prior). pool: "cls"
     reads CLS (timm's default, used for CIFAR), "avg" averages the patch tokens ("Global pool avg"
     in Table "Experimental setup for ImageNet100"). drop_paths: None, or one module per block, e.g.
-    torchvision.ops.StochasticDepth with rates rising linearly from 0 to 0.1 (timm's rule).
+    torchvision.ops.StochasticDepth at the rates train.py's vision_setup spreads as timm does.
     Tokens: CLS at 0, then patch (r, c) of the grid x grid patches at 1 + r * grid + c (row-major), so
     N = 14 * 14 + 1 = 197 at 224 / 16; impulse_mask and centre_patch_maps index this layout.
     Starts as timm's: trunc_normal(0.02) for linear weights and positions, zero biases, the patch
@@ -380,16 +391,18 @@ class ViT(_Model):
         x = self.patch_embed(images).flatten(2).transpose(1, 2)    # (B, grid^2, dim), row-major
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1) + self.pos     # (B, N, dim)
         x, attns = self.run_blocks(x, return_attn)
-        # Read out CLS's final state, or the mean over the patch tokens (CLS left out), to class logits
+        # the readout `pool` names (the docstring): CLS's final state, or the patch tokens' mean
         x = self.norm(x)
-        out = self.head(x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1))   # features (B, dim)
+        out = self.head(x[:, 0] if self.pool == "cls" else x[:, 1:].mean(1))   # (B, dim) -> (B, classes)
         return (out, attns) if return_attn else out
 
 # === 3. Mask patterns (Section 4.2; Appendix "Design of Mask Pattern") ===========================
 # A pattern is (depth, heads, N, N) logits M: OPEN where a query (row) may attend to a key (column),
 # CLOSE elsewhere (Figure "Visualization of task-specific mask design"). Every hand-made pattern of
-# the Boolean and arithmetic tasks opens the diagonal: each token sees itself and keeps its own
-# value in its residual stream. Each pattern's comment names the principles (Section 4.2) it serves.
+# the Boolean and arithmetic tasks opens the diagonal, so no row is all closed: a row whose entries
+# share one M is plain content attention (MaskedSelfAttention's docstring), not "attend to nothing".
+# Each pattern's comment names the principles (Section 4.2) it serves, and marks "ours" what the
+# paper's figure and Appendix "Design of Mask Pattern" leave open.
 BUILD_LAYERS = 2   # a composed pattern (Principle 4): these first layers build, the rest read out
 
 def _mask(depth, heads, n, head_pairs, readout_pairs=None, open_value=OPEN, close_value=CLOSE, diagonal=True):
@@ -426,27 +439,29 @@ def boolean_mask(task, depth, heads, variant=None, d=15):
     x = [1 + i for i in range(d)]                  # x[i]: the sequence position of bit x_i
     x0_x1 = [(x[0], x[1]), (x[1], x[0])]
     if task == "2parity" and variant != "composed":
-        # 2parity, f = x0 x1. Principles (1) task-aligned interaction and (2) shortcut suppression:
-        # only x0 and x1 attend to each other (and themselves); every other token, CLS included,
-        # sees only itself. x0 x1 appears naturally in a bilinear logit q(x0) . k(x1); a CLS
-        # reading x0 and x1 would mix them linearly (the minimum-degree shortcut), so CLS starts
-        # closed and learns where to read.
+        # 2parity, f = x0 x1. "Following Principle (1) and Principle (2), we allow attention only
+        # between x0 and x1, while suppressing all other interactions": every other token sees only
+        # itself. x0 x1 appears naturally in a bilinear logit q(x0) . k(x1); a CLS reading x0 and x1
+        # would mix them linearly (the minimum-degree shortcut), so CLS starts closed and learns
+        # where to read (CLS closed: ours, the paper's pattern names x0 and x1 alone).
         return _mask(depth, heads, n, [x0_x1])
     if task == "2parity":
-        # 2parity composed (Principle 4). Layers 0-1 (build): the pattern above, so the product
-        # x0 x1 can form in q(x0) . k(x1) before anything reads the bits. Layers 2.. (readout): bits
-        # see only themselves, CLS reads x0 and x1, where the product now lives: CLS opens through
-        # M, not through W_Q W_K, whose linear read of the raw bits is the shortcut x0 + x1 - 1.
+        # 2parity composed (Principle 4; ours: the paper has the pattern above alone). Layers 0-1
+        # (build): the pattern above, so the product x0 x1 can form in q(x0) . k(x1) before anything
+        # reads the bits. Layers 2.. (readout): bits see only themselves, CLS reads x0 and x1, where
+        # the product now lives: CLS opens through M, not through W_Q W_K, whose linear read of the
+        # raw bits is the shortcut x0 + x1 - 1.
         return _mask(depth, heads, n, [x0_x1], readout_pairs=[(0, x[0]), (0, x[1])])
     if task == "majority":
         # 3-bit majority, f = sign(x0 + x1 + x2), a global sum and a sign, where the MDI uses the
-        # pairwise products x0 x2 and x1 x2. Principle (2): each bit sees only itself, so no
-        # pairwise product forms in attention; CLS reads x0, x1, x2: exactly the three votes.
+        # pairwise products x0 x2 and x1 x2. Principle (2), "we suppress off-diagonal interactions to
+        # avoid MDI-style shortcuts": each bit sees only itself, so no pairwise product forms in
+        # attention; CLS reads x0, x1, x2: exactly the three votes.
         return _mask(depth, heads, n, [[(0, x[0]), (0, x[1]), (0, x[2])]])
     if task == "cyclic3" and variant != "direct":
         # cyclic3, f = sum_i x_i x_{i+1} x_{i+2} (indices mod d). Principle (4) layer-wise
         # composition: the triples are built "through layer-wise composition of structured local
-        # connections, rather than encoding them directly".
+        # connections, rather than encoding them directly". The paper gives no windows; these are ours.
         # Layer 0 (pairs): bit token i sees {x_i, x_{i+1 mod d}}; its MLP can form x_i x_{i+1}.
         # Layer 1 (pairs of pairs): the same +1 window; token i reads its pair and token i+1's, whose
         #   union is the triple (x_i, x_{i+1}, x_{i+2}) (a window {i, i+1, i+2} would compose 4
@@ -459,30 +474,33 @@ def boolean_mask(task, depth, heads, variant=None, d=15):
     if task == "cyclic3":
         # cyclic3 direct: in every layer bit token i sees itself and its two cyclic successors, so
         # one layer spans the whole triple; CLS sees only itself at the start and learns to read
-        # the sum. Not composition, so not what Principle (4) describes; kept for comparison.
+        # the sum. Not composition, so not what Principle (4) describes: ours, kept for comparison.
         pairs = [(x[i], x[(i + step) % d]) for i in range(d) for step in (1, 2)]
         return _mask(depth, heads, n, [pairs])
     # threesym, f = x0 x1 - 1.25 x1 x2 + 1.5 x2 x0. Principles (2) and (3) multi-head
-    # specialisation. A sum of three pairwise parities: head h gets a 2parity-style pattern for one
-    # pair, (x0, x1), (x1, x2), (x2, x0) in turn (cycling past three heads); head concatenation then
-    # adds the three products. Every other token, CLS included, sees only itself.
+    # specialisation: "we assign each attention head a 2Parity-style mask corresponding to one pairwise
+    # interaction". Head h gets the pattern for one pair, (x0, x1), (x1, x2), (x2, x0) in turn (cycling
+    # past three heads); head concatenation then adds the three products. Every other token, CLS
+    # included, sees only itself (CLS closed: ours).
     head_pairs = [[(x[a], x[b]), (x[b], x[a])] for a, b in ((0, 1), (1, 2), (2, 0))]
     return _mask(depth, heads, n, head_pairs)
 
 # --- Three-digit arithmetic (Section 5.2; Appendix "Design of Mask Pattern") ---
 # Token layout (tasks.py, section 2), least significant digit first, no CLS: digit a_i of the
-# first operand at position i, b_i at 3 + i, answer digit c_k at 6 + k. Open / closed at +-5,
-# softer than the Boolean +-10. Each token sees itself and each operand digit its partner
+# first operand at position i, b_i at 3 + i, answer digit c_k at 6 + k. Open / closed at
+# ARITHMETIC_OPEN / ARITHMETIC_CLOSE. Each token sees itself and each operand digit its partner
 # (Principle 1); head h takes role h mod 4 of the algorithm (Principle 3), and depth composes them
-# (Principle 4: carries).
+# (Principle 4: carries). The paper's addition has "different heads [that] capture complementary
+# aspects of the computation, such as digit-wise addition and carry interactions": roles 0 and 1.
+# Roles 2 and 3 are ours.
 def _arithmetic_mask(depth, heads, shared, columns, role_3):
     """(depth, heads, N, N) logits, N = 6 + K for the K = len(columns) answer slots: every head
     opens the diagonal and the operand pairs `shared`; answer slot c_k of a head of role r = h mod 4
     reads a_i and b_j of each digit pair (i, j) and the answer slots c_m of its role:
       role 0  the pairs columns[k] that land on k (a digit-wise sum, the partial products of k);
       role 1  the pairs columns[k - 1] and c_{k-1}: the carry into k (Principle 3);
-      role 2  every pair of a column below k: a carry can ripple from the units (999 + 1);
-      role 3  role_3[k]: (digit pairs, answer slots)."""
+      role 2  every pair of a column below k: a carry can ripple from the units (999 + 1) (ours);
+      role 3  role_3[k]: (digit pairs, answer slots) (ours)."""
     roles = [list(shared) for _ in range(4)]                 # the open (query, key) pairs of each role
     for k, column in enumerate(columns):
         below = [pair for lower in columns[:k] for pair in lower]
@@ -496,8 +514,8 @@ def mask_addition(depth, heads):
     """Addition: c_k = (a_k + b_k + carry_k) mod 10, carry_k from column k - 1; K = 4 answer slots.
     Shared: a_i <-> b_i (the aligned column, Principle 1). Column k holds the pair (k, k) (none for
     the last slot, the final carry). Role 3 reads its column again, so two heads carry the
-    digit-wise sum. These are the roles Appendix "Design of Mask Pattern" names for addition (the
-    aligned digits, the carry); Table 2's 0.4 % column is where they are meant to pay."""
+    digit-wise sum. Table 2's addition column, at its small train fraction, is where the roles are
+    meant to pay."""
     aligned = [(i, 3 + i) for i in range(3)] + [(3 + i, i) for i in range(3)]
     columns = [[(0, 0)], [(1, 1)], [(2, 2)], []]           # the digit pair (i, j) of each c_k
     return _arithmetic_mask(depth, heads, aligned, columns, [(column, []) for column in columns])
@@ -516,10 +534,11 @@ def mask_multiplication(depth, heads):
 ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplication}
 
 # --- The GPT's relative distance (Appendix "Wiki-text and Tiny-stories") ---
-# Language has no known interaction pattern, so the paper initialises a full learnable mask per
-# head from causal relative distance, M_ij = -max(i - j, 0), applied as log sigmoid(s M), s = 10:
-# the diagonal gets log sigmoid(0) = -0.69, one step back -10, two steps back -20, ... (a "recent
-# past" prior that training can flatten, Figure "Relative mask bias before and after training").
+# Language has "no clear predefined structural pattern for initialization. Therefore, for these
+# tasks, we initialize a full-rank learnable attention mask using causal relative distance":
+# M_ij = -max(i - j, 0), applied as log sigmoid(s M), s = GPT_MASK_SCALE: the diagonal gets
+# log sigmoid(0) = -0.69, one step back about -s, two steps back -2 s, ... (a "recent past" prior
+# that training can flatten, Figure "Relative mask bias before and after training").
 def relative_distance_mask(heads, block_size):
     """M_ij = -max(i - j, 0) for every head, (heads, block_size, block_size)."""
     i = torch.arange(block_size)
@@ -550,7 +569,7 @@ def impulse_mask(depth, heads, grid):
         dr, dc = k // 3 - 1, k % 3 - 1                             # the offset (row, col)
         # the patches (r, c) whose neighbour lies on the grid (off the grid: an empty row)
         cells = [(r, c) for r in range(grid) for c in range(grid) if 0 <= r + dr < grid and 0 <= c + dc < grid]
-        head_pairs.append([(0, key) for key in range(n)]           # CLS reads the whole image
+        head_pairs.append([(0, key) for key in range(n)]
                           + [(1 + r * grid + c, 1 + (r + dr) * grid + c + dc) for r, c in cells])
     return _mask(depth, heads, n, head_pairs, diagonal=False)
 
@@ -614,8 +633,8 @@ def learned_mask(attn, magnitude, tau=1.0, causal=False):
     n_i, the keys row i may see: N in an encoder, i + 1 in a causal model (key j <= i): tau = 1
     opens the keys that get at least a uniform row's share 1 / n_i. The diagonal is always open (as
     in every hand-made pattern); causal closes the future (j > i). A = magnitude: the hand-made
-    values (Boolean and vision 10, arithmetic 5); where the model applies log sigmoid(s M) (the GPT,
-    s = 10), A = 1, so a closed entry gets the relative-distance prior's bias one step back, -10.
+    values (OPEN, ARITHMETIC_OPEN); where the model applies log sigmoid(s M) (the GPT, s =
+    GPT_MASK_SCALE), A = 1, so a closed entry gets the relative-distance prior's bias one step back.
     Returns float32 logits of attn's shape."""
     n = attn.shape[-1]
     i = torch.arange(n, device=attn.device)
@@ -643,8 +662,10 @@ def open_fraction(pattern, causal=False):
 #   osiriszjq/structured_initialization (Zheng et al. 2025, cited in Appendix "Experiment Details"):
 #     impulse_init (SVD solve), get_ortho_like (mimetic factors), VisionTransformer.post_init_weights.
 #   osiriszjq/structured_init (Zheng et al. 2024): its impulse_init fits Q, K by Adam, the only
-#     public code of "Structured (Opt)".
-# Both structured variants first multiply the learned positions by pos_scale (norm_p = 18 of
+#     public code of "Structured (Opt)". The paper's footnote for Opt (Appendix "Experiment
+#     Details", Boolean problems) names osiriszjq/structured_initialization, which holds only the
+#     SVD solve: structured_opt_init_ follows this repository instead.
+# Both structured variants first multiply the learned positions by pos_scale (NORM_P, the norm_p of
 # post_init_weights' impulse branch): at the usual 0.02 they would be invisible beside the tokens.
 def pattern_targets(pattern):
     """Binary target (1 = open, 0 = closed) from mask logits, any shape."""
@@ -685,8 +706,9 @@ def mimetic_init_(model, alpha1=0.7, beta1=0.7, alpha2=0.4, beta2=0.4, generator
     layer, W_V W_O ~ alpha2 Z2 - beta2 I (fresh Z2). Z: uniform on +-sqrt(3 / D), variance 1 / D,
     the default (dist='uniform') of get_ortho_like; alphas and betas its values.
     Where we differ: that code's mimetic branch writes V and Proj untransposed, giving the value-output
-    map x (R L)^T, which loses the -beta2 I part; we write v rows = L^T and proj = R^T, so
-    W_V W_O = L R, the formula of Trockman and Kolter and what that code's impulse branch writes.
+    map x (R L)^T rather than x L R. The two share eigenvalues and trace (the -beta2 I part is kept
+    either way), but (R L)^T is not L R; we write v rows = L^T and proj = R^T, so W_V W_O = L R, the
+    formula of Trockman and Kolter and what that code's impulse branch writes.
     Our draws come from a torch.Generator, the reference's from NumPy's global one."""
     for attn in attention_modules(model):
         dim, inner = attn.qkv.weight.shape[1], attn.heads * attn.head_dim
@@ -706,18 +728,20 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
                          pos_scale=NORM_P, generator=None, skip=None):
     """Structured initialisation, SVD variant (Zheng et al. 2025), per layer and head, step for step
     as impulse_init and post_init_weights' impulse branch of osiriszjq/structured_initialization:
-    positions times pos_scale (norm_p = 18) first; P = pseudo_input; P+ from the SVD of P^T P, kept
+    positions times pos_scale (NORM_P) first; P = pseudo_input; P+ from the SVD of P^T P, kept
     to the r = head_dim largest singular values; M_h = P+ T_h P+^T factored by SVD (first r), so
     that P Q_h K_h P^T ~ T_h; Q_h, K_h at Frobenius norm qk_norm (norm_q = 7), q rows = Q_h^T, k
     rows = K_h (forward keeps its 1/sqrt(head_dim)); V and O mimetic (0.4, 0.4), fresh per layer.
     T_h = open_logit * target + noise_scale * eps on closed entries, eps a normal truncated at +-2
-    with std 0.6, fresh for every layer (1000 and 3 in that code; the paper's arithmetic runs quote
-    open = 10000, close = 0). skip: the leading positions left out of the solve; None means 1 for
-    a ViT (its CLS: the 2025 code solves on pos_embed[1:], its impulse targets covering patches
-    only) and 0 for the Boolean / arithmetic encoders, whose patterns cover every position.
-    Where we differ: r is capped by the numerical rank of P^T P (the Boolean models have N = 16
-    positions, fewer than head_dim; the reference would divide by zero singular values there); the
-    Boolean / arithmetic patterns include the CLS (or first) position, the reference's do not."""
+    with std 0.6, fresh for every layer (1000 and 3 in that code; Table "Arithmetic task setup"
+    quotes other targets, which train.py's arithmetic_setup passes). skip: the leading positions
+    left out of the solve; None means 1 for a ViT (its CLS: the 2025 code solves on pos_embed[1:],
+    its impulse targets covering patches only) and 0 for the Boolean / arithmetic encoders, whose
+    patterns cover every position.
+    Where we differ: r is capped by the numerical rank of P^T P, which is at most the N - skip
+    positions (16 in a Boolean model, fewer than head_dim; the reference, built for a ViT's 196 patches,
+    keeps r = head_dim); the Boolean / arithmetic patterns include the CLS (or first) position, the
+    reference's do not."""
     skip = int(isinstance(model, ViT)) if skip is None else skip
     with torch.no_grad():
         model.pos.mul_(pos_scale)
@@ -726,6 +750,9 @@ def structured_svd_init_(model, pattern, open_logit=1000.0, noise_scale=3.0, qk_
     n, dim = p.shape
     u, s, vh = torch.linalg.svd(p.T @ p)                           # P^T P = U S V^T, (D, D)
     for layer, attn in enumerate(attention_modules(model)):
+        # Section 6.1: "QK-based methods are constrained by the low-rank structure of self-attention,
+        # leading to poor initialization of sparse patterns". The solved logits P Q_h K_h^T P^T have
+        # rank <= r = min(head_dim, rank of P): an N x N pattern of higher rank is only approximated.
         rank = min(attn.head_dim, int((s > s[0] * 1e-6).sum()))
         p_plus = vh[:rank].T @ torch.diag(1 / s[:rank]) @ u[:, :rank].T @ p.T   # (D, N - skip)
         for h in range(attn.heads):
@@ -798,8 +825,8 @@ def structured_opt_init_(model, pattern, steps=2000, lr=1e-4, renorm_every=100, 
 # inputs (the caller picks them, e.g. the whole Boolean cube), taken before and after training:
 #   prior mass    the attention a query row puts on the entries the pattern opens, averaged over rows;
 #                 1 = all of it where the prior allows. A mask init starts near 1 by construction (a
-#                 closed key gets e^-10 of an equal open key's weight); a QK init starts where its
-#                 solve got to, which Section 6.1 finds poor for sparse patterns.
+#                 closed key gets e^-A of an equal open key's weight, the constants at the top); a QK
+#                 init starts where its solve got to, which Section 6.1 finds poor for sparse patterns.
 #   pattern corr  the Pearson correlation of the mean map with the 0/1 pattern over all N x N entries:
 #                 also rewards the right shape when the mass is spread.
 #   mask drift    how far the bias log sigmoid(s M) moved, relative to its start.

@@ -10,7 +10,7 @@
 
 Read top to bottom beside the paper:
   1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu").
-  2. Inits: the rows of Table 1 and of the vision and language tables.
+  2. Inits: the columns of Table 1 and of the vision tables, the rows of the perplexity table.
   3. An experiment: the ONE record (`Experiment`) every family's setup builds for the loop.
   4. The experiment of each family: its model with the prior, optimizer, batches, loss and evaluation.
   5. THE training loop (`train`), the same for every family, every step in view.
@@ -74,14 +74,18 @@ import tasks
 # schedule, cosine here). The rest is the aryol/GOTU code's model, which the paper builds on: width 256,
 # coupled weight decay on every parameter but M (its decay: --mask-decay), positions and CLS drawn from
 # N(0, 1) (pos_std, cls_std; nanoGPT's and timm's 0.02 and zero otherwise). "cpu" (heads of 21) keeps the
-# small starts without weight decay: with the GOTU ones, 2parity's mask model predicts a constant at widths
-# 64 and 128 (the README's Boolean section). cyclic3 gets the GOTU code's N(0, 1) positions, with which its
-# vanilla model fits its training set (at 0.02 its training loss stays 6 after 60 epochs).
+# small starts without weight decay: with the GOTU ones, 2parity's mask model predicts a constant at width
+# 64 (the README's "What decides target or MDI"). cyclic3 gets the GOTU code's N(0, 1) positions
+# (TASK_PRESETS), for its vanilla model to fit its training set.
 #
 # "paper" takes the table's 4 layers and 3 heads with the GOTU code's heads of 64 (3 x 64 = 192 of the 256
 # channels) and an MLP as wide as the model. "cpu" is the same depth and heads at width 64 (head_dim None:
 # dim // heads = 21 channels a head) and 10 epochs (cyclic3 20) instead of 90, sized for a 2-core CPU: an
 # epoch is every seen point of the 2^15 cube once (24,576 for majority), 96 steps of 256.
+# Where a reader picks `--preset paper` for Table 1: here it does not give Table 1's mask column. At
+# seed 0 every mask run fits its seen points and lands on the MDI side, as the default does; the
+# positions' N(0, 1) start decides that (for majority the width too: the README's "Table 1 at the
+# `paper` preset" and "What decides target or MDI"). The `cpu` preset is where the mask reaches the target.
 BOOLEAN_PRESETS = {
     "paper": {"epochs": 90, "lr": 1e-3, "batch_size": 256, "layers": 4, "heads": 3, "dim": 256,
               "head_dim": 64, "mlp_dim": 256, "optimizer": "adam", "weight_decay": 1e-3,
@@ -91,25 +95,24 @@ BOOLEAN_PRESETS = {
             "pos_std": 0.02, "cls_std": 0.0},
 }
 
-# Three-digit arithmetic, Table "Arithmetic task setup": 6 layers of 4 heads, model, MLP 256, heads of 64,
-# learnable positions (nanoGPT's and timm's N(0, 0.02^2) start: the table names none), AdamW 1e-3 with
-# weight decay 1e-3, batch 256, 50 epochs, cosine. The table's train fractions (3 % of the 10^6 pairs for
-# multiplication, 0.4 % for addition) live in tasks.ARITHMETIC_TRAIN_FRAC beside the data; the mask's +-5
-# and the Opt fit's 2000 steps at 1e-4 in maskprior.py, the SVD solve's 10000 / 0 in arithmetic_setup.
-# "cpu": 4 layers at width 128 (heads of 32), the paper's 50 epochs; multiplication 20 (TASK_PRESETS): its
-# 3 % is 7.5 times addition's training pairs, so 20 epochs are still more steps.
+# Three-digit arithmetic, Table "Arithmetic task setup": "paper" holds its model and training rows as
+# the table gives them, "Positional encoding learnable" starting at N(0, 0.02^2) (nanoGPT's and timm's:
+# the table names no start), its "Scheduler cosine" in encoder_experiment. Its other rows live where
+# they act: the train fractions in tasks.ARITHMETIC_TRAIN_FRAC beside the data, the mask's open / close
+# in maskprior.ARITHMETIC_OPEN, the Opt fit's steps in structured_opt_init_, the SVD targets in
+# arithmetic_setup. "cpu": 4 layers at width 128 (heads of 32), the paper's epochs; multiplication 20
+# (TASK_PRESETS): its train fraction is 7.5 times addition's, so 20 epochs are still more steps.
 ARITHMETIC_PRESETS = {"paper": {"epochs": 50, "lr": 1e-3, "weight_decay": 1e-3, "batch_size": 256,
                                 "layers": 6, "heads": 4, "dim": 256, "head_dim": 64, "mlp_dim": 256,
                                 "optimizer": "adamw", "pos_std": 0.02}}
 ARITHMETIC_PRESETS["cpu"] = {**ARITHMETIC_PRESETS["paper"], "layers": 4, "dim": 128, "head_dim": None,
                              "mlp_dim": 128}
 
-# Language, Table "NLP task setup": 12 layers, 12 heads, width 512, block 64, dropout 0.2, AdamW 3e-4, batch 128,
-# cosine, seed 1337 (PAPER_SEEDS), 5000 TinyStories / 3000 WikiText-2 iterations (TASK_PRESETS). The table names
-# no weight decay: 0.01 is torch's AdamW default, which the Tiny-Stories-GPT code the paper builds on takes
-# (AdamW(model.parameters(), lr=3e-4)); here it decays the weight matrices and the token embedding only
-# (maskprior.param_groups), never M. "cpu": 4 layers of 4 heads at width 128, batch 32, lr 1e-3, dropout 0.1,
-# 1000 iterations.
+# Language, Table "NLP task setup": "paper" holds its model and training rows, its seed in PAPER_SEEDS and
+# each corpus's "Max iters" in TASK_PRESETS. The table names no weight decay: 0.01 is torch's AdamW
+# default, which the Tiny-Stories-GPT code the paper builds on takes (AdamW(model.parameters(), lr=3e-4));
+# here it decays the weight matrices and the token embedding only (maskprior.param_groups), never M.
+# "cpu": a GPT of 4 layers at width 128, sized for a 2-core CPU.
 LM_PRESETS = {"paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12, "dim": 512,
                         "block_size": 64, "dropout": 0.2, "weight_decay": 0.01, "optimizer": "adamw"}}
 LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4,
@@ -149,15 +152,16 @@ TASK_PRESETS = {
 # Table "NLP task setup" fixes seed 1337 and Table "Experimental setup for ImageNet100" seed 42.
 PAPER_SEEDS = {"language": 1337, "imagenet100": 42}
 
-# === 2. Inits: the rows of Table 1 and of the vision and language tables ===========================
-# --init -> (MaskedSelfAttention's mode, where the prior goes). The prior is always the task's own pattern
-# ("the same prior, in M or in W_Q / W_K"), or in the mask inits --mask-from's learned one.
+# === 2. Inits: the columns of Table 1 and of the vision tables, the perplexity table's rows =======
+# "We compare two ways of injecting the same structural prior into attention" (Figure 1): --init ->
+# (MaskedSelfAttention's mode, where the prior goes). The prior is always the task's own pattern, in M or
+# in W_Q / W_K, or in the mask inits --mask-from's learned one.
 # Table 1's columns are default, structured-svd, structured-opt and mask; Table "Ablation on mask
 # initialization" adds mask-zero, Table "Best Top-1 accuracy" (vision) default, mimetic, impulse and mask,
 # its ablation mask-fixed; Table "Perplexity (PPL) comparison" default, mask and mimetic.
 INITS = {
     "default": ("none", None),                  # vanilla Transformer, no prior
-    "mask": ("learnable", "mask"),              # the paper: learnable log sigmoid(M), M = pattern
+    "mask": ("learnable", "mask"),              # the paper: learnable log sigmoid(s M), M = pattern
     "mask-zero": ("learnable", "zero"),         # Appendix A.1: learnable, M = 0 (no preference)
     "mask-fixed": ("fixed", "mask"),            # Appendix A.2: the pattern, never trained
     "mask-hadamard": ("hadamard", "mask"),      # Appendix B: sigma(M) o softmax(...)
@@ -170,7 +174,7 @@ INITS = {
 # vision name of the SVD solve); --mask-error, --mask-from and a --mask-magnitude sweep act where M holds
 # the pattern; --mask-lr where M trains.
 ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
-MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask")   # M holds the prior
+MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask")
 TRAINED_MASK_INITS = tuple(i for i, (mode, _) in INITS.items() if mode in ("learnable", "hadamard"))
 TIMM_INITS = ("default", "mask", "mask-fixed")  # --model timm: its ViT as is, or M by add_mask_prior
 
@@ -209,17 +213,16 @@ def boolean_setup(run, data, place):
     as its prior, MSE on the seen points; Table 1's loss and accuracy on the whole cube."""
     device, config = place.device, run.config
     # The prior of Figure "Visualization of task-specific mask design" (i) and Appendix "Design of Mask
-    # Pattern": maskprior.boolean_mask, one (H, N, N) pattern per layer, N = 16 (position 0 is CLS,
-    # position 1 + i bit x_i); 2parity and cyclic3 also come as a "direct" or "composed" (Principle 4)
-    # variant. cls_row: --mask-error edits the CLS query row apart from the bits' rows, so a "moved" edit
-    # keeps how many keys CLS reads and never moves its reads onto bits it does not read (Principle 2:
-    # a CLS reading the raw bits can fit the MDI shortcut).
+    # Pattern": maskprior.boolean_mask, one (H, N, N) pattern per layer over maskprior.Transformer's
+    # Boolean positions; 2parity and cyclic3 also come as a "direct" or "composed" (Principle 4)
+    # variant. cls_row: --mask-error edits the CLS query row apart from the bits' rows (Principle 2;
+    # maskprior.edit_pattern says how).
     exact = maskprior.boolean_mask(run.task, config["layers"], config["heads"],
                                    config.get("mask_variant"))                    # (L, H, N, N)
     pattern, masks = prior(run, exact, cls_row=True)
-    # As aryol/GOTU's TokenTransformer: one token per bit (vocab 2, tasks.boolean_tokens maps -1 / +1 to
-    # 0 / 1), a CLS token in front, one real number read from CLS (out_dim 1): the tasks are regressions
-    # (threesym's f is real, cyclic3's a sum of 15 signs), not classifications.
+    # As aryol/GOTU's TokenTransformer (maskprior.Transformer's Boolean layout), one real number read
+    # from CLS: the tasks are regressions (threesym's f is real, cyclic3's a sum of 15 signs), not
+    # classifications.
     model, seconds = build_encoder(run, pattern, masks, device, vocab_size=2, seq_len=tasks.BOOLEAN_DIM + 1,
                                    out_dim=1)
     # data (tasks.boolean_dataset, tasks.py section 1): x_train (P, 15), every seen point of {-1, +1}^15,
@@ -228,12 +231,12 @@ def boolean_setup(run, data, place):
     # subset." The metrics add the unseen part alone and how close it lies to the MDI (unseen_mse_to_mdi).
     def loss_of(net, batch):                     # the aryol/GOTU loss: MSE of the CLS readout
         return F.mse_loss(net(batch[0].to(device)).squeeze(-1), batch[1].to(device))
-    def evaluate():                              # the whole cube, seen and unseen
+    def evaluate():
         return tasks.boolean_metrics(run.task, tasks.boolean_predictions(model, data["x_test"]), data["x_test"])
     # At the end also the GOTU code's own measure of which function was learned: its Fourier coefficients
     # on the monomials of x0, x1, x2, exact on the enumerated cube. Majority's f has x0x1x2 at -1/2 and
     # no pairs; its MDI has none of x0x1x2 and x0x2, x1x2 at -1/2 each.
-    def final(state, world):                     # and the learned function's Fourier weights
+    def final(state, world):
         pred = tasks.boolean_predictions(model, data["x_test"])
         return {**tasks.boolean_metrics(run.task, pred, data["x_test"]),
                 "train_loss": state["history"][-1]["train_loss"],
@@ -253,35 +256,34 @@ def arithmetic_setup(run, data, place):
     device, config = place.device, run.config
     # The prior of Figure "Visualization of task-specific mask design" (ii): maskprior.mask_addition or
     # mask_multiplication, (L, H, 6 + K, 6 + K) over the six operand digits and the K answer slots,
-    # open +5 and closed -5 (Table "Arithmetic task setup"). Head h takes role h mod 4 of the algorithm
-    # (Principle 3): an answer slot reads the digits that land on it, the carry into it, every column
-    # below it, or (role 3) a set of the task's own.
+    # open and closed at maskprior.ARITHMETIC_OPEN / _CLOSE. Head h takes role h mod 4 of the algorithm
+    # (Principle 3; maskprior's _arithmetic_mask lists the four).
     exact = maskprior.ARITHMETIC_MASKS[run.task](config["layers"], config["heads"])
     pattern, masks = prior(run, exact)                                              # (L, H, N, N)
     # Structured SVD solves here for the paper's open 10000 and closed 0 (Table "Arithmetic task setup"),
-    # not for the Boolean 1000 and noise 3. "The Transformer predicts the full output sequence in a
-    # single forward pass" (Section 5.2): one token per digit (vocab 11: the digits and the answer slots'
-    # placeholder), no CLS, a 10-way digit read out at every position, of which the loss and the
-    # metrics keep the K answer slots (tasks.answer_logits).
+    # not for the reference code's targets (structured_svd_init_'s defaults). "The Transformer predicts
+    # the full output sequence in a single forward pass" (Section 5.2): one token per digit, no CLS, a
+    # digit read out at every position, of which the loss and the metrics keep the K answer slots
+    # (tasks.answer_logits).
     model, seconds = build_encoder(
         run, pattern, masks, device, {"open_logit": 1e4, "noise_scale": 0.0}, vocab_size=tasks.ARITHMETIC_VOCAB,
         seq_len=pattern.shape[-1], out_dim=10, cls_token=False, readout="tokens")
     # data (tasks.arithmetic_dataset, tasks.py section 2): of the 10^6 pairs (a, b), a seeded fraction
-    # (--train-frac, by default the paper's 0.4 % for addition, 3 % for multiplication) trains: x_train
-    # (P, 6 + K) tokens, least significant digit first, y_train (P, K) the answer's digits. x_eval,
-    # y_eval: a seeded sample of the held-out pairs (--eval-size, 100,000 unless all).
+    # (--train-frac, by default the table's, tasks.ARITHMETIC_TRAIN_FRAC) trains: x_train (P, 6 + K)
+    # tokens, least significant digit first, y_train (P, K) the answer's digits. x_eval, y_eval: a
+    # seeded sample of the held-out pairs (--eval-size).
     def loss_of(net, batch):                     # cross-entropy on the answer digits
         with tasks.autocast(device):
             logits = tasks.answer_logits(net, batch[0].to(device))               # (B, K, 10)
         return F.cross_entropy(logits.float().flatten(0, 1), batch[1].to(device).flatten())
     # Table "Performance of arithmetic tasks" reports sequence accuracy (every digit right), digit
-    # accuracy and loss. During training they are measured on the first 10,000 evaluation pairs
+    # accuracy and loss. During training they are measured on a prefix of the evaluation pairs
     # (history's sample_*), to keep evaluations cheap; the final numbers on every evaluation pair.
-    def sample_metrics():                        # the first 10k pairs during training
+    def sample_metrics():
         logits = tasks.arithmetic_logits(model, data["x_eval"][:10_000])
         metrics = tasks.arithmetic_metrics(logits, data["y_eval"][:10_000])
         return {f"sample_{key}": value for key, value in metrics.items()}
-    def final(state, world):                     # every evaluation pair at the end
+    def final(state, world):
         logits = tasks.arithmetic_logits(model, data["x_eval"])
         return {**tasks.arithmetic_metrics(logits, data["y_eval"]),
                 "train_loss": state["history"][-1]["train_loss"]}
@@ -297,17 +299,16 @@ def lm_setup(run, data, place):
     or mimetic W_Q / W_K; nanoGPT's random windows, one stream per rank; whole-split perplexity."""
     device, config, seed = place.device, run.config, run.seed
     L, H, T = config["layers"], config["heads"], config["block_size"]
-    # Language has "no clear predefined structural pattern", so the paper initialises "a full-rank
-    # learnable attention mask using causal relative distance": M_ij = -max(i - j, 0) for every head,
-    # applied "via log sigmoid(sM) (with s = 10)". The same (H, T, T) mask goes into every layer. Unlike
-    # the other families A is not M's size but the GPT's scale s (mask_scale), so prior() returns M as
-    # built, and --mask-magnitude sets s. A distance is not an open / closed pattern, so the Experiment
-    # gets none: the persistence numbers are the bias at each distance and M's drift.
+    # The appendix's prior, maskprior.relative_distance_mask (its comment quotes the paper), the same
+    # (H, T, T) mask in every layer. Unlike the other families A is not M's size but the GPT's scale s
+    # (mask_scale), so prior() returns M as built, and --mask-magnitude sets s. A distance is not an
+    # open / closed pattern, so the Experiment gets none: the persistence numbers are the bias at each
+    # distance and M's drift.
     relative = maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1)         # (L, H, T, T)
     _, masks = prior(run, relative)
-    # maskprior.GPT is nanoGPT's (pre-LN, GELU MLP, tied embedding, GPT-2 init); Tiny-Stories-GPT, which
-    # the paper builds on, is the same decoder with a ReLU MLP and an untied head. mimetic writes
-    # W_Q W_K^T ~ 0.7 Z + 0.7 I after the build (qk_prior), Table "Perplexity (PPL) comparison"'s third row.
+    # maskprior.GPT: nanoGPT's decoder (its docstring says where Tiny-Stories-GPT, the paper's code,
+    # differs). mimetic writes its identity-like W_Q W_K^T after the build (qk_prior), Table "Perplexity
+    # (PPL) comparison"'s third row.
     model = maskprior.GPT(data["vocab_size"], T, config["dim"], L, H, config["dropout"],
                           mode=INITS[run.init][0], masks=masks, mask_scale=config["mask_magnitude"])
     qk_prior(model, run.init, None, seed)
@@ -318,8 +319,8 @@ def lm_setup(run, data, place):
     # (a checkpoint keeps it: a resumed run draws the same windows), seeded per rank under torchrun.
     windows = torch.Generator().manual_seed(seed + 1000 * place.rank)
     torch.manual_seed(seed + 1000 * place.rank)  # dropout differs across ranks, as it should
-    # The table counts iterations, not epochs: a round of the loop is eval_every iterations (five
-    # rounds a run unless --eval-every says otherwise), the last round what is left.
+    # The table counts iterations, not epochs: a round of the loop is eval_every iterations (FAMILIES'
+    # default), the last round what is left.
     E, iters = config["eval_every"], config["iters"]
     def batches(r):                              # iterations (r - 1) E + 1 ... min(r E, iters)
         count = min(E, iters - (r - 1) * E)
@@ -327,17 +328,16 @@ def lm_setup(run, data, place):
     def loss_of(net, batch):
         with tasks.autocast(device):
             return net(batch[0].to(device), batch[1].to(device))[1]
-    # Perplexity = exp(mean next-token loss). tasks.lm_loss scores every token of the split once, in
-    # consecutive windows, where Tiny-Stories-GPT and nanoGPT estimate the loss from 200 random batches:
-    # an exact number, so two inits differ by the model only. TinyStories has no test split: Table "NLP
-    # task setup"'s "validation fallback" (test_is_val).
+    # Perplexity = exp(mean next-token loss) over every token of a split (tasks.lm_loss says why not
+    # random batches). TinyStories has no test split: Table "NLP task setup"'s "validation fallback"
+    # (test_is_val).
     def validation():
         val_loss = tasks.lm_loss(model, data["val"], T)
         return {"val_loss": val_loss, "val_ppl": math.exp(val_loss)}
     def final(state, world):
         val_loss = state["history"][-1]["val_loss"]
         test_loss = val_loss if data["test_is_val"] else tasks.lm_loss(model, data["test"], T)
-        prompt = data["val"][:T // 4][None].to(device)   # a short continuation, top-40 sampling
+        prompt = data["val"][:T // 4][None].to(device)   # (1, T / 4)
         sample = model.generate(prompt, 120, top_k=40, generator=torch.Generator(device=device).manual_seed(seed))
         return {"val_loss": val_loss, "val_ppl": math.exp(val_loss), "test_loss": test_loss,
                 "test_ppl": math.exp(test_loss), "test_is_val": data["test_is_val"],
@@ -345,7 +345,8 @@ def lm_setup(run, data, place):
                 "sample": data["decode"](sample[0].tolist())}
     # Where attention goes (attention_*.pt, what --mask-from reads): the first 64 validation windows.
     probe = torch.stack([data["val"][s:s + T] for s in range(0, len(data["val"]) - T, T)][:64])
-    # The table's "cosine": over all iterations, to zero, without warmup (Tiny-Stories-GPT has none).
+    # The table's "cosine": over all iterations, to zero, without warmup (the table names none). The
+    # paper's code, Tiny-Stories-GPT, has no schedule at all: a constant lr.
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, iters)
     return Experiment(model, optimizer, schedule, math.ceil(iters / E), iters, batches, loss_of, validation,
                       final, unit="iter", probe=probe, generators=(windows,), info=data.get("info", {}))
@@ -360,15 +361,15 @@ def vision_setup(run, data, place):
     L, H = config["layers"], config["heads"]
     # Section 5.3: "Following [Zheng et al. 2025], we adopt an impulse filter pattern to initialize our
     # masks": maskprior.impulse_mask gives head h one neighbour of the 3 x 3 window (identity, up, right
-    # for ViT-Tiny's 3 heads) over the grid x grid patches, CLS first, N = grid^2 + 1 (197 at 224 px,
-    # 65 at the cpu preset's 32). The impulse init puts the same pattern into W_Q / W_K by the SVD solve
+    # for ViT-Tiny's 3 heads) over the grid x grid patches, CLS first, N = grid^2 + 1 (maskprior.ViT's
+    # layout). The impulse init puts the same pattern into W_Q / W_K by the SVD solve
     # (Table "Best Top-1 accuracy"'s Impulse column), mask-fixed keeps it frozen in M (Appendix A.2's
     # Fixed Mask). A --mask-from prior is also measured against the impulse, the prior it replaces.
     exact = maskprior.impulse_mask(L, H, config["image_size"] // config["patch_size"])   # (L, H, N, N)
     pattern, masks = prior(run, exact)
     true_pattern = exact if config.get("mask_from") else None
-    # The tables' "Drop path 0.1" as timm spreads it: 0 in the first block, rising linearly to 0.1.
-    rates = torch.linspace(0, config["drop_path"], L).tolist()   # drop path rising to 0.1
+    # The tables' "Drop path 0.1" as timm spreads it: 0 in the first block, rising linearly to the rate.
+    rates = torch.linspace(0, config["drop_path"], L).tolist()   # (L,) one rate a block
     if config.get("model") == "timm":            # timm's VisionTransformer of the preset's shape, M put
         import timm                              # in by add_mask_prior; no return_attn: no attention maps
         model = timm.models.VisionTransformer(
@@ -386,8 +387,8 @@ def vision_setup(run, data, place):
                               drop_paths=[StochasticDepth(r, "row") for r in rates])
     seconds = qk_prior(model, run.init, pattern, seed)
     model.to(device)
-    # The tables' batch 512 is the global batch: under torchrun each rank loads batch_size / world
-    # images of its share of every epoch (a DistributedSampler), and DDP averages the gradients.
+    # The tables' batch is the global batch, which tasks.vision_loaders splits over the torchrun ranks;
+    # DDP averages the gradients.
     if config["batch_size"] % world:
         raise UsageError(f"--batch-size {config['batch_size']} does not split over {world} processes")
     train_loader, test_loader, sampler = tasks.vision_loaders(
@@ -397,9 +398,9 @@ def vision_setup(run, data, place):
                          f"({len(data['train'])} images)")
     optimizer = make_optimizer(model, config)
     rounds = config["epochs"] + config["cooldown_epochs"]
-    # The tables' augmentation: "RandAug (m9)" and the crops run in the loader (tasks.vision_transform),
-    # "Mixup / CutMix 0.8 / 1.0" per batch on the device (tasks.mixup_cutmix, timm's switch between the
-    # two), "Label smoothing 0.1" in the loss, on the mixed soft targets.
+    # The tables' augmentation in three places: RandAugment and the crops in the loader
+    # (tasks.vision_transform), MixUp / CutMix per batch on the device (tasks.mixup_cutmix, timm's switch
+    # between the two), label smoothing in the loss, on the mixed soft targets.
     mix = tasks.mixup_cutmix(data["classes"], config["mixup"], config["cutmix"])
     def batches(epoch):
         # Drop path, MixUp / CutMix and the augmentations draw from torch's generator or the loader's
@@ -439,9 +440,9 @@ def vision_setup(run, data, place):
 def vision_schedule(optimizer, config, steps_per_epoch):
     """Per-step lr (Tables "Experimental setup for ..."): linear warmup, cosine to min_lr, cooldown."""
     # timm's cosine scheduler as torch schedulers chained by SequentialLR, stepped after every batch:
-    # LinearLR from warmup_lr up to lr over the warmup epochs (CIFAR 50, ImageNet100 5), a cosine from lr
-    # to min_lr over the other training epochs, then ConstantLR holding min_lr for the cooldown epochs
-    # (ImageNet100's 10), which end the run. A floor above lr would raise the lr: it is capped at lr.
+    # LinearLR from warmup_lr up to lr over the warmup epochs, a cosine from lr to min_lr over the other
+    # training epochs, then ConstantLR holding min_lr for the cooldown epochs (VISION_PRESETS and
+    # TASK_PRESETS give each), which end the run. A floor above lr would raise the lr: it is capped at lr.
     lr, warmup = optimizer.param_groups[0]["lr"], config["warmup_epochs"] * steps_per_epoch
     decay = (config["epochs"] - config["warmup_epochs"]) * steps_per_epoch
     floor, parts, milestones = min(config["min_lr"], lr), [], []
@@ -478,9 +479,7 @@ def prior(run, exact, cls_row=False):
         return pattern, torch.zeros_like(pattern)
     if kind != "mask":
         return pattern, None
-    # maskprior builds the hand-made patterns at the paper's +-A (10; arithmetic 5): M starts there, or at
-    # --mask-magnitude's A by a rescale. A learned prior is made at +-A already; the GPT's relative
-    # distance is used as it is, A being its scale s.
+    # A hand-made pattern comes at the family's A (FAMILIES' "magnitude"), rescaled to --mask-magnitude's.
     if config.get("mask_from") or run.family == "language":
         return pattern, pattern
     return pattern, pattern * (config["mask_magnitude"] / FAMILIES[run.family]["magnitude"])
@@ -491,14 +490,14 @@ def build_encoder(run, pattern, masks, device, svd_scales=None, **shape):
     # optional CLS, learned positions, pre-LN blocks, a linear readout); `shape` holds what differs:
     # vocabulary, sequence length, output width, CLS and readout. masks: M's start (None: no M), and
     # mode (INITS) says whether M trains. svd_scales: the family's targets for the structured-SVD solve
-    # (arithmetic: open 10000, closed 0), which --svd-open / --svd-noise replace.
+    # (SVD_FLAGS), which --svd-open / --svd-noise replace.
     config, init = run.config, run.init
-    pos_std = config["pos_std"]                      # N(0, 1): the GOTU code's (BOOLEAN_PRESETS)
+    pos_std = config["pos_std"]                      # the preset's (BOOLEAN_PRESETS says why)
     model = maskprior.Transformer(
         masks=masks, mode=INITS[init][0], dim=config["dim"], depth=config["layers"],
         heads=config["heads"], mlp_dim=config["mlp_dim"], head_dim=config["head_dim"], pos_std=pos_std,
         cls_std=config.get("cls_std", 0.0), **shape)
-    # Structured inits scale positions drawn at 0.02 by NORM_P = 18 (to std 0.36) before their solve;
+    # Structured inits scale positions drawn at 0.02 by maskprior.NORM_P (to std 0.36) before their solve;
     # larger starts are scaled up to that std at most, never down (N(0, 1) positions: factor 1).
     # --pos-scale, --svd-open and --svd-noise replace these choices and the family's solve targets.
     pos_scale = maskprior.NORM_P if pos_std == 0 else min(maskprior.NORM_P, max(1.0, 0.36 / pos_std))
@@ -508,9 +507,8 @@ def build_encoder(run, pattern, masks, device, svd_scales=None, **shape):
     return model.to(device), seconds
 
 # The structured-SVD solve's targets a command may set (config key -> structured_svd_init_'s argument):
-# the logit T_h of an open entry and the noise on the closed ones. Boolean runs solve with the
-# osiriszjq/structured_initialization code's 1000 and 3 (maskprior's defaults), arithmetic runs with the
-# paper's "open = 10000, close = 0".
+# the logit T_h of an open entry and the noise on the closed ones. Boolean runs solve with the reference
+# code's values (structured_svd_init_'s defaults), arithmetic runs with the table's (arithmetic_setup).
 SVD_FLAGS = {"svd_open": "open_logit", "svd_noise": "noise_scale"}
 
 # The flags of the structured solve (the encoders' QK baselines), --pos-scale beside the SVD targets; a
@@ -522,8 +520,8 @@ def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NO
     returns its seconds. pos_scale first scales the positions (NORM_P; 1 for N(0, 1) positions)."""
     # structured-svd and impulse: W_Q, W_K solved in closed form per layer and head so that the logits
     # on the (scaled) positions approximate the pattern (Zheng et al. 2025); structured-opt: fitted by
-    # Adam, 2000 steps at lr 1e-4 (Table "Arithmetic task setup"; Zheng et al. 2024); mimetic: identity-
-    # like W_Q W_K^T with no pattern (Trockman and Kolter). The mask inits and default do nothing here.
+    # Adam (Zheng et al. 2024; its steps and lr: structured_opt_init_); mimetic: identity-like W_Q W_K^T
+    # with no pattern (Trockman and Kolter). The mask inits and default do nothing here.
     # The seconds are result.json's init_seconds: the Opt fit costs time the other inits do not.
     prior, generator, start = INITS[init][1], torch.Generator().manual_seed(seed), time.time()
     if prior == "svd":
@@ -536,7 +534,7 @@ def qk_prior(model, init, pattern, seed, svd_scales=None, pos_scale=maskprior.NO
 
 # The optimizer each table names: Adam for the Boolean tasks (Table "Training setup for Boolean tasks"),
 # AdamW for arithmetic, language and vision (Tables "Arithmetic task setup", "NLP task setup" and
-# "Experimental setup for ..."), with weight decay of two kinds, as the docstring says.
+# "Experimental setup for ...").
 def make_optimizer(model, config):
     """Adam with coupled L2 on every parameter (aryol/GOTU's Boolean optimizer: weight decay enters the
     gradient, so Adam rescales it) or AdamW decaying weight matrices only (nanoGPT, timm). M is a group of
@@ -550,7 +548,7 @@ def make_optimizer(model, config):
 
 def encoder_experiment(run, model, x, y, *functions, **fields):
     """Boolean / arithmetic: a cosine over all steps, each epoch all (x, y) in seeded shuffled batches."""
-    # An epoch is every training example once (the GOTU code draws majority's points with replacement), in a
+    # An epoch is every training example once (tasks.py section 1: where aryol/GOTU differs), in a
     # fresh order. The order comes from a generator seeded by the run's seed and kept by checkpoints, so a
     # resumed run draws the orders the uninterrupted one would. The cosine (the arithmetic table's "cosine"; the
     # Boolean setup's "learning rate scheduler") runs over every step of every epoch, from lr to 0, without
@@ -560,7 +558,7 @@ def encoder_experiment(run, model, x, y, *functions, **fields):
     optimizer = make_optimizer(model, config)
     shuffle = torch.Generator().manual_seed(run.seed)
     def batches(epoch):
-        order = torch.randperm(len(x), generator=shuffle)     # drawn when the round starts
+        order = torch.randperm(len(x), generator=shuffle)     # (P,)
         return ((x[idx], y[idx]) for idx in order.split(config["batch_size"]))
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     return Experiment(model, optimizer, schedule, config["epochs"], steps, batches, *functions,
@@ -619,10 +617,9 @@ def read_source(folder):
 # The four families: their presets, inits, the paper's mask magnitude A (open +A, closed -A; the GPT's
 # scale s), rounds between evaluations (language: five evaluations a run), the flags only they take
 # beside their preset's keys, whether their data is read from files, and their setup.
-# A: Appendix "Experiment Details" opens with 10 and closes with -10 for the Boolean tasks and the ViT,
-# Table "Arithmetic task setup" with +-5, and the GPT's log sigmoid(s M) has s = 10. Vision evaluates
-# every epoch (the best epoch is the table's number), the encoders every 5; language's None becomes a
-# fifth of the iterations (make_config). "setup" is what execute (section 6) calls to build the run.
+# A: maskprior's constants block, where each is quoted from the paper. Vision evaluates every epoch (the
+# best epoch is the table's number), the encoders every 5; language's None becomes a fifth of the
+# iterations (make_config). "setup" is what execute (section 6) calls to build the run.
 FAMILIES = {
     "boolean": {"presets": BOOLEAN_PRESETS, "inits": ENCODER_INITS, "magnitude": maskprior.OPEN,
                 "eval_every": 5, "takes": ("mask_variant", "mask_error", *STRUCTURED_FLAGS), "files": False,
@@ -668,10 +665,9 @@ def load_data(run):
 # where it appears, a signal stops it with a checkpoint from which --resume repeats the uninterrupted
 # run exactly, and under torchrun every rank takes both decisions at the same step (agreed, section 8).
 def train(run, exp, net, state, place, stop):
-    """Rounds of minibatch steps (a round: an epoch, or eval_every language iterations), as nanoGPT's loop:
-    forward, the NaN check, backward, step, schedule, progress; a signal ends the run with a checkpoint of
-    the step it came in; each round ends in a history entry, every eval_every rounds (and after the last)
-    in an evaluation and a checkpoint. state (round, step, history, ...) is what checkpoints keep."""
+    """Rounds state["round"] + 1 .. exp.rounds (a round: an epoch, or eval_every language iterations);
+    each ends in a history entry, every eval_every rounds (and after the last) in an evaluation and a
+    checkpoint. state, listed below, is what checkpoints keep."""
     device, rank, world = place
     bar = tqdm(total=exp.steps, initial=state["step"], desc=run.name, leave=False, dynamic_ncols=True,
                disable=None if run.progress and rank == 0 else True)   # None: on a terminal only
@@ -701,7 +697,7 @@ def train(run, exp, net, state, place, stop):
             step_start = time.time()
             # -> the setup's loss_of (section 4), e.g. boolean_setup's MSE of the CLS readout. net is
             # exp.model itself, or its DDP (torchrun) or torch.compile wrapper (execute, section 6).
-            loss = exp.loss_of(net, batch)             # forward: the family's training loss
+            loss = exp.loss_of(net, batch)             # a scalar
             if agreed([not torch.isfinite(loss.detach())], world, device)[0]:    # on any rank
                 raise Diverged(f"loss became {loss.item()} at step {state['step'] + 1} ({exp.unit} {r})")
             exp.optimizer.zero_grad(set_to_none=True)
@@ -801,7 +797,7 @@ def execute(run, data, place, stop):
     # --resume (-> resume_from, section 8) puts the checkpoint's weights, optimizer, schedule and random
     # states into exp and returns its state, "before" included: the snapshot is never taken twice.
     if run.resume and (not run.grid or os.path.exists(run.checkpoint)):   # a grid: runs with one
-        state = resume_from(run.checkpoint, run.meta(world), exp, place)    # weights, optimizer, RNG, state
+        state = resume_from(run.checkpoint, run.meta(world), exp, place)
         resumed_at = state["step"] if exp.unit == "iter" else state["round"]
         cut = state.get("partial")              # the run's first line: where it goes on
         at = position(exp.unit, cut["round"] if cut else state["round"], state["step"])
@@ -817,7 +813,7 @@ def execute(run, data, place, stop):
                   file=sys.stderr)
     else:                                       # the prior as initialised: Section 6.1's "before"
         os.makedirs(run.folder, exist_ok=True)
-        state["before"] = picture(run, exp, place, {}, "before")        # -> picture, below
+        state["before"] = picture(run, exp, place, {}, "before")
     torch.set_num_threads(state["threads"])
     # What the flags changed of the preset, {setting: [this run's, the preset's]}: table.md says it
     # beside the paper's numbers, which describe the preset.
@@ -849,16 +845,14 @@ def execute(run, data, place, stop):
     if rank != 0:
         return None
     # Section 6.1's measurement again, after training, and the numbers that compare the two
-    # (-> maskprior.persistence_fields, maskprior.py section 5): prior_mass_init / _final, the attention
-    # on the entries the pattern opens (1 = all of it), pattern_corr_*, the mean map's correlation with
-    # the pattern, and mask_drift, how far log sigmoid(s M) moved. With them the setup's own numbers
-    # (exp.final, section 4: for majority Table 1's loss and accuracy and the Fourier weights).
+    # (-> maskprior.persistence_fields; maskprior.py section 5 defines prior mass, pattern correlation
+    # and mask drift). With them the setup's own numbers (exp.final, section 4: for majority Table 1's
+    # loss and accuracy and the Fourier weights).
     after = picture(run, exp, place, {"before": state["before"]}, "after")   # does the prior persist?
     result["final"] = {**exp.final(state, world),
                        **maskprior.persistence_fields(state["before"], after, exp.pattern, exp.true_pattern)}
-    # -> tasks.on_target (tasks.py section 1): fitted the seen points and >= 99.5 % of the cube right,
-    # i.e. on the target f, not on the MDI
-    verdict = tasks.on_target(result)           # the Boolean tasks: fitted, and at the target's accuracy
+    # -> tasks.on_target (tasks.py section 1 states the rule): on the target f, not on the MDI
+    verdict = tasks.on_target(result)           # None outside the Boolean tasks
     if verdict is not None:
         result["final"]["on_target"] = verdict
     result.update(status="done", seconds=time.time() - start)
@@ -991,12 +985,15 @@ def build_parser():
                    help=f"{', '.join(every_task)}; all: the Boolean four")
     g.add_argument("--init", nargs="+", default=["mask"], choices=list(INITS), metavar="INIT",
                    help=f"{', '.join(INITS)} (default mask)")
-    g.add_argument("--seed", type=count, default=0, help="random seed (default 0; with --preset paper the "
-                   "paper's: 1337 for language, 42 for imagenet100)")
-    g.add_argument("--seeds", type=count, nargs="+", metavar="SEED", help="several seeds: a grid")
+    one_or_many = g.add_mutually_exclusive_group()     # --seed beside --seeds: exit 2, not one dropped
+    one_or_many.add_argument("--seed", type=count, default=0, help="random seed (default 0; with --preset paper "
+                             "the paper's: 1337 for language, 42 for imagenet100)")
+    one_or_many.add_argument("--seeds", type=count, nargs="+", metavar="SEED",
+                             help="several seeds: a grid (not with --seed)")
     g.add_argument("--preset", choices=["cpu", "paper"], default="cpu", help="cpu (quick, default) or paper "
                    "(the paper's tables)")
-    g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs")
+    g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs (no other flag "
+                   "but --figure)")
     g.add_argument("--figure", nargs=2, metavar=("NAME", "FILE"), help="train nothing: figure NAME of DIR into FILE")
     g.add_argument("--model", choices=["maskprior", "timm"], help="vision: maskprior.ViT (default) or timm's "
                    "VisionTransformer, same shape")
@@ -1043,7 +1040,8 @@ def build_parser():
     g.add_argument("--download", action="store_true", help="vision: fetch CIFAR if missing")
     g.add_argument("--workers", type=count, metavar="N", help="vision: loader processes")
     g = p.add_argument_group("output and resume")
-    g.add_argument("--out", metavar="DIR", help="output folder (default runs/<run name> or runs/grid)")
+    g.add_argument("--out", metavar="DIR", help="a single run writes into DIR (default runs/<run name>); a grid "
+                   "each run into DIR/<task>-<init>-seed<N>[-<setting>] (default runs/grid)")
     g.add_argument("--resume", action="store_true", help="continue from checkpoint.pt (a grid: all)")
     g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1")
     g.add_argument("--threads", type=natural, metavar="N", help="torch CPU threads")
@@ -1452,11 +1450,21 @@ def main(argv=None):
     # -> train_all (above), where the path of one run goes on; the module docstring follows it to the end.
     args = None
     try:
-        args = build_parser().parse_args(argv)
-        if args.summarize:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.summarize or args.figure:
+            # The tables and figures are of the runs DIR holds, as they were trained, or (--figure alone) of the
+            # constructors: a flag of what to train would be ignored.
+            given = [key for key, value in vars(args).items()
+                     if key not in ("summarize", "figure") and value != parser.get_default(key)]
+            if given:
+                said = "its tables are of the runs DIR holds, as they were trained" if args.summarize else \
+                    "it draws the mask constructors' patterns"
+                raise UsageError(f"{'--summarize' if args.summarize else '--figure'} takes no other flag "
+                                 f"(--{given[0].replace('_', '-')} given): {said}")
+            if not args.summarize:                     # the constructors' figures: no run to read
+                return draw_figure(*args.figure) or 0
             return summarize(args.summarize, args.figure)
-        if args.figure:                                # the constructors' figures: no run to read
-            return draw_figure(*args.figure) or 0
         return train_all(args, stop)
     except (UsageError, tasks.DataError) as err:
         print(f"train.py: error: {err}", file=sys.stderr)
@@ -1682,7 +1690,8 @@ def check_folder(folder, run=None):
         runs = sorted(e.name for e in os.scandir(folder)
                       if e.is_dir() and any(os.path.isfile(os.path.join(e.path, n)) for n in RUN_FILES))
     grid_files = [n for n in ("grid.json", "table.md") if os.path.isfile(os.path.join(folder, n))]
-    if not run.grid and (grid_files or runs):
+    # table.md beside a run's own files is that run's --summarize, not a grid: the run's folder stays its own.
+    if not run.grid and (runs or grid_files and not found):
         example = f", e.g. --out {os.path.join(folder, runs[0])}" if runs else ""
         raise UsageError(f"--out {folder} holds a grid: continue the grid with its own command (its --task, "
                          f"--init, --seeds), or name one run's folder{example}")

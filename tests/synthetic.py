@@ -8,6 +8,7 @@ the language tests, a tiny tiktoken ranks file.
     python tests/synthetic.py --digits DIR [TRAIN_SIZE TEST_SIZE]    # DIR/imagenet100/{train,val}
     python tests/synthetic.py --sklearn-digits DIR                   # DIR/{train,val}: the README's digits
 """
+import argparse
 import array
 import base64
 import os
@@ -208,15 +209,30 @@ def write_sklearn_digits(root, train_size=1400):
     return root
 
 
+def main(argv=None):
+    """The command line (the module docstring's three forms); a missing scikit-learn is one line, exit 2."""
+    parser = argparse.ArgumentParser(prog="python tests/synthetic.py", description=__doc__.split("\n\n")[0])
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--digits", action="store_true", help="synthetic digits in DIR/imagenet100/{train,val}")
+    kind.add_argument("--sklearn-digits", action="store_true",
+                      help="scikit-learn's 1,797 digits in DIR/{train,val} (the README's; needs scikit-learn)")
+    parser.add_argument("dir", metavar="DIR", help="where to write")
+    parser.add_argument("sizes", metavar="SIZE", type=int, nargs="*",
+                        help="TRAIN_SIZE TEST_SIZE (default 500 100; --digits 1400 400)")
+    args = parser.parse_args(argv)
+    if len(args.sizes) not in (0, 2) or (args.sklearn_digits and args.sizes):
+        parser.error("give both TRAIN_SIZE and TEST_SIZE, or neither (--sklearn-digits: neither)")
+    if args.sklearn_digits:
+        try:
+            import sklearn.datasets  # noqa: F401
+        except ModuleNotFoundError:
+            parser.exit(2, "synthetic.py: error: --sklearn-digits needs scikit-learn: pip install scikit-learn\n")
+        print(f"wrote {write_sklearn_digits(args.dir)}")
+        return
+    sizes = args.sizes or ([1400, 400] if args.digits else [500, 100])
+    write = write_synthetic_digits if args.digits else write_synthetic_cifar10
+    print(f"wrote {write(args.dir, *sizes)}")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--sklearn-digits"] and len(sys.argv) == 3:
-        sys.exit(print(f"wrote {write_sklearn_digits(sys.argv[2])}"))
-    args = sys.argv[1:]
-    digits = args[:1] == ["--digits"]
-    if digits:
-        args = args[1:]
-    if len(args) not in (1, 3):
-        sys.exit("usage: python tests/synthetic.py [--digits] DIR [TRAIN_SIZE TEST_SIZE]")
-    sizes = [int(s) for s in args[1:3]] or ([1400, 400] if digits else [500, 100])
-    write = write_synthetic_digits if digits else write_synthetic_cifar10
-    print(f"wrote {write(args[0], *sizes)}")
+    main()

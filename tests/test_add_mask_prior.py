@@ -454,3 +454,4 @@ def test_readme_snippets_run_from_another_directory(path, index, code, installed
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count(f"imported maskprior from {site}") == 1, done.stdout
+    assert len(done.stdout.splitlines()) >= 2, done.stdout     # the example shows its prior went in

@@ -1,6 +1,7 @@
 """train.py end to end: result files, the grid table, bad input, a NaN loss, reproducibility."""
 import json
 import os
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -132,6 +133,54 @@ def test_bad_input_through_the_script_is_exit_2_and_one_line_without_traceback(r
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: error: argument --task: invalid "
                                                    "choice: 'parity5'") and "majority" in lines[0]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seed", "1", "--seeds", "2", "3"], "argument --seeds: not allowed with argument --seed"),
+    (["--summarize", "{out}", "--task", "addition"], "--summarize takes no other flag (--task given)"),
+    (["--summarize", "{out}", "--preset", "paper"], "--summarize takes no other flag (--preset given)"),
+])
+def test_a_flag_the_command_would_drop_is_refused_not_ignored(flags, message, tmp_path, capsys):
+    out = str(tmp_path)          # a regression trains or summarizes here, never under the repository
+    flags = [flag.replace("{out}", out) for flag in flags]
+    assert train.main(flags + ([] if "--summarize" in flags else ["--out", out, *TINY])) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: ") and message in lines[0], lines
+    assert os.listdir(out) == []
+
+
+def test_summarizing_a_single_runs_folder_leaves_it_that_runs_to_resume(tmp_path, capsys):
+    out = str(tmp_path / "majority-mask-seed0")
+    command = ["--task", "majority", "--init", "mask", "--out", out, *TINY]
+    assert train.main(command) == 0
+    assert train.main(["--summarize", out]) == 0
+    assert {"table.md", "curves.svg", "result.json"} <= set(os.listdir(out))
+    capsys.readouterr()
+    # the run's own command: the folder holds that run (not "a grid"), and --resume keeps the finished run
+    assert train.main(command) == 2
+    error = capsys.readouterr().err
+    assert f"--out {out} already holds a run" in error and "holds a grid" not in error, error
+    before = result_of(out)
+    assert train.main(command + ["--resume"]) == 0
+    assert result_of(out)["final"] == before["final"]
+
+
+def test_synthetic_help_writes_nothing_and_sklearn_digits_without_sklearn_is_one_line(tmp_path, monkeypatch,
+                                                                                    capsys):
+    import synthetic
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        synthetic.main(["--help"])
+    assert done.value.code == 0 and "--sklearn-digits" in capsys.readouterr().out
+    assert os.listdir(tmp_path) == []                  # no folder named "--help"
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # import sklearn -> ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    with pytest.raises(SystemExit) as done:
+        synthetic.main(["--sklearn-digits", "digits"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and lines == [
+        "synthetic.py: error: --sklearn-digits needs scikit-learn: pip install scikit-learn"]
+    assert os.listdir(tmp_path) == []
 
 
 def test_nan_loss_stops_the_run_with_a_message_and_keeps_the_result(tmp_path, monkeypatch, capsys,
