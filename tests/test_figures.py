@@ -165,3 +165,8 @@ def test_a_figure_with_nothing_to_draw_is_one_line_and_exit_2(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "attention.svg")
     assert train.main(["--figure", "masks", str(tmp_path / "no" / "such" / "folder.svg")]) == 2
     assert capsys.readouterr().err.startswith("train.py: error: cannot write ")
+    # a flag of what to train would be dropped: refused, as with --summarize
+    assert train.main(["--figure", "masks", str(tmp_path / "attention.svg"), "--task", "addition"]) == 2
+    assert capsys.readouterr().err == ("train.py: error: --figure takes no other flag (--task given): it draws the "
+                                       "mask constructors' patterns\n")
+    assert not os.path.exists(tmp_path / "attention.svg")
