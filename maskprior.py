@@ -904,12 +904,16 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # adds log sigmoid(s * M[h, i, j]) to its scores before the softmax: the attention of Section 4.1.
 # M is indexed by the positions the model uses: i is the query's position and j the key's, as the
 # model's position_ids give them where it passes them to its attention layers (transformers'
-# decoders: left padding, cached decoding and offsets included), else the token's index in the
-# sequence or the cache (BERT, ViT, timm, nn.MultiheadAttention). So a cached, padded or offset run
+# decoders: left padding, cached decoding and offsets included) or to its position embeddings alone
+# (GPTBigCode, CTRL: the patched model's call's, _remember_positions; a part patched without its model
+# cannot see them), else the token's index in the sequence or the cache (BERT, ViT, timm,
+# nn.MultiheadAttention). So a cached, padded or offset run
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
 # position past N is a ValueError. A layer over text takes any n <= N tokens; an image's layer (timm's
 # ViTs, torchvision's, transformers' vision models) exactly the N its M was built for, its prefix
-# tokens and its grid: with fewer, M's top-left block would give each patch another patch's prior.
+# tokens and its grid of (rows, cols) patches, which a forward hook on the model's patch embedding
+# reads off each image: with another grid, of fewer patches or as many (2 x 8 for 4 x 4), M would
+# give each patch another patch's prior.
 # Three kinds of layer, each reached through its own door:
 #   nn.MultiheadAttention (torchvision's ViT, nn.TransformerEncoder, nn.Transformer): a forward
 #     pre-hook passes the bias as attn_mask (B * heads, N, N). No fused shortcut bypasses it:
@@ -927,15 +931,18 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 #     prior joins all of them as the causal and padding masks do. A forward pre-hook on each patched
 #     layer finds the positions as the model's masks do (position_ids, and for the keys a cache holds,
 #     dynamic, static or sliding-window, the cache's get_query_offset and get_mask_sizes) and leaves
-#     the bias at those positions on the layer for that function.
+#     the bias at those positions on the layer for that function. The record of the prior
+#     (scale, mode, each layer's M) goes into the config the model saves; each layer holds a
+#     _TransformersDoor, which registers the function wherever the layer is unpickled.
 # Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers) is
 # left unpatched: its keys are another sequence, which has no positions in M.
 # The prior costs the model little (tests/bench_add_mask_prior.py): where the positions are 0..n-1
-# (training, plain generation) M is read by one slice, not gathered; where no gradient reaches M its
-# log sigmoid is kept until M changes; the CPU's fused SDPA kernels give no gradient for a mask (CUDA's
-# memory-efficient kernel does), so there a trained M takes the written-out softmax, the scaling on Q, a
-# causal layer's in blocks of rows that skip most of the future, as the fused causal kernel does; log
-# sigmoid by log(sigmoid) where that is exact to the dtype (F.logsigmoid's CPU kernel is slow).
+# (training, plain generation) M is read by one slice, not gathered, its log sigmoid recomputed at
+# every forward (M as it is then, whatever wrote it: a kept table could go stale); the CPU's fused
+# SDPA kernels give no gradient for a mask (CUDA's memory-efficient kernel does), so there a trained
+# M takes the written-out softmax, the scaling on Q, a causal layer's in blocks of rows that skip
+# most of the future, as the fused causal kernel does; log sigmoid by log(sigmoid) where that is
+# exact to the dtype (F.logsigmoid's CPU kernel is slow).
 # timm and transformers are never imported at module level: a model holds their modules only once
 # they are imported, so they are looked up in sys.modules.
 MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionInterface
@@ -969,8 +976,11 @@ def _check_transformers_part(where, module, layer, pretrained):
     the message starting with where, unless add_mask_prior can patch module, a transformers layer or
     (layer False) model (pretrained: transformers' PreTrainedModel). A family must support attention
     backends (transformers' _supports_attention_backend: BLOOM, T5, BART and Whisper do not), its
-    eager attention must read attention_mask, and its attention must span the sequence with one head
-    count (Swin's attends within windows, stage by stage). A layer's class is entered in _ATTENTION_OF."""
+    eager attention must read attention_mask, its attention must span the sequence with one head
+    count (Swin's attends within windows, stage by stage), and it must keep each patch in its place
+    (ViTMAE shuffles them), in one attention call a forward. A layer's class is entered in _ATTENTION_OF."""
+    import dis
+    import inspect
     import sys
     name = type(module).__name__
     family = [type(module)] if isinstance(module, pretrained) else [
@@ -985,6 +995,17 @@ def _check_transformers_part(where, module, layer, pretrained):
     if layer and not isinstance(_heads(module), int):
         raise ValueError(f"{where}: {name} takes a head count per stage, num_heads={_heads(module)}: a hierarchical "
                          f"attention within windows (Swin), where no one (heads, N, N) prior spans the sequence")
+    # ViTMAE's random_masking: patches in the order of argsort(noise), at any mask_ratio, the kept first
+    if layer and all(hasattr(getattr(module, "config", None), key) for key in ("mask_ratio", "image_size")):
+        raise ValueError(f"{where}: {name} shuffles its patches at random before its layers and drops a mask_ratio "
+                         f"of them (ViTMAE's random_masking), so no row of M stays with one patch's place on the grid")
+    # the prior is left on the layer for one attention call a forward; DiffLlama's differential attention makes two
+    forward = inspect.unwrap(type(module).forward) if layer else None
+    if layer and sum("attention_interface" in str(i.argval) for i in dis.get_instructions(forward)
+                     if i.opname.startswith("LOAD_FAST")) > 1:
+        raise ValueError(f"{where}: {name} calls its attention function twice a forward (a differential "
+                         f"attention's two softmaxes, DiffLlama's), where add_mask_prior adds M to the one attention "
+                         f"of Section 4.1")
     if layer:
         _ATTENTION_OF[type(module)] = None if any(c._supports_sdpa for c in family) else _eager_attention(type(module))
 
@@ -1007,7 +1028,10 @@ def _log_sigmoid(x):
     to the dtype's precision, in under half its CPU time forward and backward (its kernel calls log1p
     element by element): log(sigmoid(x)) where sigmoid(x) is at least the dtype's eps, else x, which
     x - log(1 + e^x) rounds to there (e^x is below half an ulp of x). The clamp keeps the branch not
-    taken finite, and so its gradient: zero, not NaN."""
+    taken finite, and so its gradient: zero, not NaN. A few entries (a cached token's row of M: up to
+    heads x N) go to F.logsigmoid, one kernel call where the log(sigmoid) takes five, each a dispatch."""
+    if x.numel() <= 4096:
+        return F.logsigmoid(x)
     floor = math.log(torch.finfo(x.dtype).eps)
     return torch.where(x > floor, x.clamp(min=floor).sigmoid().log(), x)
 
@@ -1016,24 +1040,35 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     sigmoid(s M[h, i, j]) of a patched layer for queries at positions rows and keys at cols, (B or 1,
     H, n, n_keys), + -inf where j > i if causal (slices from 0). rows, cols: tensors (B or 1, n) and
     (B or 1, n_keys), or slices where the positions are first, ..., first + n - 1 in every row: then
-    M is read by one slice, which costs no gather forward and no scatter backward, and where no
-    gradient reaches M (generation, eval, a fixed M) from the table log sigmoid(s M), kept until M
-    changes (its version counter). largest: the largest query position (an int, or a tensor where
-    positions are data), which must lie below M's N; an image's layer (mask_prior_prefix set: prefix
-    tokens, then a grid of patches) takes exactly the N tokens M was built for. A key outside 0..N-1
-    is a slot every mask blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
+    M is read by one slice, which costs no gather forward and no scatter backward. Every call reads
+    M as it is at that call, and keeps nothing of it: no version counter or address tells every
+    writer of M (fused optimizers and .data writes leave its version, a parametrization or
+    torch.func.functional_call hands a new tensor at a freed one's address). largest: the largest
+    query position (an int, or a tensor where positions are data), which must lie below M's N; an
+    image's layer (mask_prior_image set: prefix tokens, then a grid of patches) takes exactly the N
+    tokens and the (rows, cols) grid M was built for. A key outside 0..N-1 is a slot every mask
+    blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
     mask = attn.mask                                  # one look-up: nn.Module's __getattr__ costs a microsecond
-    prefix, size = attn.mask_prior_prefix, mask.shape[-1]                          # size: M's N
-    if prefix is not None and largest != size - 1:
-        # Another grid's M: its top-left block would give each patch another patch's prior. impulse_mask
-        # builds CLS + grid x grid (Section 5.3); its rows and columns indexed by [0] * prefix + the
-        # patches give every prefix token the class token's prior (a grid without CLS: prefix 0).
-        grid = math.isqrt(max(largest + 1 - prefix, 0))
-        raise ValueError(f"{attn.mask_prior_name}: an image layer takes the N tokens its mask was built for; got "
-                         f"{largest + 1} = {prefix} prefix tokens (class, distillation, register tokens in the "
-                         f"patched module) + {largest + 1 - prefix} patches, M {tuple(mask.shape)} is for N = {size}: "
-                         f"for a {grid} x {grid} grid M = maskprior.impulse_mask(depth, heads, {grid})[..., i, :][...,"
-                         f" i], i = [0] * {prefix} + list(range(1, {grid ** 2 + 1}))")
+    size = mask.shape[-1]                                                          # M's N
+    # an image's layer: its prefix tokens, the (rows, cols) of the grid M is for, the patch embedding's
+    # convolution (None in a part without it), which holds the grid of this call's image
+    prefix, grid, conv = attn.mask_prior_image or (None, None, None)
+    # the image's grid: the convolution's output (B, C, rows, cols), else the square of the patches;
+    # without the convolution only the count is checked, and an M of no grid refused
+    patches = None if prefix is None else largest + 1 - prefix
+    seen = patches and (getattr(conv, "mask_prior_grid", None) or (math.isqrt(max(patches, 0)),) * 2)
+    if patches is not None and (largest != size - 1 or (seen != grid if conv is not None else grid is None)):
+        # Another grid's M, of another N or of the same N (2 x 8 patches for 4 x 4): it would give each
+        # patch another patch's prior. impulse_mask builds CLS + g x g patches, row-major (Section 5.3);
+        # its rows and columns indexed by [0] * prefix + the patches (r, c) of a rows x cols grid give
+        # each its neighbours there, and every prefix token the class token's prior (no CLS: prefix 0).
+        (rows, cols), g = seen, max(seen)
+        raise ValueError(f"{attn.mask_prior_name}: an image layer takes the N tokens its mask was built for, on its "
+                         f"grid; got {largest + 1} = {prefix} prefix tokens (class, distillation, register tokens in "
+                         f"the patched module) + {patches} patches, M {tuple(mask.shape)} is for N = {size}: for a "
+                         f"{rows} x {cols} grid M = maskprior.impulse_mask(depth, heads, {g})[..., i, :][..., i], "
+                         f"i = [0] * {prefix} + [1 + r * {g} + c for r in range({rows}) for c in range({cols})]"
+                         + (f"; patch with add_mask_prior(..., grid=({rows}, {cols}))" if rows != cols else ""))
     if torch.compiler.is_compiling() or largest >= size:   # a compiled graph cannot branch on data: it asserts
         message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
                    f"self-attention over sequences of length at most {size}, positions 0 to {size - 1}")
@@ -1045,14 +1080,12 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
         rows, cols = rows[:, None, :, None], cols.clamp(0, size - 1)[:, None, None, :]   # (B, 1, n, 1), (B, 1, 1, k)
         return _log_sigmoid(attn.mask_scale * mask[heads, rows, cols])                        # (B, H, n, n_keys)
     if mask.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
-        bias = _log_sigmoid(attn.mask_scale * mask[None, :, rows, cols])                      # (1, H, n, n_keys)
-    else:
-        if attn.mask_prior_table[0] != (key := (mask._version, mask.data_ptr(), torch.is_inference_mode_enabled())):
-            attn.mask_prior_table = key, _log_sigmoid(attn.mask_scale * mask[None])           # (1, H, N, N)
-        # table[:, :, rows, cols] as one view op, not two: a cached token's step pays for each
-        table = attn.mask_prior_table[1]                                                      # (1, H, N, N)
-        bias = table.as_strided((1, mask.shape[0], rows.stop - rows.start, cols.stop - cols.start), table.stride(),
-                                rows.start * table.stride(2) + cols.start * table.stride(3))  # (1, H, n, n_keys)
+        block = mask[None, :, rows, cols]                                                     # (1, H, n, n_keys)
+    else:     # no backward to serve: one view op, not the indexing's two, which a cached token's step pays for
+        (heads, row, col), offset = mask.stride(), mask.storage_offset() + rows.start * mask.stride(1)
+        block = mask.as_strided((1, len(mask), rows.stop - rows.start, cols.stop - cols.start), (0, heads, row, col),
+                                offset + cols.start * col)                                    # (1, H, n, n_keys)
+    bias = _log_sigmoid(attn.mask_scale * block)
     return bias + bias.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias   # the future: -inf
 
 def _add_mask_prior_to_call(attn, args, kwargs):
@@ -1120,6 +1153,8 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     first, (length, offset) = (0, (n, 0)) if cache is None else (   # the queries' first cache index, the keys'
         cache.get_query_offset(attn.layer_idx), cache.get_mask_sizes(n, attn.layer_idx))   # number and first index
     positions = call.get("position_ids")                                 # (B or 1, n), or mRoPE's (3, B, n)
+    # a layer its model hands none (GPTBigCode's): the model's call's, which its embeddings took (_remember_positions)
+    positions = attn.mask_prior_positions.get("position_ids") if positions is None else positions
     positions = positions if positions is not None and positions.dim() == 2 and positions.shape[-1] == n else None
     if offset + length <= mask.shape[-1] and (positions is None or not torch.compiler.is_compiling() and (
             positions.item() == first if positions.numel() == 1 else     # a cached token's step: one position
@@ -1201,10 +1236,12 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     # the scores go in blocks of rows, each against its keys 0, ..., start + rows - 1, which skips
     # about half the future's -inf entries and keeps each block's (B, H, rows, keys) in the cache.
     # Row blocks of 64 (n // 8 past 512) ran fastest on the 2-core CPU at n 128 (head size 32) to 1024;
-    # fused SDPA's causal kernel does the same skipping. Weights asked for (collected) come whole.
-    rows = max(64, query.shape[2] // 8) if causal and not collected else query.shape[2]
+    # fused SDPA's causal kernel does the same skipping. Weights asked for (collected) come whole, and
+    # so does a compiled or exported graph's (a loop over blocks would fix a dynamic length to one).
+    whole = collected or torch.compiler.is_compiling()
+    rows = max(64, query.shape[2] // 8) if causal and not whole else query.shape[2]
     outputs = []
-    for start in range(0, query.shape[2], rows):
+    for start in [0] if whole or not causal else range(0, query.shape[2], rows):
         keys = min(start + rows, query.shape[2]) if causal else key.shape[2]
         weights = torch.matmul(query[:, :, start:start + rows], key[:, :, :keys].transpose(-1, -2))
         block = mask[..., start:start + rows, :keys]                           # (B or 1, H or 1, rows, keys)
@@ -1234,8 +1271,10 @@ def _self_attention_layers(model):
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
     prefix = sum(p.numel() // p.shape[-1] for name, p in model.named_parameters() if name.endswith(_PREFIX_TOKENS))
     torchvision = any(type(m).__module__.startswith("torchvision.") for m in model.modules())  # its ViT's layers
-    named = []
+    named, conv = [], None
     for name, module in model.named_modules():
+        # the patch embedding: the last 2-D convolution before the first attention layer (a hybrid's stem first)
+        conv = module if isinstance(module, nn.Conv2d) and not named else conv
         forward = inspect.unwrap(type(module).forward) if "transformers" in sys.modules else None
         on_interface = "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ())
         cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
@@ -1244,23 +1283,37 @@ def _self_attention_layers(model):
             _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
         image = getattr(getattr(module, "config", None), "image_size", None) is not None
         if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
-            named.append((name, module, _add_mask_prior_to_call, prefix if torchvision else None))
+            named.append((name, module, _add_mask_prior_to_call, (prefix, conv) if torchvision else None))
         elif isinstance(module, timm_attention):
-            named.append((name, module, _add_mask_prior_to_call, prefix))
+            named.append((name, module, _add_mask_prior_to_call, (prefix, conv)))
         elif transformers_layer:
-            named.append((name, module, _add_mask_prior_to_transformers_call, prefix if image else None))
+            named.append((name, module, _add_mask_prior_to_transformers_call, (prefix, conv) if image else None))
     return named
 
-def _patch(named, masks, mode, scale):
+def _remember_positions(model, args, kwargs):
+    """A transformers model's forward pre-hook, which serves the rule that a decoder reads M at the
+    positions it uses where its layers are not handed them (GPTBigCode, CTRL, BERT's line as a decoder:
+    position_ids go to their position embeddings alone; generate passes them, counted from the
+    attention mask under left padding): keeps the call's position_ids, None where it gives none (the
+    model then counts from its cache, as the layer's pre-hook does), for the patched layers it holds."""
+    model.mask_prior_positions["position_ids"] = dict(zip(model.mask_prior_arguments, args), **kwargs).get(
+        "position_ids")
+
+def _patch(named, masks, mode, scale, grid=None, model=None):
     """Serves add_mask_prior and from_pretrained, the one place a layer takes the prior: give each
-    (name, layer, pre-hook, prefix) of named its M (a Parameter from masks), its pre-hook and, for a
-    transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which save_pretrained
-    writes to config.json): scale, mode and each layer's M shape under its name in the module
-    add_mask_prior was given. First a ValueError naming the module unless every layer is unpatched,
-    its mask is (heads, N, N), and (a transformers layer) its config records no prior of another
-    scale or mode (config.json holds one) nor another layer of this name (a part of the model
-    patched alone before: config.json could not tell the two apart)."""
+    (name, layer, pre-hook, image) of named its M (a Parameter from masks), its pre-hook, an image's
+    layer the grid M is for (grid, else the square of M's patches; None if they make no square) and,
+    for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which save_pretrained
+    writes to config.json): scale, mode, grid if given and each layer's M shape under its name in the
+    module add_mask_prior was given. A record is this model's where a patch of this process wrote it
+    (attn_implementation MASK_PRIOR_ATTENTION, which config.json never holds): one a plain
+    from_pretrained read from config.json describes no layer of the model. First a ValueError
+    naming the module unless every layer is unpatched, its mask is (heads, N, N), and (a
+    transformers layer) its model's record holds no prior of another scale or mode nor another
+    layer of this name (a part of the model patched alone before: config.json could not tell the
+    two apart)."""
     import inspect
+    import sys
     for (name, attn, _, _), mask in zip(named, masks):
         heads, rows, cols = mask.shape
         if hasattr(attn, "mask_prior_name"):
@@ -1268,34 +1321,76 @@ def _patch(named, masks, mode, scale):
         if heads != _heads(attn) or rows != cols:
             raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
                              f"{type(attn).__name__} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
-        record = getattr(getattr(attn, "config", None), "mask_prior", None)
+        config = getattr(attn, "config", None)
+        live = config is not None and config._attn_implementation == MASK_PRIOR_ATTENTION
+        record = getattr(config, "mask_prior", None) if live else None
         if record and ((record["scale"], record["mode"]) != (scale, mode) or name in record["layers"]):
             raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, mode="
                              f"{record['mode']!r}, layers {list(record['layers'])}; got scale={scale}, mode={mode!r} "
                              f"(patch the parts in one call, on a module that holds them, so config.json names each)")
-    for (name, attn, hook, prefix), mask in zip(named, masks):
+    for (name, attn, hook, image), mask in zip(named, masks):
         # M takes the module's dtype and device
         attn.mask = nn.Parameter(mask.detach().to(next(attn.parameters())).clone(), requires_grad=mode == "learnable")
         attn.mask_scale, attn.mask_prior_name = scale, name or "model"     # the name for the forward-time messages
-        # None over a sequence, else an image's prefix tokens; (M's version, log sigmoid(s M)) for _prior_bias
-        attn.mask_prior_prefix, attn.mask_prior_table = prefix, (None, None)
+        if image is not None:                      # (prefix tokens, the patch convolution or None)
+            side = math.isqrt(max(len(mask[0]) - image[0], 0))
+            square = (side, side) if side * side == len(mask[0]) - image[0] else None
+            # in a tuple, the convolution is no submodule of the layer: named_modules, state_dict unchanged
+            attn.mask_prior_image = image[0], tuple(grid) if grid else square, image[1]
+            if image[1] is not None and "mask_prior_grid" not in vars(image[1]):
+                object.__setattr__(image[1], "mask_prior_grid", None)
+                image[1].register_forward_hook(_record_grid)
+        else:
+            attn.mask_prior_image = None
+        attn.mask_prior_positions = {}         # the position_ids of its model's call (_remember_positions)
         # the names of forward's arguments, by which each hook reads a call's positional ones
         attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
         attn.register_forward_pre_hook(hook, with_kwargs=True)
         if hook is _add_mask_prior_to_transformers_call:
-            from transformers import AttentionInterface, AttentionMaskInterface
-            from transformers.masking_utils import sdpa_mask
-            record = getattr(attn.config, "mask_prior", None) or {"scale": scale, "mode": mode, "layers": {}}
+            live = attn.config._attn_implementation == MASK_PRIOR_ATTENTION
+            record = (getattr(attn.config, "mask_prior", None) if live else None) or {
+                "scale": scale, "mode": mode, "layers": {}, **({"grid": list(grid)} if grid else {})}
             record["layers"][name] = list(mask.shape)
             attn.config.mask_prior = record
-            # _mask_prior_attention becomes the config's attn_implementation (every layer on the config
-            # takes it), with transformers' sdpa_mask as its mask function, SDPA's: None where is_causal
-            # serves, else Boolean (a name without one gets attention_mask=None: no causal, no padding mask)
-            AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
-            AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, sdpa_mask)
-            attn.config._attn_implementation = MASK_PRIOR_ATTENTION
+            attn.mask_prior_door = _TransformersDoor(type(attn), _ATTENTION_OF[type(attn)])
+            attn.config._attn_implementation = MASK_PRIOR_ATTENTION     # every layer on the config takes it
+    # Each transformers model in model keeps its call's position_ids for the patched layers it holds,
+    # a layer the innermost model's (a vision tower's call has none: its layers count their tokens)
+    pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
+    for module in (m for m in (model.modules() if model is not None else ()) if isinstance(m, pretrained)):
+        if not hasattr(module, "mask_prior_positions"):
+            module.mask_prior_positions = {}
+            module.mask_prior_arguments = tuple(inspect.signature(module.forward).parameters)
+            module.register_forward_pre_hook(_remember_positions, with_kwargs=True)
+        for layer in (m for m in module.modules() if hasattr(m, "mask_prior_name")):
+            layer.mask_prior_positions = module.mask_prior_positions
 
-def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
+def _record_grid(conv, args, output):
+    """Serves the rule that a grid is a grid: a forward hook on an image model's patch embedding, its
+    last convolution before the first attention layer, which leaves the grid of this call's image,
+    the (rows, cols) of its output (B, C, rows, cols), for the image's layers to check M's against."""
+    object.__setattr__(conv, "mask_prior_grid", tuple(output.shape[-2:]))
+
+class _TransformersDoor:
+    """Serves the rule that a patched model travels: each patched transformers layer holds one, built
+    at the patch and again wherever the layer is unpickled or deep-copied (pickle rebuilds it by
+    calling the class, which imports maskprior), so that a torch.load in a fresh process finds
+    MASK_PRIOR_ATTENTION registered before the model's first forward asks transformers for it."""
+    def __init__(self, layer_class, attention):
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+        # _mask_prior_attention under MASK_PRIOR_ATTENTION, with transformers' sdpa_mask as its mask
+        # function, SDPA's: None where is_causal serves, else Boolean (a name without one gets
+        # attention_mask=None: no causal, no padding mask)
+        AttentionInterface.register(MASK_PRIOR_ATTENTION, _mask_prior_attention)
+        AttentionMaskInterface.register(MASK_PRIOR_ATTENTION, sdpa_mask)
+        _ATTENTION_OF[layer_class] = attention                  # what _check_transformers_part found
+        self.arguments = layer_class, attention
+
+    def __reduce__(self):
+        return type(self), self.arguments
+
+def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None):
     """The appendix's feature, Section 4.1's prior in an existing model: log sigmoid(scale * M) in
     every self-attention layer of model (a whole model or a part: a ModuleList, one layer):
     nn.MultiheadAttention, timm's Attention, transformers' layers on the AttentionInterface; returns
@@ -1306,8 +1401,10 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     a transformers model saved with save_pretrained comes back with from_pretrained below). The
     caller's causal and padding masks are kept. A layer over a sequence takes any n <= N tokens, at
     the positions the model gives them; an image's layer exactly the N tokens M was built for (prefix
-    tokens, then the patches: timm's, torchvision's and transformers' vision models). Else a
-    ValueError at forward time."""
+    tokens, then the patches: timm's, torchvision's and transformers' vision models) and their grid:
+    grid=(rows, cols), row-major, else the square of M's patches (impulse_mask's); a layer whose patch
+    embedding lies outside model (a part) checks their count alone. Else a ValueError at forward time.
+    A transformers model takes its own copy of its configs, which the record then goes into."""
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
     if not torch.is_floating_point(mask_init):
@@ -1320,7 +1417,20 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0):
     if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
         raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) for the "
                          f"modules {[layer[0] for layer in named]}, got {tuple(mask_init.shape)}")
-    _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale)
+    # The record belongs to the model patched: a transformers model with a head (its base_model another
+    # module: LlamaForCausalLM, ViTForImageClassification, LlavaForConditionalGeneration) takes its own
+    # copies of the configs its modules hold (one deepcopy: a composite's sub-configs stay its
+    # sub-configs), which a model built from the same config object does not see. A base model or a
+    # part (a ModuleList, a layer) writes into the config it shares with the model around it, which
+    # save_pretrained writes: a module cannot reach the model that holds it to copy that one's.
+    holders = [m for m in model.modules() if hasattr(getattr(m, "config", None), "to_json_string")]
+    if holders and getattr(model, "base_model", model) is not model:
+        import copy
+        copies = copy.deepcopy({id(m.config): m.config for m in holders})
+        for module in holders:
+            module.config = copies[id(module.config)]
+    _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale,
+           grid, model)
     for encoder in (m for m in model.modules() if isinstance(m, nn.TransformerEncoder)):
         encoder.use_nested_tensor = False
     return [layer[1] for layer in named]
@@ -1352,9 +1462,15 @@ def from_pretrained(model_class, path, **kwargs):
     for file in sorted(pathlib.Path(path).glob("*.safetensors")):
         with safe_open(file, "pt") as tensors:
             masks.update({key[:-5]: tensors.get_tensor(key) for key in tensors.keys() if key.endswith(".mask")})
+    from transformers.core_model_loading import revert_weight_conversion
     prefix = model.base_model_prefix + "."            # the checkpoint may hold the model with a head or without
-    layers = {saved: layer for layer in _self_attention_layers(model)
-              for saved in (layer[0], prefix + layer[0], layer[0].removeprefix(prefix))}
+    found = _self_attention_layers(model)
+    # each layer's M under the name save_pretrained gives it (a composite's renamed: Llava's
+    # model.language_model.layers.0 is saved as language_model.model.layers.0), by the tensor's identity
+    probes = {f"{layer[0]}.mask": torch.empty(0) for layer in found}
+    renamed = {id(t): key[:-5] for key, t in revert_weight_conversion(model, dict(probes)).items()}
+    layers = {saved: layer for layer, probe in zip(found, probes.values())
+              for saved in (layer[0], prefix + layer[0], layer[0].removeprefix(prefix), renamed.get(id(probe)))}
     configs = {id(c): c for _, m, _, _ in layers.values() if getattr(c := getattr(m, "config", None), "mask_prior", 0)}
     for config in configs.values():
         record, config.mask_prior = config.mask_prior, None     # rebuilt by _patch under the loaded names
@@ -1366,7 +1482,8 @@ def from_pretrained(model_class, path, **kwargs):
                 raise ValueError(f"{path}: config.json records a mask prior {tuple(shape)} in layer {recorded!r} of a "
                                  f"{model_class.__name__}; the weight files hold {held}")
             chosen.append((layers[keys[0]], masks.pop(keys[0])))
-        _patch([layer for layer, _ in chosen], [mask for _, mask in chosen], record["mode"], record["scale"])
+        _patch([layer for layer, _ in chosen], [mask for _, mask in chosen], record["mode"], record["scale"],
+               record.get("grid"), model)
     if masks or not configs:        # an M config.json does not record, or no prior at all
         raise ValueError(f"{path}: the weight files hold M for layers config.json records no prior in: "
                          f"{[key + '.mask' for key in sorted(masks)]}" if masks else
@@ -1386,8 +1503,9 @@ def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=Fa
     For torch.optim (AdamW(groups, lr=...)), timm's create_optimizer_v2(groups, ...) and the HF
     Trainer's optimizers=(optimizer, None)."""
     import fnmatch
-    masks = {id(m.mask) for m in model.modules()
-             if isinstance(m, MaskedSelfAttention) or hasattr(m, "mask_prior_name")}
+    # M by its name in its layer: the parameter `mask`, or the original a parametrization of it holds
+    masks = {id(p) for m in model.modules() if isinstance(m, MaskedSelfAttention) or hasattr(m, "mask_prior_name")
+             for name, p in m.named_parameters() if name == "mask" or name.startswith("parametrizations.mask.")}
     no_decay = [f"{prefix}.{pattern}" if prefix else pattern
                 for prefix, module in model.named_modules() if callable(getattr(module, "no_weight_decay", None))
                 for pattern in module.no_weight_decay()]

@@ -132,6 +132,9 @@ def test_the_patch_s_log_sigmoid_is_torch_s_to_the_dtype_s_precision(dtype):
     exact = F.logsigmoid(x.detach().double())
     torch.testing.assert_close(y.detach().double(), exact, rtol=eps, atol=eps)
     torch.testing.assert_close(x.grad.double(), torch.sigmoid(-x.detach().double()), rtol=eps, atol=eps)
+    few = x.detach()[::37]                       # a cached token's row of M is this small: a path of its own
+    assert len(few) < 4096 < len(x)
+    torch.testing.assert_close(maskprior._log_sigmoid(few).double(), exact[::37], rtol=eps, atol=eps)
 
 
 def test_caller_masks_and_unbatched_input_combine_with_the_prior():
@@ -278,9 +281,9 @@ def test_a_mask_for_another_grid_is_refused_at_forward_time(grid):
     model = vit()
     n = grid * grid + 1
     maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, HEADS, grid))
-    message = (re.escape(FIRST_VIT_ATTENTION) + r": an image layer takes the N tokens its mask was built for; got 17 "
-               rf"= 1 prefix tokens \(.*\) \+ 16 patches, M \(2, {n}, {n}\) is for N = {n}: for a 4 x 4 grid M = "
-               r"maskprior\.impulse_mask\(depth, heads, 4\)")
+    message = (re.escape(FIRST_VIT_ATTENTION) + r": an image layer takes the N tokens its mask was built for, on its "
+               rf"grid; got 17 = 1 prefix tokens \(.*\) \+ 16 patches, M \(2, {n}, {n}\) is for N = {n}: for a 4 x 4 "
+               r"grid M = maskprior\.impulse_mask\(depth, heads, 4\)")
     with pytest.raises(ValueError, match=message):
         model(torch.randn(1, 3, 32, 32))
 

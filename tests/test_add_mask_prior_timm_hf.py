@@ -521,9 +521,9 @@ def test_a_mask_for_another_grid_is_refused_and_the_recipe_given_fits(case):
     model = build(name).train()
     maskprior.add_mask_prior(model, torch.zeros(heads, wrong, wrong))
     n = prefix + grid * grid
-    message = (rf"^{re.escape(first)}: an image layer takes the N tokens its mask was built for; got {n} = {prefix} "
-               rf"prefix tokens \(.*\) \+ {grid * grid} patches, M \({heads}, {wrong}, {wrong}\) is for N = {wrong}: "
-               rf"for a {grid} x {grid} grid M = (?P<recipe>.*), i = (?P<index>.*)$")
+    message = (rf"^{re.escape(first)}: an image layer takes the N tokens its mask was built for, on its grid; "
+               rf"got {n} = {prefix} prefix tokens \(.*\) \+ {grid * grid} patches, M \({heads}, {wrong}, {wrong}\) is "
+               rf"for N = {wrong}: for a {grid} x {grid} grid M = (?P<recipe>.*), i = (?P<index>.*)$")
     with pytest.raises(ValueError, match=message) as refused:
         run(model, inputs)
     found = re.match(message, str(refused.value))
