@@ -18,6 +18,7 @@ DIM, HEADS, N = 12, 3, 9
 def pair(causal, values, mode="learnable", path="auto"):
     """Two blocks with the same weights: M dense (HEADS, N, N) and relative, both from the function of
     distance d -> values[h, d + N - 1] (values (HEADS, 2N - 1)), float64."""
+    values = values.float().double()      # the block stores mask_init in float32: both Ms hold the same logits
     prior = lambda d: values[:, d + N - 1]             # (HEADS, *d.shape): a prior per head
     index = torch.arange(N)
     dense = prior(index[:, None] - index[None, :])                                 # (H, N, N)
