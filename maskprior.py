@@ -1006,6 +1006,12 @@ def _check_transformers_part(where, module, layer, pretrained):
         raise ValueError(f"{where}: {name} calls its attention function twice a forward (a differential "
                          f"attention's two softmaxes, DiffLlama's), where add_mask_prior adds M to the one attention "
                          f"of Section 4.1")
+    # SAM2's, SAM3's and Florence-2's: hidden states (B, rows, cols, C), unpacked as such, in windows of the grid
+    code = list(dis.get_instructions(forward)) if layer else []
+    if any(a.argval == forward.__code__.co_varnames[1] and b.argval == "shape" and c.opname == "UNPACK_SEQUENCE"
+           and c.argval == 4 for a, b, c in zip(code, code[1:], code[2:])):
+        raise ValueError(f"{where}: {name} takes its hidden states as a grid (batch, rows, cols, channels), attended "
+                         f"within windows of it (SAM's line, Florence-2), where M spans one sequence of N tokens")
     if layer:
         _ATTENTION_OF[type(module)] = None if any(c._supports_sdpa for c in family) else _eager_attention(type(module))
 
@@ -1153,6 +1159,12 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     first, (length, offset) = (0, (n, 0)) if cache is None else (   # the queries' first cache index, the keys'
         cache.get_query_offset(attn.layer_idx), cache.get_mask_sizes(n, attn.layer_idx))   # number and first index
     positions = call.get("position_ids")                                 # (B or 1, n), or mRoPE's (3, B, n)
+    # A causal layer its model hands none (GPTBigCode's, CTRL's), patched without the model whose call's
+    # position_ids _remember_positions keeps: a left-padded or offset row would read M at its cache slots
+    if positions is None and "position_ids" not in attn.mask_prior_positions and getattr(attn, "is_causal", False):
+        raise ValueError(f"{attn.mask_prior_name}: {type(attn).__name__}'s model hands its layers no position_ids, "
+                         f"so a part patched alone cannot read M at the positions the model uses (left padding): "
+                         f"patch the model, add_mask_prior(model, ...)")
     # a layer its model hands none (GPTBigCode's): the model's call's, which its embeddings took (_remember_positions)
     positions = attn.mask_prior_positions.get("position_ids") if positions is None else positions
     positions = positions if positions is not None and positions.dim() == 2 and positions.shape[-1] == n else None
@@ -1269,6 +1281,10 @@ def _self_attention_layers(model):
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
+    # a pooling head's (SigLIP's, Idefics2's, Phi-4 multimodal's): its queries a learned probe that the module
+    # holding it keeps beside it, (1, k, C), its keys the sequence: cross-attention, left unpatched as well
+    decoder_cross |= {id(a) for m in model.modules() for a in m.children() if isinstance(a, nn.MultiheadAttention)
+                      and any(p.shape[-1] == a.embed_dim for p in m.parameters(recurse=False))}
     prefix = sum(p.numel() // p.shape[-1] for name, p in model.named_parameters() if name.endswith(_PREFIX_TOKENS))
     torchvision = any(type(m).__module__.startswith("torchvision.") for m in model.modules())  # its ViT's layers
     named, conv = [], None
