@@ -905,8 +905,8 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # M is indexed by the positions the model uses: i is the query's position and j the key's, as the
 # model's position_ids give them where it passes them to its attention layers (transformers'
 # decoders: left padding, cached decoding and offsets included) or to its position embeddings alone
-# (GPTBigCode, CTRL: the patched model's call's, _remember_positions; a part patched without its model
-# cannot see them), else the token's index in the sequence or the cache (BERT, ViT, timm,
+# (GPTBigCode, CTRL: the patched model's call's, _remember_positions; a causal part patched without its
+# model cannot see them, and its first forward is a ValueError), else the token's index in the sequence or the cache (BERT, ViT, timm,
 # nn.MultiheadAttention). So a cached, padded or offset run
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
 # position past N is a ValueError. A layer over text takes any n <= N tokens; an image's layer (timm's
@@ -934,8 +934,9 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 #     the bias at those positions on the layer for that function. The record of the prior
 #     (scale, mode, each layer's M) goes into the config the model saves; each layer holds a
 #     _TransformersDoor, which registers the function wherever the layer is unpickled.
-# Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers) is
-# left unpatched: its keys are another sequence, which has no positions in M.
+# Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers, a
+# pooling head's attention from a learned probe: SigLIP's) is left unpatched: its keys are another
+# sequence than its queries, which has no positions in M.
 # The prior costs the model little (tests/bench_add_mask_prior.py): where the positions are 0..n-1
 # (training, plain generation) M is read by one slice, not gathered, its log sigmoid recomputed at
 # every forward (M as it is then, whatever wrote it: a kept table could go stale); the CPU's fused
@@ -1106,7 +1107,7 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     query, key = (call["x"], call["x"]) if (timm := "x" in call) else (call["query"], call["key"])
     batched = query.dim() == 3
     n = query.shape[1 if batched and (timm or attn.batch_first) else 0]
-    if key is not query and not (key.shape == query.shape and torch.equal(key, query)):   # SigLIP's pooling
+    if key is not query and not (key.shape == query.shape and torch.equal(key, query)):   # a probe's, patched alone
         raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got "
                          f"query {tuple(query.shape)} and key {tuple(key.shape)} from another sequence: "
                          f"patch the part of the model that holds its self-attention layers")

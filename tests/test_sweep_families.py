@@ -135,16 +135,3 @@ def test_a_layer_over_a_grid_of_hidden_states_is_refused_at_the_patch():
         maskprior.add_mask_prior(model, torch.zeros(4, 16, 16))
     assert not any(hasattr(m, "mask") for m in model.modules())
 
-
-def test_a_pooling_heads_probe_attention_is_left_unpatched_as_cross_attention():
-    """SigLIP's vision model ends in a pooling head whose nn.MultiheadAttention takes a learned probe as
-    its queries and the sequence as keys: cross-attention, left unpatched (as nn.Transformer's decoder's
-    multihead_attn) at the patch; its encoder layers take M, and the pooled output runs."""
-    model = T.SiglipVisionModel(T.SiglipVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                     intermediate_size=64, image_size=32, patch_size=8)).eval()
-    patched = maskprior.add_mask_prior(model, 3 * torch.randn(4, 16, 16))
-    assert [attn.mask_prior_name for attn in patched] == [f"encoder.layers.{i}.self_attn" for i in (0, 1)]
-    [head] = [m for m in model.modules() if isinstance(m, torch.nn.MultiheadAttention)]
-    assert not hasattr(head, "mask")
-    with torch.no_grad():
-        assert model(torch.randn(2, 3, 32, 32)).pooler_output.shape == (2, 32)
