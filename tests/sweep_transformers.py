@@ -72,10 +72,12 @@ SMALL = dict(
     num_global_layers=1, global_attn_every_n_layers=1, linear_key_head_dim=8, linear_value_head_dim=8,
     linear_num_key_heads=2, linear_num_value_heads=4, max_window_layers=2, first_k_dense_replace=1,
     mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, window_size=2, rotary_dim=4, projection_size=32,
+    vocab_size_per_layer_input=99, hidden_size_per_layer_input=16,
 )
 # Per-family fixes, learned from transformers' model testers where the generic shrink does not build.
 # Keyed by the model_type of a config or of a sub-config (a composite's text or vision tower); a
-# rope_parameters entry joins the config's own. The values are the testers':
+# rope_parameters entry joins the config's own. The values are the testers' (SMALL's per-layer embeddings of
+# Gemma 3n and Gemma 4 too: a vocabulary of 99 and 16 per layer, Gemma3nTextModelTester's):
 #   Swin's (SwinModelTester): patches of 2, stages of depth [1, 2, 1];
 #   mRoPE's sections (Qwen2VLVisionText2TextModelTester, Glm4vVisionText2TextModelTester) sum to half the
 #   rotary head size: [2, 1, 1] for heads of 8;
@@ -97,6 +99,8 @@ OVERRIDES = {"swin": SWIN, "swinv2": SWIN, "donut-swin": SWIN, "maskformer-swin"
              **dict.fromkeys(["deepseek_v3", "deepseek_v2", "kimi_k25_text", "axk1"], MLA),
              **dict.fromkeys(["hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan_vl_text", "ministral"], HEAD_8),
              "esm": dict(vocab_size=33, pad_token_id=1),
+             **dict.fromkeys(["gemma3n_text"], dict(layer_types=["sliding_attention", "full_attention"],
+                                                     num_kv_shared_layers=0)),
              "audio-spectrogram-transformer": AST, "clap_audio_model": AST, "step3p5": dict(sliding_window=4), "step3p7": dict(sliding_window=4)}
 
 
