@@ -72,12 +72,13 @@ SMALL = dict(
     num_global_layers=1, global_attn_every_n_layers=1, linear_key_head_dim=8, linear_value_head_dim=8,
     linear_num_key_heads=2, linear_num_value_heads=4, max_window_layers=2, first_k_dense_replace=1,
     mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, window_size=2, rotary_dim=4, projection_size=32,
-    vocab_size_per_layer_input=99, hidden_size_per_layer_input=16,
+    vocab_size_per_layer_input=99, hidden_size_per_layer_input=16, max_source_positions=32,
 )
 # Per-family fixes, learned from transformers' model testers where the generic shrink does not build.
 # Keyed by the model_type of a config or of a sub-config (a composite's text or vision tower); a
 # rope_parameters entry joins the config's own. The values are the testers' (SMALL's per-layer embeddings of
-# Gemma 3n and Gemma 4 too: a vocabulary of 99 and 16 per layer, Gemma3nTextModelTester's):
+# Gemma 3n and Gemma 4 too: a vocabulary of 99 and 16 per layer, Gemma3nTextModelTester's; Whisper-like
+# audio encoders' 32 positions, which 64 frames fill after their stride of 2):
 #   Swin's (SwinModelTester): patches of 2, stages of depth [1, 2, 1];
 #   mRoPE's sections (Qwen2VLVisionText2TextModelTester, Glm4vVisionText2TextModelTester) sum to half the
 #   rotary head size: [2, 1, 1] for heads of 8;
@@ -85,7 +86,9 @@ SMALL = dict(
 #   groups; head_dim is then the rope part, as DeepseekV3Config derives it;
 #   a head_dim left None by the config (HunYuan, Ministral): hidden / heads, 8; ESM's vocabulary of 33
 #   (EsmModelTester); Step-3.5's sliding window, unset by default, 4; the Audio Spectrogram Transformer's
-#   spectrogram of 24 frames of 16 bins in patches of 2 (ASTModelTester), its input_values (B, frames, bins).
+#   spectrogram of 24 frames of 16 bins in patches of 2 (ASTModelTester), its input_values (B, frames, bins);
+#   DETR's object queries as many as its encoder's tokens (DetrModelTester's are 12), 16: a 128 px image,
+#   4 x 4 after the backbone's stride of 32, so that one N serves the encoder's and the decoder's layers.
 SWIN = dict(image_size=32, patch_size=2, embed_dim=16, depths=[1, 2, 1], num_heads=[2, 2, 4], window_size=2)
 MROPE = dict(rope_parameters=dict(mrope_section=[2, 1, 1]))
 MLA = dict(qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, head_dim=16, n_routed_experts=8,
@@ -101,7 +104,12 @@ OVERRIDES = {"swin": SWIN, "swinv2": SWIN, "donut-swin": SWIN, "maskformer-swin"
              "esm": dict(vocab_size=33, pad_token_id=1),
              **dict.fromkeys(["gemma3n_text"], dict(layer_types=["sliding_attention", "full_attention"],
                                                      num_kv_shared_layers=0)),
+             **dict.fromkeys(["detr", "conditional_detr"], dict(num_queries=16)),
              "audio-spectrogram-transformer": AST, "clap_audio_model": AST, "step3p5": dict(sliding_window=4), "step3p7": dict(sliding_window=4)}
+
+
+# The image side of a family whose config names none (inputs_for's default: the config's image_size, else 32)
+IMAGE_SIZES = {"detr": 128, "conditional_detr": 128}
 
 
 def override(d):
@@ -308,7 +316,8 @@ def inputs_for(kind, config, batch=2, n=8):
         return {"input_features": torch.randn(batch, bins, 64, generator=g)}
     if kind == "vision":
         vision = getattr(config, "vision_config", None) or config
-        channels, size = getattr(vision, "num_channels", 3), getattr(vision, "image_size", 32)
+        channels, size = getattr(vision, "num_channels", 3), getattr(vision, "image_size", None)
+        size = size or IMAGE_SIZES.get(config.model_type, 32)
         size = size if isinstance(size, int) else size[0]
         return {"pixel_values": torch.randn(batch, channels, size, size, generator=g)}
     return {"input_ids": torch.randint(3, vocab, (batch, n), generator=g)}
@@ -352,6 +361,10 @@ def first_run(model, kind, config):
         tries.append({**first, **inputs_for("vision", config)})
     if kind == "input_features":
         tries.append({"input_features": first["input_features"].transpose(1, 2)})
+        # the lengths an audio encoder asks for beside its features (Qwen3-ASR's, AudioFlamingo3's mask), all 64 frames
+        lengths = {"input_features_mask": torch.ones(2, 64, dtype=torch.long), "feature_lens": torch.full((2,), 64)}
+        lengths = {k: v for k, v in lengths.items() if k in inspect.signature(model.forward).parameters}
+        tries = [{**inputs, **lengths} for inputs in tries]
     if kind == "input_values" and isinstance(getattr(config, "max_length", None), int):   # a spectrogram (AST's)
         shape = (2, config.max_length, getattr(config, "num_mel_bins", 16))
         tries.append({"input_values": torch.randn(*shape, generator=torch.Generator().manual_seed(5))})
