@@ -906,8 +906,8 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # model's position_ids give them where it passes them to its attention layers (transformers'
 # decoders: left padding, cached decoding and offsets included) or to its position embeddings alone
 # (GPTBigCode, CTRL: the patched model's call's, _remember_positions; a causal part patched without its
-# model cannot see them, and its first forward is a ValueError), else the token's index in the sequence or the cache (BERT, ViT, timm,
-# nn.MultiheadAttention). So a cached, padded or offset run
+# model cannot see them, and its first forward is a ValueError), else the token's index in the sequence
+# or the cache (BERT, ViT, timm, nn.MultiheadAttention). So a cached, padded or offset run
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
 # position past N is a ValueError. A layer over text takes any n <= N tokens; an image's layer (timm's
 # ViTs, torchvision's, transformers' vision models) exactly the N its M was built for, its prefix
@@ -978,7 +978,8 @@ def _check_transformers_part(where, module, layer, pretrained):
     (layer False) model (pretrained: transformers' PreTrainedModel). A family must support attention
     backends (transformers' _supports_attention_backend: BLOOM, T5, BART and Whisper do not), its
     eager attention must read attention_mask, its attention must span the sequence with one head
-    count (Swin's attends within windows, stage by stage), and it must keep each patch in its place
+    count (Swin's attends within windows, stage by stage) over hidden states that are one sequence (B,
+    n, C), not a grid (B, rows, cols, C) (SAM3's), and it must keep each patch in its place
     (ViTMAE shuffles them), in one attention call a forward. A layer's class is entered in _ATTENTION_OF."""
     import dis
     import inspect

@@ -71,8 +71,8 @@ SMALL = dict(
     image_size=32, patch_size=8, projection_dim=32, text_embed_dim=32, vision_embed_dim=32,
     num_global_layers=1, global_attn_every_n_layers=1, linear_key_head_dim=8, linear_value_head_dim=8,
     linear_num_key_heads=2, linear_num_value_heads=4, max_window_layers=2, first_k_dense_replace=1,
-    mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, window_size=2, rotary_dim=4, projection_size=32,
-    vocab_size_per_layer_input=99, hidden_size_per_layer_input=16, max_source_positions=32,
+    mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, window_size=2, rotary_dim=4,
+    projection_size=32, vocab_size_per_layer_input=99, hidden_size_per_layer_input=16, max_source_positions=32,
 )
 # Per-family fixes, learned from transformers' model testers where the generic shrink does not build.
 # Keyed by the model_type of a config or of a sub-config (a composite's text or vision tower); a
@@ -87,6 +87,8 @@ SMALL = dict(
 #   a head_dim left None by the config (HunYuan, Ministral): hidden / heads, 8; ESM's vocabulary of 33
 #   (EsmModelTester); Step-3.5's sliding window, unset by default, 4; the Audio Spectrogram Transformer's
 #   spectrogram of 24 frames of 16 bins in patches of 2 (ASTModelTester), its input_values (B, frames, bins);
+#   Gemma 3n's two layers one sliding, one full, none reading another's cache (its default shares the
+#   cache of 15 of its 35 layers; ours, as no two layers are left to share);
 #   DETR's object queries as many as its encoder's tokens (DetrModelTester's are 12), 16: a 128 px image,
 #   4 x 4 after the backbone's stride of 32, so that one N serves the encoder's and the decoder's layers.
 SWIN = dict(image_size=32, patch_size=2, embed_dim=16, depths=[1, 2, 1], num_heads=[2, 2, 4], window_size=2)
@@ -105,7 +107,8 @@ OVERRIDES = {"swin": SWIN, "swinv2": SWIN, "donut-swin": SWIN, "maskformer-swin"
              **dict.fromkeys(["gemma3n_text"], dict(layer_types=["sliding_attention", "full_attention"],
                                                      num_kv_shared_layers=0)),
              **dict.fromkeys(["detr", "conditional_detr"], dict(num_queries=16)),
-             "audio-spectrogram-transformer": AST, "clap_audio_model": AST, "step3p5": dict(sliding_window=4), "step3p7": dict(sliding_window=4)}
+             "audio-spectrogram-transformer": AST, "clap_audio_model": AST,
+             "step3p5": dict(sliding_window=4), "step3p7": dict(sliding_window=4)}
 
 
 # The image side of a family whose config names none (inputs_for's default: the config's image_size, else 32)

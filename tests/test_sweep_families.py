@@ -32,6 +32,10 @@ SUBSET = {
     "clip_text_model": ("right", "encoder"),        # a padded batch
     "t5gemma": ("right", "encoder"),                # an encoder-decoder
     "smolvlm": ("right", "composite"),              # a vision-language model's language model
+    "clip": ("right", "composite"),                 # a dual encoder, run with an image: its text tower patched
+    "qwen2_vl": ("right", "composite"),             # mRoPE sections from its tester
+    "deepseek_v3": ("right", "decoder"),            # multi-head latent attention, its tester's dimensions
+    "parakeet_encoder": ("right", "audio (input_features)"),   # log-mel features time first
     "vit": ("right", "vision, 17 tokens"),          # class token + 4 x 4 patches
     "clip_vision_model": ("right", "vision, 17 tokens"),
     "siglip_vision_model": ("right", "vision, 16 tokens"),  # its pooling head's probe attention left unpatched
