@@ -3,12 +3,14 @@
 Reference implementation of "Mask-Based Priors Are More Persistent than Query-Key Initializations";
 read top to bottom beside the paper:
   1. MaskedSelfAttention, softmax(Q K^T / sqrt(d) + log sigmoid(M)) V (Section 4.1), with fixed
-     (Appendix A.2), Hadamard (Appendix B) and vanilla modes.
+     (Appendix A.2), Hadamard (Appendix B) and vanilla modes; M dense (heads, N, N), or relative,
+     one logit per head and distance, which runs at any length.
   2. Models, one mask per layer (Principle 4): the GOTU encoder (Section 5.1, also the arithmetic
      model), the GPT (Appendix "Wiki-text and Tiny-stories"), the ViT (Section 5.3).
   3. Mask patterns (Section 4.2, Appendix "Design of Mask Pattern"): boolean_mask, the arithmetic
-     masks, the GPT's relative distance, the ViT's impulse; edit_pattern, a seeded edit of a
-     pattern (Appendix A.2); learned_mask, a prior learned from a trained model.
+     masks, the GPT's relative distance (distance_mask: dense or relative), the ViT's impulse;
+     edit_pattern, a seeded edit of a pattern (Appendix A.2); learned_mask, a prior learned from a
+     trained model.
   4. QK baselines, the same patterns in W_Q / W_K (Sections 2.1, 5.1): structured SVD and Opt
      (Zheng et al.), mimetic (Trockman and Kolter).
   5. Measuring the prior (Section 6.1): attention maps, prior mass, drift: the persistence numbers.
@@ -47,7 +49,12 @@ class MaskedSelfAttention(nn.Module):
     mode: "learnable" (the paper: M trains with the model), "fixed" (Appendix A.2: M never moves),
     "hadamard" (Appendix B, Proposition 1: sigma(s M) o softmax(Q K^T / sqrt(d)); forward says what
     it loses), "none" (vanilla attention, no M). causal: the hard causal mask on top (the GPT).
-    Inputs shorter than seq_len use the top-left (n, n) block of M. Needs only math, torch, nn and F: pastes alone."""
+    Inputs shorter than seq_len use the top-left (n, n) block of M, and a dense M refuses longer ones.
+    A relative M: mask_init (heads, K + 1) if causal, else (heads, 2K + 1), one logit per head and
+    distance d = i - j (query minus key position): 0..K back, or -K..K; a distance past K reads the
+    table's last logit, so any length runs (dense_mask). T5's learned relative bias without its log
+    buckets; fixed, ALiBi's kind of prior. seq_len is then the length mask_biases pictures. Needs only
+    math, torch, nn and F: pastes alone."""
     MODES = ("learnable", "fixed", "hadamard", "none")
     # forward computes one function by two paths, written out or in one fused kernel; path "auto"
     # lets writes_out choose, "fused" or "written" forces one (e.g. a backend without the float
@@ -73,11 +80,13 @@ class MaskedSelfAttention(nn.Module):
             self.register_parameter("mask", None)
             return
         expected = (heads, seq_len, seq_len)
+        relative = mask_init is not None and mask_init.dim() == 2 and len(mask_init) == heads and (
+            causal or mask_init.shape[1] % 2 == 1)     # (H, K + 1) causal, (H, 2K + 1): -K..K
         if mask_init is None:
             mask_init = torch.zeros(expected)  # the neutral all-zero mask of Appendix A.1
-        elif tuple(mask_init.shape) != expected:
-            raise ValueError(f"mask_init must have shape (heads, seq_len, seq_len) = {expected}, "
-                             f"got {tuple(mask_init.shape)}")
+        elif tuple(mask_init.shape) != expected and not relative:
+            raise ValueError(f"mask_init must have shape (heads, seq_len, seq_len) = {expected}, or be relative, "
+                             f"({heads}, K + 1) causal, ({heads}, 2K + 1) not; got {tuple(mask_init.shape)}")
         # fixed: still the Parameter `mask` (checkpoints and pictures treat all modes alike), frozen
         self.mask = nn.Parameter(mask_init.detach().clone().float(), requires_grad=(mode != "fixed"))
 
@@ -106,6 +115,17 @@ class MaskedSelfAttention(nn.Module):
             bias = bias.masked_fill(future, float("-inf"))
         return bias
 
+    def dense_mask(self, n):
+        """M on the first n positions, (H, n, n), what logit_bias reads: a dense M as it is (logit_bias
+        takes its top-left block), a relative one gathered at each entry's distance d = i - j, clamped
+        to the table (past K: the last logit; a causal table's future entries read d = 0, then -inf)."""
+        if self.mask is None or self.mask.dim() == 3:
+            return self.mask
+        K = self.mask.shape[1] - 1 if self.causal else self.mask.shape[1] // 2
+        i = torch.arange(n, device=self.mask.device)
+        d = (i[:, None] - i[None, :]).clamp(0 if self.causal else -K, K)                  # (n, n)
+        return self.mask[:, d if self.causal else d + K]                                   # (H, n, n)
+
     def writes_out(self, q, bias, dropout, return_attn):
         """Whether forward computes the attention step by step (else F.scaled_dot_product_attention
         computes the same function in one fused kernel). The probabilities (return_attn, mode
@@ -122,7 +142,7 @@ class MaskedSelfAttention(nn.Module):
 
     def forward(self, x, return_attn=False):
         B, N, _ = x.shape
-        if N > self.seq_len:
+        if N > self.seq_len and self.mask is not None and self.mask.dim() == 3:
             raise ValueError(f"sequence of length {N} is longer than seq_len={self.seq_len}")
         # Q, K, V of every head from one projection, (B, H, N, hd) each. unbind(2) + transpose
         # rather than permute: the backward then writes the three gradients straight into the
@@ -131,8 +151,8 @@ class MaskedSelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         # log sigmoid(s M) + the causal -inf: (H, N, N), (N, N) without M, None for vanilla
         # attention. Mode "hadamard" applies M after the softmax instead: its bias is causal only.
-        hadamard = self.mode == "hadamard"
-        bias = self.logit_bias(None if hadamard else self.mask, N, self.mask_scale, self.causal, q.dtype, q.device)
+        hadamard, dense = self.mode == "hadamard", self.dense_mask(N)           # M (H, N, N)
+        bias = self.logit_bias(None if hadamard else dense, N, self.mask_scale, self.causal, q.dtype, q.device)
         # Section 4.1: "Since log sigma(M) <= 0, this selectively down-weights undesired interactions
         # while preserving the standard attention mechanism."
         #     A = softmax(Q K^T / sqrt(d) + log sigmoid(s M)),    y = A V
@@ -146,7 +166,7 @@ class MaskedSelfAttention(nn.Module):
             # loses: ||softmax(A)||_F >= 1 (each row sums to 1), but sigma(M) o softmax(A) is only >= 0,
             # rows collapse where sigma(M) is small, and its Jacobian's norm is at most softmax's.
             if hadamard:
-                attn = self.logit_bias(self.mask, N, self.mask_scale).exp() * attn
+                attn = self.logit_bias(dense, N, self.mask_scale).exp() * attn
             if dropout:      # F.dropout with p = 0 would still cost a pass
                 attn = F.dropout(attn, dropout)
             y = attn @ v                                                           # (B, H, N, hd)
@@ -300,11 +320,13 @@ class GPT(_Model):
     (GPT-2) has and that code lacks: GELU for its ReLU, an output layer without bias tied to the token
     embedding, dropout on the embeddings, residual projections started smaller."""
     def __init__(self, vocab_size, block_size, dim, depth, heads, dropout=0.0, mode="none", masks=None,
-                 mask_scale=GPT_MASK_SCALE):
+                 mask_scale=GPT_MASK_SCALE, positions=True):
         super().__init__()
         self.block_size = block_size
         self.embed = nn.Embedding(vocab_size, dim)
-        self.pos = nn.Parameter(torch.zeros(1, block_size, dim))
+        # positions=False: no learned positions, as ALiBi trains; a relative M is then the only position
+        # signal and the model runs past block_size (a dense M stops there, vanilla attention does not)
+        self.pos = nn.Parameter(torch.zeros(1, block_size, dim)) if positions else None
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             Block(dim, heads, block_size, 4 * dim, mask_init=None if masks is None else masks[layer], mode=mode,
@@ -319,15 +341,16 @@ class GPT(_Model):
         for name, p in self.named_parameters():
             if name.endswith("attn.proj.weight") or name.endswith("mlp.out.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
-        nn.init.normal_(self.pos, std=0.02)
+        if positions:
+            nn.init.normal_(self.pos, std=0.02)
 
     def forward(self, idx, targets=None, return_attn=False):
         """idx (B, T) token ids -> logits (B, T, vocab); with targets (logits, mean cross-entropy);
         with return_attn that and each layer's attention, [(B, H, T, T)] (mean_attention)."""
         T = idx.shape[1]
-        if T > self.block_size:
+        if T > self.block_size and self.pos is not None:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.block_size}")
-        x = self.drop(self.embed(idx) + self.pos[:, :T])
+        x = self.drop(self.embed(idx) if self.pos is None else self.embed(idx) + self.pos[:, :T])
         x, attns = self.run_blocks(x, return_attn)
         out = self.head(self.norm(x))                                      # logits (B, T, vocab)
         # nanoGPT's loss: mean cross-entropy over all B * T next-token predictions, in float32 (the
@@ -539,11 +562,24 @@ ARITHMETIC_MASKS = {"addition": mask_addition, "multiplication": mask_multiplica
 # M_ij = -max(i - j, 0), applied as log sigmoid(s M), s = GPT_MASK_SCALE: the diagonal gets
 # log sigmoid(0) = -0.69, one step back about -s, two steps back -2 s, ... (a "recent past" prior
 # that training can flatten, Figure "Relative mask bias before and after training").
-def relative_distance_mask(heads, block_size):
-    """M_ij = -max(i - j, 0) for every head, (heads, block_size, block_size)."""
-    i = torch.arange(block_size)
-    distance_back = (i[None, :] - i[:, None]).clamp(max=0).float()   # j - i where j <= i, else 0
-    return distance_back.expand(heads, -1, -1).clone()
+def relative_distance_mask(heads, block_size, relative=False):
+    """M_ij = -max(i - j, 0) for every head: dense (heads, block_size, block_size), or relative
+    (heads, block_size), one logit per distance 0..block_size - 1 back (distance_mask)."""
+    return distance_mask(lambda d: -d.clamp(min=0), heads, block_size, relative=relative)
+
+# --- A prior that is a function of distance, dense or relative (MaskedSelfAttention's relative M) ---
+# The GPT's prior above depends on i - j alone, as a causal window does (OPEN on the last w
+# distances, CLOSE past them: lambda d: torch.where(d < w, OPEN, CLOSE)). One function of d gives both
+# forms: the dense M, stored and learned entry by entry and capped at n positions, or one logit per
+# head and distance, T5's relative bias (heads x (K + 1) parameters, causal) and ALiBi's kind of prior
+# when fixed, which runs at any length: past K it reads the last logit.
+def distance_mask(prior, heads, n, causal=True, relative=False):
+    """M from a function of the distance d = i - j (query minus key position), prior(d) a tensor of
+    d's shape: dense (heads, n, n), M_ij = prior(i - j); relative, prior at d = 0..K (causal) or
+    -K..K, K = n - 1: (heads, n) or (heads, 2n - 1), every distance of an n-token window."""
+    i = torch.arange(n)
+    d = torch.arange(0 if causal else 1 - n, n) if relative else i[:, None] - i[None, :]     # (R,) or (n, n)
+    return prior(d).float().expand(heads, *d.shape).clone()
 
 # --- The ViT's impulse (Section 5.3, Table "Best Top-1 accuracy") ---
 # Section 5.3 follows Zheng et al. (2025): each head starts as one 3x3 convolution "impulse"
@@ -848,7 +884,8 @@ def mask_biases(model):
     layers = attention_modules(model)
     if not layers or layers[0].mask is None:
         return None
-    return torch.stack([a.logit_bias(a.mask, a.seq_len, a.mask_scale).detach().float().cpu() for a in layers])
+    return torch.stack([a.logit_bias(a.dense_mask(a.seq_len), a.seq_len, a.mask_scale).detach().float().cpu()
+                        for a in layers])
 
 def centre_patch_maps(vit, image, device):
     """Where the centre patch of one image (1, C, H, W) looks (Appendix "Attention Map For Image
@@ -909,7 +946,8 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # model cannot see them, and its first forward is a ValueError), else the token's index in the sequence
 # or the cache (BERT, ViT, timm, nn.MultiheadAttention). So a cached, padded or offset run
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
-# position past N is a ValueError. A layer over text takes any n <= N tokens; an image's layer (timm's
+# position past N is a ValueError; a relative M (relative=True, one logit per head and distance i - j,
+# section 1) takes any position. A layer over text takes any n <= N tokens; an image's layer (timm's
 # ViTs, torchvision's, transformers' vision models) exactly the N its M was built for, its prefix
 # tokens and its grid of (rows, cols) patches, which a forward hook on the model's patch embedding
 # reads off each image: with another grid, of fewer patches or as many (2 x 8 for 4 x 4), M would
@@ -1057,6 +1095,16 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     tokens and the (rows, cols) grid M was built for. A key outside 0..N-1 is a slot every mask
     blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
     mask = attn.mask                                  # one look-up: nn.Module's __getattr__ costs a microsecond
+    if mask.dim() == 2:
+        # A relative M (add_mask_prior's relative=True), as MaskedSelfAttention.dense_mask reads it: at
+        # d = i - j of the positions, clamped to 0..K on a causal layer, -K..K else; any position runs
+        i, j = (torch.arange(p.start, p.stop, device=mask.device) if isinstance(p, slice) else p for p in (rows, cols))
+        d = i[..., :, None] - j[..., None, :]                                # (n, n_keys) or (B, n, n_keys)
+        d = d[None] if d.dim() == 2 else d
+        K = len(mask[0]) - 1 if getattr(attn, "is_causal", False) else len(mask[0]) // 2
+        index = d.clamp(0, K) if getattr(attn, "is_causal", False) else d.clamp(-K, K) + K
+        bias = _log_sigmoid(attn.mask_scale * mask[:, index]).transpose(0, 1)    # (B or 1, H, n, n_keys)
+        return bias.masked_fill(d[:, None] < 0, float("-inf")) if causal else bias
     size = mask.shape[-1]                                                          # M's N
     # an image's layer: its prefix tokens, the (rows, cols) of the grid M is for, the patch embedding's
     # convolution (None in a part without it), which holds the grid of this call's image
@@ -1332,10 +1380,14 @@ def _patch(named, masks, mode, scale, grid=None, model=None):
     two apart)."""
     import inspect
     import sys
-    for (name, attn, _, _), mask in zip(named, masks):
-        heads, rows, cols = mask.shape
+    for (name, attn, _, image), mask in zip(named, masks):
+        heads, rows, cols = mask.shape if mask.dim() == 3 else (len(mask), 1, 1)     # relative: (H, R)
         if hasattr(attn, "mask_prior_name"):
             raise ValueError(f"{name or 'model'} already has a mask prior")
+        if mask.dim() == 2 and (image is not None or not getattr(attn, "is_causal", False) and len(mask[0]) % 2 == 0):
+            raise ValueError(f"{name or 'model'}: a relative mask {tuple(mask.shape)} is for a layer over text, "
+                             f"(heads, K + 1) if causal (is_causal), else (heads, 2K + 1); an image's layer "
+                             f"takes M dense")
         if heads != _heads(attn) or rows != cols:
             raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
                              f"{type(attn).__name__} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
@@ -1408,7 +1460,7 @@ class _TransformersDoor:
     def __reduce__(self):
         return type(self), self.arguments
 
-def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None):
+def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None, relative=False):
     """The appendix's feature, Section 4.1's prior in an existing model: log sigmoid(scale * M) in
     every self-attention layer of model (a whole model or a part: a ModuleList, one layer):
     nn.MultiheadAttention, timm's Attention, transformers' layers on the AttentionInterface; returns
@@ -1422,7 +1474,12 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None):
     tokens, then the patches: timm's, torchvision's and transformers' vision models) and their grid:
     grid=(rows, cols), row-major, else the square of M's patches (impulse_mask's); a layer whose patch
     embedding lies outside model (a part) checks their count alone. Else a ValueError at forward time.
-    A transformers model takes its own copy of its configs, which the record then goes into."""
+    A transformers model takes its own copy of its configs, which the record then goes into.
+    relative: mask_init holds one logit per head and distance d = i - j (MaskedSelfAttention's
+    relative M), (heads, R) or (layers, heads, R): R = K + 1 for d = 0..K on a causal layer
+    (is_causal: GPT-2, Llama), R = 2K + 1 for -K..K on the others (BERT, nn.MultiheadAttention,
+    timm); a distance past K reads the last logit, so a layer over text takes any position; image
+    layers refuse it."""
     if mode not in ("learnable", "fixed"):
         raise ValueError(f"mode must be 'learnable' or 'fixed', got {mode!r}")
     if not torch.is_floating_point(mask_init):
@@ -1432,8 +1489,10 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None):
     if not named:
         raise ValueError(f"{type(model).__name__} contains no nn.MultiheadAttention, timm Attention "
                          f"or transformers attention layer to patch")
-    if mask_init.dim() not in (3, 4) or (mask_init.dim() == 4 and len(mask_init) != len(named)):
-        raise ValueError(f"mask_init must be (heads, N, N) or (layers = {len(named)}, heads, N, N) for the "
+    dims = 3 - relative                 # the dims of one layer's M: (heads, N, N), relative (heads, R)
+    if mask_init.dim() not in (dims, dims + 1) or (mask_init.dim() == dims + 1 and len(mask_init) != len(named)):
+        shape = "heads, R" if relative else "heads, N, N"
+        raise ValueError(f"mask_init must be ({shape}) or (layers = {len(named)}, {shape}) for the "
                          f"modules {[layer[0] for layer in named]}, got {tuple(mask_init.shape)}")
     # The record belongs to the model patched: a transformers model with a head (its base_model another
     # module: LlamaForCausalLM, ViTForImageClassification, LlavaForConditionalGeneration) takes its own
@@ -1447,8 +1506,8 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None):
         copies = copy.deepcopy({id(m.config): m.config for m in holders})
         for module in holders:
             module.config = copies[id(module.config)]
-    _patch(named, mask_init if mask_init.dim() == 4 else mask_init.expand(len(named), -1, -1, -1), mode, scale,
-           grid, model)
+    _patch(named, mask_init if mask_init.dim() == dims + 1 else mask_init.expand(len(named), *mask_init.shape),
+           mode, scale, grid, model)
     for encoder in (m for m in model.modules() if isinstance(m, nn.TransformerEncoder)):
         encoder.use_nested_tensor = False
     return [layer[1] for layer in named]

@@ -607,7 +607,7 @@ PAPER_LM = (("default", "mask", "mimetic"), {
 #   attention.svg               attention_figure -> heatmap_svg, a run's counterpart of Figure "Comparison of
 #                               attention patterns before and after training" (and, for a ViT, of Appendix
 #                               "Attention Map For Image Classification")
-#   figures/ of the README      persistence_figure, learned_prior_figure -> heatmap_svg, called by hand
+#   figures/ of the README      heatmap_svg, figure and line_chart, called by train.py's --figure
 # task -> its family, which picks its table, its main number and its figures
 FAMILY_OF = {**{t: "boolean" for t in BOOLEAN_TASKS}, **{t: "arithmetic" for t in ARITHMETIC_TASKS},
              **{t: "language" for t in LM_TASKS}, **{t: "vision" for t in VISION_TASKS}}
@@ -903,7 +903,7 @@ def figure(rows, init_order, column, keys, caption, panel_columns=()):
         if panels:
             chart.append(panels)
     points = [len(by_x) for panels in chart for *_, lines in panels for _, by_x in lines.values()]
-    if not points or (column and max(points) < 2):
+    if not points or (column not in (None, "init") and max(points) < 2):   # x = init: a dot per init, no line
         return None
     return line_chart(chart, init_order, caption)
 
@@ -1009,7 +1009,7 @@ def line_chart(rows, init_order, caption, width=380, height=260):
     width = max(x + 40 + 7 * max(len(text) for text in legend), 20 + 7 * len(caption))
     return svg_document(width, max(y, 70 + 18 * len(legend)), parts)
 
-# Heat maps (attention.svg, persistence_figure, learned_prior_figure): bands of blocks one under another, a
+# Heat maps (attention.svg, train.py's --figure): bands of blocks one under another, a
 # block a (rows, cols, n, n) grid of matrices, layers down and heads across, drawn as one PNG: each entry a
 # cell of 128 // n pixels coloured by viridis from lo (purple) to hi (yellow), panels 4 white pixels apart;
 # its title above, its colour bar and what the colours mean below.
@@ -1018,9 +1018,10 @@ VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98
 PANEL_NOTE = "In each panel row = query, column = key"
 BLOCKS_NOTE = f"Blocks: rows = layers, columns = heads. {PANEL_NOTE}"
 COLOURS_NOTE = "Colours: purple = the left end of the bar under the block, yellow = "
+CENTRE_NOTE = "Centre patch: its row of the map, CLS left out, laid out on the patch grid."
 
 def heatmap_svg(bands, notes, gap=4, left=64):
-    """The one heat-map writer (attention.svg, persistence_figure, learned_prior_figure): bands of blocks
+    """The one heat-map writer (attention.svg, train.py's --figure): bands of blocks
     (title, grid (R, C, n, n), lo, hi, meaning); notes below."""
     from torchvision.io import encode_png
     from torchvision.utils import make_grid
@@ -1098,30 +1099,9 @@ def attention_figure(snapshots, cls_token, causal=False):
         notes.append("Causal: above the diagonal (key after query) the hard mask hides every key, "
                      "whatever the bias there.")
     if bands[1:]:
-        notes.append("Centre patch: its row of the map, CLS left out, laid out on the patch grid.")
+        notes.append(CENTRE_NOTE)
     notes.append(f"{COLOURS_NOTE}the right end.")
     return heatmap_svg(bands, notes) if bands else None
-
-def persistence_figure(runs):
-    """The README's figures/persistence.svg (called by hand, the command in the README): Figure
-    "Comparison of attention patterns before and after training" from finished runs, per (label, run
-    folder), each run's mean attention before and after training side by side."""
-    blocks = [(f"{label}, {when} training", torch.load(os.path.join(folder, f"attention_{when}.pt"))["attn"],
-               0, 1, "mean attention weight") for label, folder in runs for when in ("before", "after")]
-    return heatmap_svg([blocks], [f"{BLOCKS_NOTE}; token 0 is CLS."])
-
-def learned_prior_figure(runs):
-    """figures/learned_prior.svg (called by hand, as persistence_figure; no command of train.py draws
-    it): priors side by side, per (label, run folder) of a mask init: its bias log sigmoid(s M) at init,
-    e.g. a --mask-from prior beside the hand-made one."""
-    blocks = []
-    for label, folder in runs:
-        bias = torch.load(os.path.join(folder, "attention_before.pt"), weights_only=True)["bias"]
-        if bias is None:
-            raise ValueError(f"{folder}: a run without a mask has no prior to draw")
-        blocks.append((f"{label}: log σ(s M) at init", bias, min(bias.min().item(), -1e-6), 0.0,
-                       "bias added to the logits"))
-    return heatmap_svg([blocks], [f"{BLOCKS_NOTE}.", f"{COLOURS_NOTE}0 (an open entry)."])
 
 # === 6. Machinery: your own images and text, the tokenizer's files, the checks =====================
 # Nothing here is in the paper: what lets sections 3-4 run on a user's own data and files, and turn a

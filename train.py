@@ -6,6 +6,7 @@
     python train.py --task lm --init mask                          # language, Appendix "Wiki-text"
     python train.py --task images --data-dir DIR                   # your own images (text: --help)
     python train.py --summarize runs/grid                          # tables of finished runs
+    python train.py --summarize runs/grid --figure attention F.svg # a README figure (section "Figures")
 
 Read top to bottom beside the paper:
   1. Presets: the paper's setup tables ("paper") and a 2-core CPU version of each ("cpu").
@@ -113,7 +114,8 @@ ARITHMETIC_PRESETS["cpu"] = {**ARITHMETIC_PRESETS["paper"], "layers": 4, "dim": 
 # here it decays the weight matrices and the token embedding only (maskprior.param_groups), never M.
 # "cpu": a GPT of 4 layers at width 128, sized for a 2-core CPU.
 LM_PRESETS = {"paper": {"iters": 5000, "lr": 3e-4, "batch_size": 128, "layers": 12, "heads": 12, "dim": 512,
-                        "block_size": 64, "dropout": 0.2, "weight_decay": 0.01, "optimizer": "adamw"}}
+                        "block_size": 64, "dropout": 0.2, "weight_decay": 0.01, "optimizer": "adamw",
+                        "no_pos": False}}
 LM_PRESETS["cpu"] = {**LM_PRESETS["paper"], "iters": 1000, "lr": 1e-3, "batch_size": 32, "layers": 4,
                      "heads": 4, "dim": 128, "dropout": 0.1}
 
@@ -168,11 +170,14 @@ INITS = {
     "structured-opt": ("none", "opt"),          # pattern in W_Q/W_K, fitted by Adam (Zheng 2024)
     "mimetic": ("none", "mimetic"),             # identity-like W_Q W_K^T (Trockman, Kolter 2023)
     "impulse": ("none", "svd"),                 # vision: the impulse pattern in W_Q/W_K by SVD
+    "mask-relative": ("learnable", "relative"),        # language: mask's prior, one M logit per distance
+    "mask-relative-fixed": ("fixed", "relative"),      # the same, never trained (ALiBi's kind of prior)
 }
 # Which inits a flag or a family takes: the Boolean and arithmetic encoders take all but impulse (the
-# vision name of the SVD solve); --mask-error, --mask-from and a --mask-magnitude sweep act where M holds
-# the pattern; --mask-lr where M trains.
-ENCODER_INITS = tuple(i for i in INITS if i != "impulse")
+# vision name of the SVD solve) and the relative ones (language's: its prior is a function of distance);
+# --mask-error, --mask-from and a --mask-magnitude sweep act where M holds the pattern; --mask-lr where M
+# trains.
+ENCODER_INITS = tuple(i for i in INITS if i != "impulse" and INITS[i][1] != "relative")
 MASK_PRIOR_INITS = tuple(i for i, (_, prior) in INITS.items() if prior == "mask")
 TRAINED_MASK_INITS = tuple(i for i, (mode, _) in INITS.items() if mode in ("learnable", "hadamard"))
 TIMM_INITS = ("default", "mask", "mask-fixed")  # --model timm: its ViT as is, or M by add_mask_prior
@@ -305,11 +310,14 @@ def lm_setup(run, data, place):
     # distance and M's drift.
     relative = maskprior.relative_distance_mask(H, T).expand(L, -1, -1, -1)         # (L, H, T, T)
     _, masks = prior(run, relative)
+    if INITS[run.init][1] == "relative":   # the same prior as one logit per head and distance 0..T - 1 back
+        masks = maskprior.relative_distance_mask(H, T, relative=True).expand(L, -1, -1)       # (L, H, T)
     # maskprior.GPT: nanoGPT's decoder (its docstring says where Tiny-Stories-GPT, the paper's code,
     # differs). mimetic writes its identity-like W_Q W_K^T after the build (qk_prior), Table "Perplexity
     # (PPL) comparison"'s third row.
     model = maskprior.GPT(data["vocab_size"], T, config["dim"], L, H, config["dropout"],
-                          mode=INITS[run.init][0], masks=masks, mask_scale=config["mask_magnitude"])
+                          mode=INITS[run.init][0], masks=masks, mask_scale=config["mask_magnitude"],
+                          positions=not config["no_pos"])
     qk_prior(model, run.init, None, seed)
     model.to(device)
     optimizer = make_optimizer(model, config)
@@ -626,7 +634,7 @@ FAMILIES = {
     "arithmetic": {"presets": ARITHMETIC_PRESETS, "inits": ENCODER_INITS, "magnitude": maskprior.ARITHMETIC_OPEN,
                    "eval_every": 5, "takes": ("train_frac", "eval_size", "mask_error", *STRUCTURED_FLAGS),
                    "files": False, "setup": arithmetic_setup},
-    "language": {"presets": LM_PRESETS, "inits": ("default", "mask", "mimetic"),
+    "language": {"presets": LM_PRESETS, "inits": ("default", "mask", "mimetic", "mask-relative", "mask-relative-fixed"),
                  "magnitude": maskprior.GPT_MASK_SCALE, "eval_every": None, "takes": ("bpe_file",),
                  "files": True, "setup": lm_setup},
     "vision": {"presets": VISION_PRESETS, "inits": ("default", "mimetic", "impulse", "mask-fixed", "mask"),
@@ -991,7 +999,9 @@ def build_parser():
                              help="several seeds: a grid (not with --seed)")
     g.add_argument("--preset", choices=["cpu", "paper"], default="cpu", help="cpu (quick, default) or paper "
                    "(the paper's tables)")
-    g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs (no other flag)")
+    g.add_argument("--summarize", metavar="DIR", help="train nothing: the tables of DIR's runs (no other flag "
+                   "but --figure)")
+    g.add_argument("--figure", nargs=2, metavar=("NAME", "FILE"), help="train nothing: figure NAME of DIR into FILE")
     g.add_argument("--model", choices=["maskprior", "timm"], help="vision: maskprior.ViT (default) or timm's "
                    "VisionTransformer, same shape")
     g = p.add_argument_group("the mask prior (inits mask, mask-fixed, mask-hadamard)")
@@ -1026,6 +1036,7 @@ def build_parser():
             ("warmup-epochs", count, "vision: epochs of lr warmup"),
             ("eval-every", natural, "rounds between evaluations and checkpoints")):
         g.add_argument(f"--{name}", type=kind, metavar="X" if kind in (rate, share) else "N", help=text)
+    g.add_argument("--no-pos", action="store_true", help="language: no learned positions (the mask prior alone)")
     g = p.add_argument_group("data")
     g.add_argument("--train-frac", type=rate, nargs="+", metavar="F", help="arithmetic: fraction of pairs to "
                    "train on (a sweep)")
@@ -1328,9 +1339,10 @@ def write_tables(root, results, grid=False):
         write_atomic(os.path.join(root, name), content)
     print(f"\n{text}\nwrote {', '.join(files)} in {root}")
 
-def summarize(root):
-    """Reports without training (--summarize DIR): the tables of every run below DIR; a run found twice (a
-    copied folder) counts once. Exit 1 when a damaged result.json was skipped, 2 when nothing could be read."""
+def summarize(root, figure=None):
+    """Reports without training (--summarize DIR): the tables of every run below DIR, or with figure (--figure
+    NAME FILE) that figure of them (draw_figure); a run found twice (a copied folder) counts once. Exit 1 when a
+    damaged result.json was skipped, 2 when nothing could be read."""
     if not os.path.isdir(root):
         raise UsageError(f"--summarize {root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
     paths = [os.path.join(folder, "result.json") for folder, _, files in sorted(os.walk(root))
@@ -1346,10 +1358,90 @@ def summarize(root):
                   f"init, seed, config and data): counted once", file=sys.stderr)
         first.setdefault(run_id, (path, r))
     try:
-        write_tables(root, [r for _, r in first.values()])
+        if figure:                     # --figure NAME FILE: that figure of the runs instead of the tables
+            draw_figure(*figure, [(os.path.dirname(path), r) for path, r in first.values()])
+        else:
+            write_tables(root, [r for _, r in first.values()])
     except WriteError as err:          # DIR itself cannot take the tables: a bad path
         raise UsageError(str(err))
     return 0 if len(readable) == len(paths) else 1
+
+# The README's figures/ (section "Figures"): counterparts of the paper's Figures 1-11 and 14 and our studies'
+# figures, each written by one command, --figure NAME FILE, from the runs below --summarize DIR or, for the first
+# three, from maskprior's constructors alone: the Boolean and arithmetic patterns at the `paper` presets' layers
+# and heads, and one ViT layer of 9 heads, a head per impulse offset, on a 4 x 4 patch grid for legibility:
+#   masks      Figure 2, "mask patterns" of the logical and the arithmetic tasks: every layer and head, open or
+#              closed
+#   logits     Figure "Initial mask logits": M of the first layer, a row a task, a column a head
+#   impulse    Figure "Structured initialization for vision Transformers": each head's 3 x 3 impulse filter
+#              (the centre patch's row of M on a 3 x 3 grid) above its attention mask M on a 4 x 4 grid
+#   attention  Figures 1 and 5, "Comparison of attention patterns before and after training": a band a run,
+#              its mean attention before | after, titled with its prior mass (Section 6.1), and the change
+#   bias       Figures "Learned mask" and "Relative mask bias before and after training" (the GPT's bias at
+#              distance i - j lies on the (i - j)-th diagonal), figures/learned_prior.svg: a mask run's bias
+#              log sigmoid(s M) before | after, and the change, on its own scale: M moves little (Theorem 1)
+#   centre     Figures "Attention maps for the first validation sample": a ViT run's centre-patch maps
+#   boolean    Figure 3, Boolean test loss and accuracy: a panel per task, a dot per init (tasks.figure)
+#   the rest   the figures a grid writes (tasks.result_tables): curves (Figures 7, 14), data_efficiency
+#              (Figure 4), mask_magnitude, imperfect_prior
+# A heat map draws each row of table.md (task, init, settings) once, at its lowest seed; a label names the
+# settings table.md always shows (tasks.ALWAYS_SHOWN: train frac, mask from, ...) where a run sets them.
+FIGURES = ("masks", "logits", "impulse", "attention", "bias", "centre", "boolean", "curves", "data_efficiency",
+           "mask_magnitude", "imperfect_prior")
+MEANING = {"attention": "mean attention weight", "bias": "bias log σ(s M)", "centre": "centre patch's attention"}
+
+def draw_figure(name, out, found=None):
+    """--figure NAME FILE (FIGURES above): writes FILE from found, [(run folder, result.json)] of --summarize DIR,
+    or for masks, logits and impulse from the constructors. UsageError: another NAME, or nothing to draw."""
+    rows = {}                                  # table.md's rows: settings -> their runs, seeds up, with the folder
+    def order(run):                            # by task, init (INITS), seed
+        return list(tasks.FAMILY_OF).index(run[1]["task"]), list(INITS).index(run[1]["init"]), run[1]["seed"]
+    for folder, r in sorted(found or [], key=order):
+        settings = tasks.settings_of(r)
+        rows.setdefault(json.dumps(settings), (settings, []))[1].append({**r, "folder": folder})
+    rows, bands, svg = list(rows.values()), [], None
+    # Section 4.2's patterns (Appendix "Design of Mask Pattern"), the logits M a mask run starts from, (L, H, N, N)
+    boolean, arithmetic = ((p["paper"]["layers"], p["paper"]["heads"]) for p in (BOOLEAN_PRESETS, ARITHMETIC_PRESETS))
+    patterns = {t: maskprior.boolean_mask(t, *boolean) for t in maskprior.BOOLEAN_MASKS}
+    patterns.update({t: make(*arithmetic) for t, make in maskprior.ARITHMETIC_MASKS.items()})
+    if name == "masks":                        # a band of the logical tasks, one of the arithmetic
+        blocks = [(t, (m > 0).float(), 0, 1, "yellow: open (+A), purple: closed (-A)") for t, m in patterns.items()]
+        bands = [blocks[:len(maskprior.BOOLEAN_MASKS)], blocks[len(maskprior.BOOLEAN_MASKS):]]
+    if name == "logits":
+        bands = [[(f"{t}: M, layer 1", m[:1], -m.max().item(), m.max().item(), "logit")] for t, m in patterns.items()]
+    if name == "impulse":                      # on a 3 x 3 grid the centre patch (position 5) reads its filter
+        filters = maskprior.impulse_mask(1, 9, 3)[:, :, 5, 1:].unflatten(-1, (3, 3))      # (1, 9, 3, 3)
+        bands = [[("3 x 3 impulse filters", filters, maskprior.CLOSE, maskprior.OPEN, "yellow: the filter's 1")],
+                 [("their masks M on 4 x 4 patches and CLS", maskprior.impulse_mask(1, 9, 4),   # (1, 9, 17, 17)
+                   maskprior.CLOSE, maskprior.OPEN, "logit")]]
+    for settings, runs in rows if name in ("attention", "bias", "centre") else []:
+        r, whens = runs[0], (("before", "init"), ("after", "final"))     # the lowest seed; its prior mass keys
+        snaps = [torch.load(os.path.join(r["folder"], f"attention_{w}.pt"), weights_only=True) for w, _ in whens]
+        maps = [(s.get("centre") or {} if name == "centre" else s).get("bias" if name == "bias" else "attn")
+                for s in snaps]                # (L, H, N, N) each; a ViT's centre patch (L, H, grid, grid)
+        if None in maps:                       # a run without M has no bias, a run of no ViT no centre patch
+            continue
+        label = " ".join([r["task"], r["init"], *(f"{c} {settings[c]}" for c in tasks.ALWAYS_SHOWN
+                                                  if settings[c] not in tasks.UNSET)])
+        lo, hi = min(0.0, *(m.min().item() for m in maps)), max(0.0, *(m.max().item() for m in maps))
+        bands.append([(f"{label}, {w} training: prior mass {tasks.fmt(r['final'].get(f'prior_mass_{k}'), 2)}",
+                       m, lo, hi, MEANING[name]) for (w, k), m in zip(whens, maps)])
+        moved = max((maps[1] - maps[0]).abs().max().item(), 1e-12)   # the change, on its own range around 0
+        bands[-1].append((f"{label}, after - before", maps[1] - maps[0], -moved, moved, "change, teal: none"))
+    if name == "boolean":
+        svg = tasks.figure([(s, runs) for s, runs in rows if runs[0]["task"] in tasks.BOOLEAN_TASKS], list(INITS),
+                           "init", ["test_loss", "test_acc"], "Boolean test loss and accuracy by init")
+    if name in FIGURES[7:]:
+        svg = tasks.result_tables([r for _, runs in rows for r in runs], list(INITS))[1].get(f"{name}.svg")
+    notes = [f"{tasks.BLOCKS_NOTE}."] + ([tasks.CENTRE_NOTE] if name == "centre" else [])
+    svg = svg or (tasks.heatmap_svg(bands, notes) if bands else None)
+    if svg is None:
+        raise UsageError(f"--figure {name}: nothing to draw; NAME: {', '.join(FIGURES)} (--help)")
+    try:
+        write_atomic(out, svg)
+    except WriteError as err:                  # FILE's folder cannot take it: a bad path
+        raise UsageError(str(err)) from None
+    print(f"wrote {out}")
 
 def main(argv=None):
     """The entry point (python train.py ...; the path of one run starts here) and its exit codes: 0; 1 when a
@@ -1368,14 +1460,19 @@ def main(argv=None):
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        if args.summarize:
-            # The tables are of the runs DIR holds, as they were trained: a flag of what to train would be ignored.
+        if args.summarize or args.figure:
+            # The tables and figures are of the runs DIR holds, as they were trained, or (--figure alone) of the
+            # constructors: a flag of what to train would be ignored.
             given = [key for key, value in vars(args).items()
-                     if key != "summarize" and value != parser.get_default(key)]
+                     if key not in ("summarize", "figure") and value != parser.get_default(key)]
             if given:
-                raise UsageError(f"--summarize takes no other flag (--{given[0].replace('_', '-')} given): its "
-                                 f"tables are of the runs DIR holds, as they were trained")
-            return summarize(args.summarize)
+                said = "its tables are of the runs DIR holds, as they were trained" if args.summarize else \
+                    "it draws the mask constructors' patterns"
+                raise UsageError(f"{'--summarize' if args.summarize else '--figure'} takes no other flag "
+                                 f"(--{given[0].replace('_', '-')} given): {said}")
+            if not args.summarize:                     # the constructors' figures: no run to read
+                return draw_figure(*args.figure) or 0
+            return summarize(args.summarize, args.figure)
         return train_all(args, stop)
     except (UsageError, tasks.DataError) as err:
         print(f"train.py: error: {err}", file=sys.stderr)

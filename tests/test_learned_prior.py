@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import maskprior
-import tasks
 import train
 from helpers import experiment, files_of, kill_then_resume, one_line, result_of
 from synthetic import SHAPES, write_image_tree
@@ -404,16 +403,20 @@ def test_run_names_and_the_inits_with_a_mask_prior():
 
 
 def test_the_figure_draws_learned_priors_beside_the_hand_made_one(source, tmp_path):
-    hand, ours = tmp_path / "hand", tmp_path / "learned"
+    """figures/learned_prior.svg: `--figure bias` of a folder holding a hand-made and a learned prior's run
+    draws each prior before and after training, its label naming the run it was learned from."""
+    hand, ours = tmp_path / "runs" / "hand", tmp_path / "runs" / "learned"
     args = ["--task", "addition", "--init", "mask", "--train-frac", "0.001", *TINY]
     assert train.main([*args, "--out", str(hand)]) == 0
     assert train.main([*args, "--mask-from", str(source), "--out", str(ours)]) == 0
-    svg = ET.fromstring(tasks.learned_prior_figure([("hand-made", hand), ("learned", ours)]))
-    titles = [t.text for t in svg.iter(f"{SVG}text") if t.get("font-size") == "13"]
-    assert titles == ["hand-made: log σ(s M) at init", "learned: log σ(s M) at init"]
+    out = tmp_path / "learned_prior.svg"
+    assert train.main(["--summarize", str(tmp_path / "runs"), "--figure", "bias", str(out)]) == 0
+    svg = ET.parse(out).getroot()
+    titles = [t.text.split(": prior mass")[0] for t in svg.iter(f"{SVG}text") if t.get("font-size") == "13"]
+    learned = f"addition mask train frac 0.001 mask from {os.path.basename(source)}, τ 1"
+    assert titles == [f"{label}, {when}" for label in ("addition mask train frac 0.001", learned)
+                      for when in ("before training", "after training", "after - before")]
     images = [i.get("href") for i in svg.iter(f"{SVG}image")]
-    assert len(images) == 2 and images[0] != images[1]
+    assert len(images) == 6 and images[0] != images[3]                  # the two priors differ
     texts = [t.text for t in svg.iter(f"{SVG}text")]
-    assert "layer 2" in texts and "head 4" in texts and "-5.01" in texts
-    with pytest.raises(ValueError, match="no prior to draw"):
-        tasks.learned_prior_figure([("default", source)])
+    assert "layer 2" in texts and "head 4" in texts
