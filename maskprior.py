@@ -942,9 +942,9 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # M is indexed by the positions the model uses: i is the query's position and j the key's, as the
 # model's position_ids give them where it passes them to its attention layers (transformers'
 # decoders: left padding, cached decoding and offsets included) or to its position embeddings alone
-# (GPTBigCode, CTRL: the patched model's call's, _remember_positions; a part patched without its model
-# cannot see them), else the token's index in the sequence or the cache (BERT, ViT, timm,
-# nn.MultiheadAttention). So a cached, padded or offset run
+# (GPTBigCode, CTRL: the patched model's call's, _remember_positions; a causal part patched without its
+# model cannot see them, and its first forward is a ValueError), else the token's index in the sequence
+# or the cache (BERT, ViT, timm, nn.MultiheadAttention). So a cached, padded or offset run
 # reads the entries of M that the run of the same tokens alone and in one piece reads, and a
 # position past N is a ValueError; a relative M (relative=True, one logit per head and distance i - j,
 # section 1) takes any position. A layer over text takes any n <= N tokens; an image's layer (timm's
@@ -972,8 +972,9 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 #     the bias at those positions on the layer for that function. The record of the prior
 #     (scale, mode, each layer's M) goes into the config the model saves; each layer holds a
 #     _TransformersDoor, which registers the function wherever the layer is unpickled.
-# Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers) is
-# left unpatched: its keys are another sequence, which has no positions in M.
+# Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers, a
+# pooling head's attention from a learned probe: SigLIP's) is left unpatched: its keys are another
+# sequence than its queries, which has no positions in M.
 # The prior costs the model little (tests/bench_add_mask_prior.py): where the positions are 0..n-1
 # (training, plain generation) M is read by one slice, not gathered, its log sigmoid recomputed at
 # every forward (M as it is then, whatever wrote it: a kept table could go stale); the CPU's fused
@@ -1015,7 +1016,8 @@ def _check_transformers_part(where, module, layer, pretrained):
     (layer False) model (pretrained: transformers' PreTrainedModel). A family must support attention
     backends (transformers' _supports_attention_backend: BLOOM, T5, BART and Whisper do not), its
     eager attention must read attention_mask, its attention must span the sequence with one head
-    count (Swin's attends within windows, stage by stage), and it must keep each patch in its place
+    count (Swin's attends within windows, stage by stage) over hidden states that are one sequence (B,
+    n, C), not a grid (B, rows, cols, C) (SAM3's), and it must keep each patch in its place
     (ViTMAE shuffles them), in one attention call a forward. A layer's class is entered in _ATTENTION_OF."""
     import dis
     import inspect
@@ -1044,6 +1046,12 @@ def _check_transformers_part(where, module, layer, pretrained):
         raise ValueError(f"{where}: {name} calls its attention function twice a forward (a differential "
                          f"attention's two softmaxes, DiffLlama's), where add_mask_prior adds M to the one attention "
                          f"of Section 4.1")
+    # SAM2's, SAM3's and Florence-2's: hidden states (B, rows, cols, C), unpacked as such, in windows of the grid
+    code = list(dis.get_instructions(forward)) if layer else []
+    if any(a.argval == forward.__code__.co_varnames[1] and b.argval == "shape" and c.opname == "UNPACK_SEQUENCE"
+           and c.argval == 4 for a, b, c in zip(code, code[1:], code[2:])):
+        raise ValueError(f"{where}: {name} takes its hidden states as a grid (batch, rows, cols, channels), attended "
+                         f"within windows of it (SAM's line, Florence-2), where M spans one sequence of N tokens")
     if layer:
         _ATTENTION_OF[type(module)] = None if any(c._supports_sdpa for c in family) else _eager_attention(type(module))
 
@@ -1148,7 +1156,7 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     query, key = (call["x"], call["x"]) if (timm := "x" in call) else (call["query"], call["key"])
     batched = query.dim() == 3
     n = query.shape[1 if batched and (timm or attn.batch_first) else 0]
-    if key is not query and not (key.shape == query.shape and torch.equal(key, query)):   # SigLIP's pooling
+    if key is not query and not (key.shape == query.shape and torch.equal(key, query)):   # a probe's, patched alone
         raise ValueError(f"{attn.mask_prior_name}: the mask prior is for self-attention, got "
                          f"query {tuple(query.shape)} and key {tuple(key.shape)} from another sequence: "
                          f"patch the part of the model that holds its self-attention layers")
@@ -1201,6 +1209,12 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     first, (length, offset) = (0, (n, 0)) if cache is None else (   # the queries' first cache index, the keys'
         cache.get_query_offset(attn.layer_idx), cache.get_mask_sizes(n, attn.layer_idx))   # number and first index
     positions = call.get("position_ids")                                 # (B or 1, n), or mRoPE's (3, B, n)
+    # A causal layer its model hands none (GPTBigCode's, CTRL's), patched without the model whose call's
+    # position_ids _remember_positions keeps: a left-padded or offset row would read M at its cache slots
+    if positions is None and "position_ids" not in attn.mask_prior_positions and getattr(attn, "is_causal", False):
+        raise ValueError(f"{attn.mask_prior_name}: {type(attn).__name__}'s model hands its layers no position_ids, "
+                         f"so a part patched alone cannot read M at the positions the model uses (left padding): "
+                         f"patch the model, add_mask_prior(model, ...)")
     # a layer its model hands none (GPTBigCode's): the model's call's, which its embeddings took (_remember_positions)
     positions = attn.mask_prior_positions.get("position_ids") if positions is None else positions
     positions = positions if positions is not None and positions.dim() == 2 and positions.shape[-1] == n else None
@@ -1317,6 +1331,10 @@ def _self_attention_layers(model):
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
+    # a pooling head's (SigLIP's, Idefics2's, Phi-4 multimodal's): its queries a learned probe that the module
+    # holding it keeps beside it, (1, k, C), its keys the sequence: cross-attention, left unpatched as well
+    decoder_cross |= {id(a) for m in model.modules() for a in m.children() if isinstance(a, nn.MultiheadAttention)
+                      and any(p.shape[-1] == a.embed_dim for p in m.parameters(recurse=False))}
     prefix = sum(p.numel() // p.shape[-1] for name, p in model.named_parameters() if name.endswith(_PREFIX_TOKENS))
     torchvision = any(type(m).__module__.startswith("torchvision.") for m in model.modules())  # its ViT's layers
     named, conv = [], None

@@ -71,11 +71,54 @@ SMALL = dict(
     image_size=32, patch_size=8, projection_dim=32, text_embed_dim=32, vision_embed_dim=32,
     num_global_layers=1, global_attn_every_n_layers=1, linear_key_head_dim=8, linear_value_head_dim=8,
     linear_num_key_heads=2, linear_num_value_heads=4, max_window_layers=2, first_k_dense_replace=1,
-    mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, window_size=2,
+    mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, window_size=2, rotary_dim=4,
+    projection_size=32, vocab_size_per_layer_input=99, hidden_size_per_layer_input=16, max_source_positions=32,
 )
 # Per-family fixes, learned from transformers' model testers where the generic shrink does not build.
+# Keyed by the model_type of a config or of a sub-config (a composite's text or vision tower); a
+# rope_parameters entry joins the config's own. The values are the testers' (SMALL's per-layer embeddings of
+# Gemma 3n and Gemma 4 too: a vocabulary of 99 and 16 per layer, Gemma3nTextModelTester's; Whisper-like
+# audio encoders' 32 positions, which 64 frames fill after their stride of 2):
+#   Swin's (SwinModelTester): patches of 2, stages of depth [1, 2, 1];
+#   mRoPE's sections (Qwen2VLVisionText2TextModelTester, Glm4vVisionText2TextModelTester) sum to half the
+#   rotary head size: [2, 1, 1] for heads of 8;
+#   DeepSeek-V3's multi-head latent attention (DeepseekV3ModelTester): rope 16, nope 32, values 32, 8 experts in 2
+#   groups; head_dim is then the rope part, as DeepseekV3Config derives it;
+#   a head_dim left None by the config (HunYuan, Ministral): hidden / heads, 8; ESM's vocabulary of 33
+#   (EsmModelTester); Step-3.5's sliding window, unset by default, 4; the Audio Spectrogram Transformer's
+#   spectrogram of 24 frames of 16 bins in patches of 2 (ASTModelTester), its input_values (B, frames, bins);
+#   Gemma 3n's two layers one sliding, one full, none reading another's cache (its default shares the
+#   cache of 15 of its 35 layers; ours, as no two layers are left to share);
+#   DETR's object queries as many as its encoder's tokens (DetrModelTester's are 12), 16: a 128 px image,
+#   4 x 4 after the backbone's stride of 32, so that one N serves the encoder's and the decoder's layers.
 SWIN = dict(image_size=32, patch_size=2, embed_dim=16, depths=[1, 2, 1], num_heads=[2, 2, 4], window_size=2)
-OVERRIDES = {"swin": SWIN, "swinv2": SWIN, "donut-swin": SWIN, "maskformer-swin": SWIN}
+MROPE = dict(rope_parameters=dict(mrope_section=[2, 1, 1]))
+MLA = dict(qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, head_dim=16, n_routed_experts=8,
+           num_experts_per_tok=8, n_group=2, topk_group=1, q_lora_rank=32)
+HEAD_8 = dict(head_dim=8)
+AST = dict(max_length=24, num_mel_bins=16, patch_size=2, frequency_stride=2, time_stride=2)
+OVERRIDES = {"swin": SWIN, "swinv2": SWIN, "donut-swin": SWIN, "maskformer-swin": SWIN,
+             **dict.fromkeys(["qwen2_vl_text", "qwen2_5_vl_text", "glm4v_text", "glm_image_text", "glm_ocr_text",
+                              "qwen2_5_omni_text", "qwen2_5_omni_thinker"], MROPE),
+             "glm4v_moe_text": dict(rope_parameters=dict(mrope_section=[2, 1, 1], partial_rotary_factor=1.0)),
+             **dict.fromkeys(["deepseek_v3", "deepseek_v2", "kimi_k25_text", "axk1"], MLA),
+             **dict.fromkeys(["hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan_vl_text", "ministral"], HEAD_8),
+             "esm": dict(vocab_size=33, pad_token_id=1),
+             **dict.fromkeys(["gemma3n_text"], dict(layer_types=["sliding_attention", "full_attention"],
+                                                     num_kv_shared_layers=0)),
+             **dict.fromkeys(["detr", "conditional_detr"], dict(num_queries=16)),
+             "audio-spectrogram-transformer": AST, "clap_audio_model": AST,
+             "step3p5": dict(sliding_window=4), "step3p7": dict(sliding_window=4)}
+
+
+# The image side of a family whose config names none (inputs_for's default: the config's image_size, else 32)
+IMAGE_SIZES = {"detr": 128, "conditional_detr": 128}
+
+
+def override(d):
+    """OVERRIDES of d's model_type into d, in place; a rope_parameters entry into d's own."""
+    for key, value in OVERRIDES.get(d.get("model_type"), {}).items():
+        d[key] = {**(d.get(key) or {}), **value} if key == "rope_parameters" else value
 
 
 def shrink(d):
@@ -102,6 +145,7 @@ def shrink(d):
                 d[name] = {k: v for k, v in value.items() if int(k) < new}
     if SMALL["num_key_value_heads"] == KV_AS_HEADS and isinstance(d.get("num_key_value_heads"), int):
         d["num_key_value_heads"] = d.get("num_attention_heads", d["num_key_value_heads"])
+    override(d)
     return d
 
 
@@ -116,7 +160,8 @@ def tiny_config(model_type, variant=0):
     config_class = configuration_auto.CONFIG_MAPPING[model_type]
     SMALL.update({"num_key_value_heads": 2, "head_dim": 8, **VARIANTS[variant]})
     d = shrink(config_class().to_dict())
-    d.update(OVERRIDES.get(model_type, {}))
+    d.setdefault("model_type", model_type)
+    override(d)
     for key in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
         d.pop(key, None)
     config = config_class.from_dict(d)
@@ -266,12 +311,16 @@ def inputs_for(kind, config, batch=2, n=8):
     if kind == "input_values":                      # a waveform: 0.25 s at 16 kHz
         return {"input_values": torch.randn(batch, 4000, generator=g)}
     if kind == "input_features":                    # a log-mel spectrogram, 64 frames
-        bins = next((getattr(config, k) for k in ("num_mel_bins", "feature_size", "input_feat_size")
-                     if isinstance(getattr(config, k, None), int)), 80)
+        # the bins of the config or of its audio encoder's sub-config (Canary's, LASR's encoder_config)
+        parts = [config] + [getattr(config, k) for k in getattr(config, "sub_configs", {}) if getattr(config, k, None)]
+        bins = next((getattr(c, k) for c in parts for k in ("num_mel_bins", "feature_size", "input_feat_size",
+                                                            "feature_projection_input_dim", "input_feat_per_channel")
+                     if isinstance(getattr(c, k, None), int)), 80)
         return {"input_features": torch.randn(batch, bins, 64, generator=g)}
     if kind == "vision":
         vision = getattr(config, "vision_config", None) or config
-        channels, size = getattr(vision, "num_channels", 3), getattr(vision, "image_size", 32)
+        channels, size = getattr(vision, "num_channels", 3), getattr(vision, "image_size", None)
+        size = size or IMAGE_SIZES.get(config.model_type, 32)
         size = size if isinstance(size, int) else size[0]
         return {"pixel_values": torch.randn(batch, channels, size, size, generator=g)}
     return {"input_ids": torch.randint(3, vocab, (batch, n), generator=g)}
@@ -305,6 +354,37 @@ def token_count(model, kind, inputs):
     return seen.pop() if len(seen) == 1 else sorted(seen) or None
 
 
+def first_run(model, kind, config):
+    """(M's N, the inputs) of the first of the inputs this kind may take that the unpatched model runs:
+    inputs_for's; a composite's with an image beside its text (a dual encoder's, CLIP's: both towers run,
+    the text one patched); log-mel features time first, (B, frames, bins) (Parakeet's, Speech2Text's)."""
+    first = inputs_for(kind, config)
+    tries = [first]
+    if kind == "composite":
+        tries.append({**first, **inputs_for("vision", config)})
+    if kind == "input_features":
+        tries.append({"input_features": first["input_features"].transpose(1, 2)})
+        # the lengths an audio encoder asks for beside its features (Qwen3-ASR's, AudioFlamingo3's mask), all 64 frames
+        lengths = {"input_features_mask": torch.ones(2, 64, dtype=torch.long), "feature_lens": torch.full((2,), 64)}
+        lengths = {k: v for k, v in lengths.items() if k in inspect.signature(model.forward).parameters}
+        tries = [{**inputs, **lengths} for inputs in tries]
+    if kind == "input_values" and isinstance(getattr(config, "max_length", None), int):   # a spectrogram (AST's)
+        shape = (2, config.max_length, getattr(config, "num_mel_bins", 16))
+        tries.append({"input_values": torch.randn(*shape, generator=torch.Generator().manual_seed(5))})
+    errors = []
+    for inputs in tries:
+        seq2seq(model, inputs)
+        try:
+            n = N if kind in ("decoder", "encoder", "composite") else token_count(model, kind, inputs)
+            run(model, inputs, **({"use_cache": False} if kind == "decoder" else {}))
+            return n, inputs
+        except Timeout:
+            raise
+        except Exception as e:                                 # noqa: BLE001 (the next inputs, else the first's error)
+            errors.append(e)
+    raise errors[0]
+
+
 def build(model_type, variant):
     """("built", kind, the tiny model, its inputs, M's N) or ("not built", why)."""
     try:
@@ -312,6 +392,8 @@ def build(model_type, variant):
         kind, cls = model_class(model_type, config)
         if cls is None:
             return "not built", "no model class in transformers' auto mappings or namespace"
+        if not isinstance(config, cls.config_class) and isinstance(config.get_text_config(), cls.config_class):
+            config = config.get_text_config()   # a composite's causal LM (Qwen3.5's, Llama 4's): on its text config
         if kind is None:
             return "not built", f"{cls.__name__} takes no input_ids, pixel_values, input_values or input_features"
         with torch.device("meta"):
@@ -321,10 +403,7 @@ def build(model_type, variant):
         torch.manual_seed(0)
         model = cls(config).eval()
         set_attention(model, "eager")
-        inputs = inputs_for(kind, config)
-        seq2seq(model, inputs)
-        n = N if kind in ("decoder", "encoder", "composite") else token_count(model, kind, inputs)
-        run(model, inputs, **({"use_cache": False} if kind == "decoder" else {}))
+        n, inputs = first_run(model, kind, config)
         if "input_ids" in inputs:       # the checks' calls: with an attention mask, a decoder's with position_ids
             ones = torch.ones_like(inputs["input_ids"])
             given = dict(position_ids=ones.cumsum(1) - 1, use_cache=False) if kind == "decoder" else {}

@@ -342,23 +342,24 @@ def test_timm_caller_mask_and_is_causal_add_to_the_prior():
             assert p.masked_select(~allowed.expand_as(p)).max() == 0
 
 
-def test_siglip_pooling_head_is_refused_and_its_encoder_takes_the_prior():
-    """SigLIP's vision model pools with an nn.MultiheadAttention whose one probe query attends to the
-    tokens: cross-attention, refused at its first call by name; its encoder alone takes the prior
-    (its attention hands the attention function no keyword arguments)."""
+def test_siglip_pooling_head_is_left_unpatched_and_its_encoder_takes_the_prior():
+    """SigLIP's vision model pools with an nn.MultiheadAttention whose one probe query (a parameter of
+    the head beside it) attends to the tokens: cross-attention, left unpatched at the patch. The whole
+    model patched equals its encoder patched alone, pooled output included; its encoder takes the
+    prior (its attention hands the attention function no keyword arguments)."""
     build = lambda: vision(T.SiglipVisionConfig, T.SiglipVisionModel)
     inputs = images(2)
-    whole = build()
-    maskprior.add_mask_prior(whole, constant(2, IMAGE_N - 1))
-    with pytest.raises(ValueError, match=r"^head\.attention: the mask prior is for self-attention, got query "
-                                         r"\(2, 1, 32\) and key \(2, 16, 32\) from another sequence"):
-        whole(**inputs)
     torch.manual_seed(0)
     stock = build().eval()
-    constant_prior, random_prior = copy.deepcopy(stock), copy.deepcopy(stock)
+    whole, constant_prior, random_prior = (copy.deepcopy(stock) for _ in range(3))
+    masks = random_masks(LAYERS, 2, IMAGE_N - 1)
+    patched = maskprior.add_mask_prior(whole, masks)
+    assert [attn.mask_prior_name for attn in patched] == [f"encoder.layers.{i}.self_attn" for i in range(LAYERS)]
+    assert not hasattr(whole.head.attention, "mask")
     maskprior.add_mask_prior(constant_prior.encoder, constant(2, IMAGE_N - 1))
-    maskprior.add_mask_prior(random_prior.encoder, random_masks(LAYERS, 2, IMAGE_N - 1))
+    maskprior.add_mask_prior(random_prior.encoder, masks)
     with torch.no_grad():
+        torch.testing.assert_close(whole(**inputs).pooler_output, random_prior(**inputs).pooler_output, rtol=0, atol=0)
         expected = run(stock, inputs)
         torch.testing.assert_close(run(constant_prior, inputs), expected, rtol=1e-4, atol=1e-5)
         assert (run(random_prior, inputs) - expected).abs().max() > 1e-3

@@ -32,9 +32,15 @@ SUBSET = {
     "clip_text_model": ("right", "encoder"),        # a padded batch
     "t5gemma": ("right", "encoder"),                # an encoder-decoder
     "smolvlm": ("right", "composite"),              # a vision-language model's language model
+    "clip": ("right", "composite"),                 # a dual encoder, run with an image: its text tower patched
+    "qwen2_vl": ("right", "composite"),             # mRoPE sections from its tester
+    "deepseek_v3": ("right", "decoder"),            # multi-head latent attention, its tester's dimensions
+    "parakeet_encoder": ("right", "audio (input_features)"),   # log-mel features time first
     "vit": ("right", "vision, 17 tokens"),          # class token + 4 x 4 patches
     "clip_vision_model": ("right", "vision, 17 tokens"),
+    "siglip_vision_model": ("right", "vision, 16 tokens"),  # its pooling head's probe attention left unpatched
     "vit_mae": ("refused", "shuffles its patches"),
+    "sam3_vit_model": ("refused", "hidden states as a grid"),   # (B, rows, cols, C), windows of the grid
     "diffllama": ("refused", "calls its attention function twice"),
     "align_text_model": ("refused", "_supports_attention_backend"),
 }
@@ -52,7 +58,8 @@ def test_a_family_is_right_against_the_float_mask_reference_or_refused_by_name(m
 def test_the_sweep_finds_a_layer_reading_m_at_its_cache_slots(monkeypatch):
     """With the model's position_ids kept from its layers, GPTBigCode's left-padded row reads M at its
     padded slots: the sweep reports it WRONG, so a right above is not a check that cannot fail."""
-    monkeypatch.setattr(maskprior, "_remember_positions", lambda model, args, kwargs: None)
+    monkeypatch.setattr(maskprior, "_remember_positions",
+                        lambda model, args, kwargs: model.mask_prior_positions.update(position_ids=None))
     outcome, detail = sweep.check_family("gpt_bigcode")
     assert outcome == "WRONG" and "left-padded" in detail, detail
 
@@ -97,3 +104,38 @@ def test_vit_mae_is_refused_at_any_mask_ratio():
     with pytest.raises(ValueError, match="ViTMAEAttention shuffles its patches"):
         maskprior.add_mask_prior(model, torch.zeros(4, 17, 17))
     assert not any(hasattr(m, "mask") for m in model.modules())
+
+
+@pytest.mark.parametrize("family", ["gpt_bigcode", "ctrl", "gpt2"])
+def test_the_layers_of_a_model_that_hands_them_no_positions_are_refused_when_patched_alone(family):
+    """add_mask_prior(model.transformer.h, M): GPTBigCode's and CTRL's models give position_ids to their
+    position embeddings alone, so their layers patched without the model would read M at a left-padded
+    row's cache slots: the first forward is a ValueError naming the layer's class and saying to patch the
+    model. GPT-2's model hands its layers position_ids: its left-padded row equals its prompt alone."""
+    config = sweep.tiny_config(family)
+    torch.manual_seed(0)
+    model = sweep.model_class(family, config)[1](config).eval()
+    [attn, _] = maskprior.add_mask_prior(model.transformer.h, 3 * torch.randn(2, 4, 16, 16))
+    prompt = torch.randint(3, 99, (1, 5), generator=torch.Generator().manual_seed(3))
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], 1)
+    real = (padded != 0).long()
+    with torch.no_grad():
+        if family != "gpt2":
+            with pytest.raises(ValueError, match=f"{type(attn).__name__}'s model hands its layers no position_ids.*"
+                                                 f"patch the model"):
+                model(padded, attention_mask=real, position_ids=(real.cumsum(1) - 1).clamp(min=0))
+            return
+        alone = model(prompt).logits
+        left = model(padded, attention_mask=real, position_ids=(real.cumsum(1) - 1).clamp(min=0)).logits[:, 3:]
+    torch.testing.assert_close(left, alone, rtol=0, atol=1e-4)
+
+
+def test_a_layer_over_a_grid_of_hidden_states_is_refused_at_the_patch():
+    """SAM3's ViT takes (B, rows, cols, C) hidden states and attends within windows of the grid in most
+    layers: refused at add_mask_prior, naming the layer class, and nothing patched."""
+    config = sweep.tiny_config("sam3_vit_model")
+    model = sweep.model_class("sam3_vit_model", config)[1](config).eval()
+    with pytest.raises(ValueError, match="Sam3ViTRoPEAttention takes its hidden states as a grid"):
+        maskprior.add_mask_prior(model, torch.zeros(4, 16, 16))
+    assert not any(hasattr(m, "mask") for m in model.modules())
+
