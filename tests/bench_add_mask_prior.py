@@ -27,8 +27,10 @@ in transformers, timm and torch), the patched one what add_mask_prior gives it.
                    120 new tokens (dynamic cache)
   llama_generate   the same for llama's model
 
-The README's speed table quotes this table, run with --threads 1 2 --repeats 31 --steps 5 on the
-2-core CPU with nothing else running. --flush-denormal sets torch.set_flush_denormal(True) first (as
+The README's speed table quotes this table, run with --threads 1 2 --repeats 21 --steps 3 on the
+2-core CPU with nothing else running (generation, one thread, with a log-sigmoid table kept between
+steps, as before the rule that a forward reads M as it is: GPT-2 1.072 and 1.111, Llama 1.085 and
+1.093 in two runs; without it 1.171, 1.158, 1.159 and 1.098, 1.150, 1.142 in three). --flush-denormal sets torch.set_flush_denormal(True) first (as
 train.py runs); it changed no ratio beyond the rounds' spread. Between runs of the same command the
 GPT-2 training ratio moves by up to 0.04 (the quartiles show the spread of one run's rounds).
 
