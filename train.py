@@ -1404,16 +1404,17 @@ def draw_figure(name, out, found=None):
     boolean, arithmetic = ((p["paper"]["layers"], p["paper"]["heads"]) for p in (BOOLEAN_PRESETS, ARITHMETIC_PRESETS))
     patterns = {t: maskprior.boolean_mask(t, *boolean) for t in maskprior.BOOLEAN_MASKS}
     patterns.update({t: make(*arithmetic) for t, make in maskprior.ARITHMETIC_MASKS.items()})
-    if name == "masks":                        # a band of the logical tasks, one of the arithmetic
+    if name == "masks":                        # Figure 2: a band of the logical tasks, one of the arithmetic
         blocks = [(t, (m > 0).float(), 0, 1, "yellow: open (+A), purple: closed (-A)") for t, m in patterns.items()]
         bands = [blocks[:len(maskprior.BOOLEAN_MASKS)], blocks[len(maskprior.BOOLEAN_MASKS):]]
-    if name == "logits":
+    if name == "logits":                       # Figure 6: the logits M each task starts from
         bands = [[(f"{t}: M, layer 1", m[:1], -m.max().item(), m.max().item(), "logit")] for t, m in patterns.items()]
-    if name == "impulse":                      # on a 3 x 3 grid the centre patch (position 5) reads its filter
+    if name == "impulse":                      # Figure 9; on a 3 x 3 grid the centre patch (position 5) reads it
         filters = maskprior.impulse_mask(1, 9, 3)[:, :, 5, 1:].unflatten(-1, (3, 3))      # (1, 9, 3, 3)
         bands = [[("3 x 3 impulse filters", filters, maskprior.CLOSE, maskprior.OPEN, "yellow: the filter's 1")],
                  [("their masks M on 4 x 4 patches and CLS", maskprior.impulse_mask(1, 9, 4),   # (1, 9, 17, 17)
                    maskprior.CLOSE, maskprior.OPEN, "logit")]]
+    # Figures 1 and 5 (attention), 8 and 10 (bias), 11 (centre): each run's before | after | change
     for settings, runs in rows if name in ("attention", "bias", "centre") else []:
         r, whens = runs[0], (("before", "init"), ("after", "final"))     # the lowest seed; its prior mass keys
         snaps = [torch.load(os.path.join(r["folder"], f"attention_{w}.pt"), weights_only=True) for w, _ in whens]
@@ -1428,10 +1429,10 @@ def draw_figure(name, out, found=None):
                        m, lo, hi, MEANING[name]) for (w, k), m in zip(whens, maps)])
         moved = max((maps[1] - maps[0]).abs().max().item(), 1e-12)   # the change, on its own range around 0
         bands[-1].append((f"{label}, after - before", maps[1] - maps[0], -moved, moved, "change, teal: none"))
-    if name == "boolean":
+    if name == "boolean":                      # Figure 3: a dot per init, a panel per task
         svg = tasks.figure([(s, runs) for s, runs in rows if runs[0]["task"] in tasks.BOOLEAN_TASKS], list(INITS),
                            "init", ["test_loss", "test_acc"], "Boolean test loss and accuracy by init")
-    if name in FIGURES[7:]:
+    if name in FIGURES[7:]:                    # a grid's own charts (Figures 4, 7, 14; our studies): table.md's writer
         svg = tasks.result_tables([r for _, runs in rows for r in runs], list(INITS))[1].get(f"{name}.svg")
     notes = [f"{tasks.BLOCKS_NOTE}."] + ([tasks.CENTRE_NOTE] if name == "centre" else [])
     svg = svg or (tasks.heatmap_svg(bands, notes) if bands else None)
