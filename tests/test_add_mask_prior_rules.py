@@ -7,6 +7,7 @@ loaded without it takes a new one; a patched model travels (pickled whole into a
 torch.export with a dynamic length, a composite's folder under the names transformers saves); an
 image layer refuses an M of another grid, of the same token count too, saying how to build its M."""
 import copy
+import json
 import re
 import os
 import subprocess
@@ -174,7 +175,8 @@ def test_two_models_built_from_one_config_patch_independently(tmp_path):
     maskprior.add_mask_prior(stock, random_masks(LAYERS, 4, N, seed=3), scale=3.0)
     with torch.no_grad():
         torch.testing.assert_close(second(IDS).logits, stock(IDS).logits, rtol=0, atol=1e-5)
-    assert first.config.mask_prior["scale"] == 2.0
+    first.save_pretrained(tmp_path / "first")
+    assert maskprior.from_pretrained(T.LlamaForCausalLM, tmp_path / "first").model.layers[0].self_attn.mask_scale == 2.0
 
 
 @pytest.mark.parametrize("part", ["", "model.layers"])
@@ -194,6 +196,39 @@ def test_a_model_loaded_without_its_prior_takes_a_new_one(tmp_path, part):
         torch.testing.assert_close(loaded(IDS).logits, plain(IDS).logits, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("part", ["", "model", "model.layers"])
+def test_a_folder_written_by_an_unpatched_model_claims_no_prior(tmp_path, part):
+    """A patched model (whole, its base model, its layers) saved; a plain from_pretrained of that
+    folder, saved again: neither config.json nor the weight files of the second folder hold a prior,
+    and maskprior.from_pretrained says so. A second model built from the patched one's config object
+    writes a folder without a prior as well."""
+    config = llama_config()
+    model, sibling = T.LlamaForCausalLM(config), T.LlamaForCausalLM(config)
+    maskprior.add_mask_prior(model.get_submodule(part), random_masks(LAYERS, 4, N), scale=2.0)
+    model.save_pretrained(tmp_path / "patched")
+    T.LlamaForCausalLM.from_pretrained(tmp_path / "patched").save_pretrained(tmp_path / "plain")
+    sibling.save_pretrained(tmp_path / "sibling")
+    from safetensors import safe_open
+    for folder in ("plain", "sibling"):
+        assert "mask" not in (tmp_path / folder / "config.json").read_text()
+        with safe_open(tmp_path / folder / "model.safetensors", "pt") as tensors:
+            assert not [key for key in tensors.keys() if "mask" in key]
+        with pytest.raises(ValueError, match="holds no mask prior"):
+            maskprior.from_pretrained(T.LlamaForCausalLM, tmp_path / folder)
+
+
+def test_load_state_dict_keeps_the_layer_s_own_scale_and_mode():
+    """A patched model takes M from a patched model's state_dict (strict: its records are no
+    unexpected keys) and keeps its own scale and mode, which its next state_dict records."""
+    source, target = llama(), llama()
+    maskprior.add_mask_prior(source, random_masks(LAYERS, 4, N), scale=2.0)
+    patched = maskprior.add_mask_prior(target, random_masks(LAYERS, 4, N, seed=3), scale=3.0, mode="fixed")
+    target.load_state_dict(source.state_dict(), strict=True)
+    assert all(torch.equal(attn.mask, source.model.layers[i].self_attn.mask) for i, attn in enumerate(patched))
+    record = json.loads(bytes(target.state_dict()["model.layers.0.self_attn.mask_record"].tolist()))
+    assert record == {"scale": 3.0, "mode": "fixed"} and not patched[0].mask.requires_grad
+
+
 # ----------------------------------------------------------------------------------------------
 # A patched model travels
 # ----------------------------------------------------------------------------------------------
@@ -201,7 +236,7 @@ def test_a_model_loaded_without_its_prior_takes_a_new_one(tmp_path, part):
 def test_a_pickled_patched_model_gives_its_outputs_in_a_fresh_process(tmp_path):
     """torch.save(model) of a patched Llama (an SDPA family) and Gemma2 (an eager one: its softcap),
     torch.load in a fresh process that never imports maskprior itself: the same logits. A deep copy
-    and the state_dict stay as they are: the stock model's keys and each layer's mask."""
+    and the state_dict stay as they are: the stock model's keys and each layer's M and record."""
     gemma2 = T.Gemma2ForCausalLM(T.Gemma2Config(
         vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, attn_logit_softcapping=2.0, pad_token_id=0)).eval()
@@ -209,7 +244,8 @@ def test_a_pickled_patched_model_gives_its_outputs_in_a_fresh_process(tmp_path):
     for name, model in models.items():
         stock_keys = set(model.state_dict())
         patched = maskprior.add_mask_prior(model, random_masks(LAYERS, 4, N))
-        assert set(model.state_dict()) == stock_keys | {f"{attn.mask_prior_name}.mask" for attn in patched}
+        assert set(model.state_dict()) == stock_keys | {f"{attn.mask_prior_name}.{key}" for attn in patched
+                                                        for key in ("mask", "mask_record")}
         with torch.no_grad():
             expected = model(IDS).logits
             torch.testing.assert_close(copy.deepcopy(model)(IDS).logits, expected, rtol=0, atol=0)
