@@ -1040,6 +1040,14 @@ def _check_transformers_part(where, module, layer, pretrained):
     if layer and all(hasattr(getattr(module, "config", None), key) for key in ("mask_ratio", "image_size")):
         raise ValueError(f"{where}: {name} shuffles its patches at random before its layers and drops a mask_ratio "
                          f"of them (ViTMAE's random_masking), so no row of M stays with one patch's place on the grid")
+    # An image's layer whose config fixes no image_size: its tokens are a grid that follows each image's
+    # size (DETR's backbone feature map, its object queries beside it; Qwen2-VL's vision tower, the
+    # patches of several images packed into one sequence), so no one M of N tokens keeps each its place
+    pixels = [key for key in ("num_channels", "in_channels") if getattr(getattr(module, "config", None), key, None)]
+    if layer and pixels and getattr(module.config, "image_size", None) is None:
+        raise ValueError(f"{where}: {name} attends over an image's patches or feature map, whose grid follows each "
+                         f"image's size (its config has {pixels[0]} but fixes no image_size: DETR's, Qwen2-VL's "
+                         f"vision tower), where M is for one grid of N tokens: patch a composite's language model")
     # the prior is left on the layer for one attention call a forward; DiffLlama's differential attention makes two
     forward = inspect.unwrap(type(module).forward) if layer else None
     if layer and sum("attention_interface" in str(i.argval) for i in dis.get_instructions(forward)
@@ -1317,7 +1325,7 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     # (B, n, H, d), contiguous: the caller's reshape to (B, n, H * d) copies nothing
     return torch.cat([output.transpose(1, 2) for output in outputs], 1), weights if rows == query.shape[2] else None
 
-def _self_attention_layers(model):
+def _self_attention_layers(model, refuse=True):
     """Serves add_mask_prior's reach and from_pretrained's: [(name, module, pre-hook, prefix)] of
     every supported self-attention layer in model, in named_modules() order, each with the forward
     pre-hook of its door: nn.MultiheadAttention (but the multihead_attn of nn.TransformerDecoderLayer,
@@ -1326,7 +1334,8 @@ def _self_attention_layers(model):
     family's cross-attention layers. prefix: None for a layer over a sequence; for an image's layer
     (timm's, torchvision's ViT's, a transformers layer whose config has an image_size) the prefix
     tokens model puts before its patches (_PREFIX_TOKENS). ValueError naming a transformers model
-    or layer that cannot take the prior (_check_transformers_part)."""
+    or layer that cannot take the prior (_check_transformers_part), or, refuse False, such a layer
+    left out (from_pretrained: a composite's other tower, which its folder holds no M for)."""
     import inspect
     import sys
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
@@ -1346,8 +1355,13 @@ def _self_attention_layers(model):
         on_interface = "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ())
         cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
         transformers_layer = on_interface and not cross
-        if transformers_layer or isinstance(module, pretrained):
-            _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
+        try:
+            if transformers_layer or isinstance(module, pretrained):
+                _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
+        except ValueError:
+            if refuse:
+                raise
+            continue
         image = getattr(getattr(module, "config", None), "image_size", None) is not None
         if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
             named.append((name, module, _add_mask_prior_to_call, (prefix, conv) if torchvision else None))
@@ -1552,7 +1566,7 @@ def from_pretrained(model_class, path, **kwargs):
         raise ValueError(f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
     from transformers.core_model_loading import revert_weight_conversion
     prefix = model.base_model_prefix + "."            # the checkpoint may hold the model with a head or without
-    found = _self_attention_layers(model)
+    found = _self_attention_layers(model, refuse=False)
     # each layer's M under the name save_pretrained gives it (a composite's renamed: Llava's
     # model.language_model.layers.0 is saved as language_model.model.layers.0), by the tensor's identity
     probes = {f"{layer[0]}.mask": torch.empty(0) for layer in found}

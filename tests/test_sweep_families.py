@@ -42,6 +42,7 @@ SUBSET = {
     "vit_mae": ("refused", "shuffles its patches"),
     "sam3_vit_model": ("refused", "hidden states as a grid"),   # (B, rows, cols, C), windows of the grid
     "diffllama": ("refused", "calls its attention function twice"),
+    "detr": ("refused", "grid follows each image's size"),    # a backbone's feature map of each image's size
     "align_text_model": ("refused", "_supports_attention_backend"),
 }
 
