@@ -1019,7 +1019,8 @@ def _check_transformers_part(where, module, layer, pretrained):
     eager attention must read attention_mask, its attention must span the sequence with one head
     count (Swin's attends within windows, stage by stage) over hidden states that are one sequence (B,
     n, C), not a grid (B, rows, cols, C) (SAM3's), and it must keep each patch in its place
-    (ViTMAE shuffles them), in one attention call a forward. A layer's class is entered in _ATTENTION_OF."""
+    (ViTMAE shuffles them), on a grid its config fixes (an image_size: DETR's and Qwen2-VL's vision
+    tower's grids follow each image), in one attention call a forward. A layer's class is entered in _ATTENTION_OF."""
     import dis
     import inspect
     import sys
