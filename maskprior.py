@@ -1340,6 +1340,13 @@ def _self_attention_layers(model, refuse=True):
     import inspect
     import sys
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
+    # timm's patch_drop_rate: a random subset of the patches while training, each then at another index
+    patch_dropout = getattr(sys.modules.get("timm.layers.patch_dropout"), "PatchDropout", ())
+    dropping = [name for name, m in model.named_modules() if isinstance(m, patch_dropout) and m.prob > 0]
+    if dropping:
+        raise ValueError(f"{dropping[0]}: {type(model).__name__} drops a random {model.get_submodule(dropping[0]).prob:g}"
+                         f" of its patches while training (timm's patch_drop_rate), so no row of M stays with one "
+                         f"patch's place on the grid: build the model with patch_drop_rate=0")
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
     # a pooling head's (SigLIP's, Idefics2's, Phi-4 multimodal's): its queries a learned probe that the module

@@ -339,6 +339,19 @@ def test_a_grid_of_the_same_token_count_is_refused_and_the_recipe_given_fits(nam
         call(model, square)
 
 
+def test_a_model_that_drops_patches_while_training_is_refused_at_the_patch():
+    """timm's patch_drop_rate keeps a random subset of the patches in training, each then at another
+    index of the sequence: refused when patched, naming the rate, not at the first training forward;
+    at rate 0 the same model takes the prior."""
+    build = lambda rate: timm.models.VisionTransformer(img_size=16, patch_size=4, embed_dim=WIDTH, depth=LAYERS,
+                                                       num_heads=2, patch_drop_rate=rate)
+    with pytest.raises(ValueError, match=r"^patch_drop: VisionTransformer drops a random 0\.25 of its patches"):
+        maskprior.add_mask_prior(build(0.25), maskprior.impulse_mask(LAYERS, 2, 4))
+    model = build(0.0).train()
+    maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, 2, 4))
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 1000)
+
+
 def test_a_composite_model_s_folder_loads_back_whole_under_its_saved_names(tmp_path):
     """Llava (a CLIP vision tower, a Llama language model) with the prior in its language model:
     save_pretrained writes each M as language_model.model.layers.i.self_attn.mask (transformers'
