@@ -1200,8 +1200,10 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     (set_attn_implementation), which would drop M."""
     # attn_implementation read past the config's property and its two __getattribute__ (Python, and
     # vars() calls them for __dict__: microseconds a layer), through them where the attribute is missing
-    implementation = object.__getattribute__(attn.config, "__dict__").get("_attn_implementation_internal") or (
-        attn.config._attn_implementation)
+    # and where Dynamo traces the hook (torch.compile, fullgraph too), which cannot trace the shortcut
+    implementation = attn.config._attn_implementation if torch.compiler.is_compiling() else (
+        object.__getattribute__(attn.config, "__dict__").get("_attn_implementation_internal")
+        or attn.config._attn_implementation)
     if implementation != MASK_PRIOR_ATTENTION:
         raise ValueError(f"{attn.mask_prior_name} has a mask prior, which needs attn_implementation="
                          f"{MASK_PRIOR_ATTENTION!r}; got {implementation!r}: call "

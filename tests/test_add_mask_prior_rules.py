@@ -266,6 +266,26 @@ def test_a_pickled_patched_model_gives_its_outputs_in_a_fresh_process(tmp_path):
         torch.testing.assert_close(loaded, expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["llama", "timm_vit"])
+def test_torch_compile_with_fullgraph_gives_the_eager_outputs_and_gradient(family):
+    """torch.compile(fullgraph=True) traces a patched model in one graph, as it does the stock one
+    (backend aot_eager: Dynamo's trace and AOTAutograd's, no C++ compiler): the eager model's outputs,
+    and with M trained the same gradient on M."""
+    build, shape, run, loss = FAMILIES[family]
+    model = build()
+    patched = maskprior.add_mask_prior(model, random_masks(LAYERS, *shape[:2]))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(run(compiled), run(model), rtol=0, atol=1e-5)
+    gradients = []
+    for each in (model, compiled):
+        model.zero_grad()
+        loss(each).backward()
+        gradients.append(patched[0].mask.grad.clone())
+    torch.testing.assert_close(gradients[1], gradients[0], rtol=0, atol=1e-6)
+    assert gradients[0].abs().sum() > 0
+
+
 def test_torch_export_with_a_dynamic_length_runs_every_length_up_to_n():
     """A patched Llama whose M trains (gradient on, the written-out attention on the CPU) exports with
     a dynamic sequence length up to M's N and gives the eager model's logits at every length; a range
