@@ -1145,7 +1145,7 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
         heads = torch.arange(len(mask), device=mask.device)[:, None, None]                    # (H, 1, 1)
         rows, cols = rows[:, None, :, None], cols.clamp(0, size - 1)[:, None, None, :]   # (B, 1, n, 1), (B, 1, 1, k)
         return _log_sigmoid(attn.mask_scale * mask[heads, rows, cols])                        # (B, H, n, n_keys)
-    if mask.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if mask.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing():
         block = mask[None, :, rows, cols]                                                     # (1, H, n, n_keys)
     else:     # no backward to serve: one view op, not the indexing's two, which a cached token's step pays for
         (heads, row, col), offset = mask.stride(), mask.storage_offset() + rows.start * mask.stride(1)
@@ -1182,7 +1182,7 @@ def _add_mask_prior_to_call(attn, args, kwargs):
     # causal -inf is in attn_mask. timm's mask goes 4-D: the CPU's fused kernel takes it (a 3-D one
     # goes to the slower math kernel). A Boolean key_padding_mask beside a float attn_mask draws a
     # deprecation warning: it goes as logits, the same values.
-    call.update(attn_mask=bias.expand(len(query), -1, -1, -1) if timm else bias, is_causal=False)
+    call.update(attn_mask=bias.expand(query.shape[0], -1, -1, -1) if timm else bias, is_causal=False)
     return (), call
 
 def _add_mask_prior_to_transformers_call(attn, args, kwargs):

@@ -286,6 +286,27 @@ def test_torch_compile_with_fullgraph_gives_the_eager_outputs_and_gradient(famil
     assert gradients[0].abs().sum() > 0
 
 
+def torchvision_vit():
+    import torchvision
+    torch.manual_seed(0)
+    return torchvision.models.VisionTransformer(image_size=16, patch_size=4, num_layers=LAYERS, num_heads=2,
+                                                hidden_dim=WIDTH, mlp_dim=64, num_classes=10).eval()
+
+
+@pytest.mark.parametrize("build", [timm_vit, torchvision_vit])
+def test_an_image_model_exports_with_a_dynamic_batch_and_traces(build):
+    """torch.export with a dynamic batch size (exported at 2, run at 3) and torch.jit.trace (whose
+    check runs the model twice, with and without grad) of a patched ViT: the eager model's outputs."""
+    model = build()
+    maskprior.add_mask_prior(model, random_masks(LAYERS, 2, 17))
+    exported = torch.export.export(model, (IMAGES,), dynamic_shapes=({0: torch.export.Dim("batch", max=8)},))
+    images = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(6))
+    traced = torch.jit.trace(model, (IMAGES,))
+    with torch.no_grad():
+        torch.testing.assert_close(exported.module()(images), model(images), rtol=0, atol=1e-5)
+        torch.testing.assert_close(traced(images), model(images), rtol=0, atol=1e-5)
+
+
 def test_torch_export_with_a_dynamic_length_runs_every_length_up_to_n():
     """A patched Llama whose M trains (gradient on, the written-out attention on the CPU) exports with
     a dynamic sequence length up to M's N and gives the eager model's logits at every length; a range
