@@ -1236,11 +1236,27 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
         # object.__setattr__: nn.Module's own costs a cached token's step a microsecond
         rows, cols = slice(int(first), int(first) + n), slice(offset, offset + length)
         return object.__setattr__(attn, "mask_prior_bias", _prior_bias(attn, rows, cols, rows.stop - 1))
+    given, visible = positions is not None, call.get("attention_mask")     # the model's mask (B, 1, n, n_keys)
     positions = torch.arange(n, device=mask.device)[None] + first if positions is None else positions   # (B or 1, n)
     # key k lies relative = k's cache index - first after the first query (no cache: the queries)
     relative = torch.arange(length, device=mask.device) + offset - first         # (n_keys,)
     inside = relative.clamp(0, n - 1)         # the new keys are the queries' tokens, at their positions
     keys = positions[:, inside] + (relative - inside)                       # (B or 1, n_keys)
+    if given and offset < first and getattr(visible, "dim", int)() == 4 and visible.shape[-1] == length:
+        # Cached keys where the positions are given (generate counts them from the attention mask): each
+        # lies as many positions before the last query as there are keys between them that some query
+        # sees, so padding after a row's first token (right padding, a batch's later turn padded) is
+        # skipped, as generate skips it; keys no query sees read M anywhere
+        seen = (visible[:, 0] if visible.dtype == torch.bool else visible[:, 0] == 0).any(-2)   # (B, n_keys)
+        count = seen.cumsum(-1)
+        before = positions[:, -1:] - count[:, first + n - 1 - offset:first + n - offset] + count[:, :first - offset]
+        # a seen key before position 0: the positions do not count the tokens (generate's after right
+        # padding, which continue from the padding's), and which position each cached key had is lost
+        if not torch.compiler.is_compiling() and bool((before < 0)[seen[:, :first - offset]].any()):
+            raise ValueError(f"{attn.mask_prior_name}: the cached tokens' positions cannot be read off this call: its "
+                             f"position_ids do not count the tokens its attention mask lets through (right padding "
+                             f"in generate?); pad on the left (tokenizer.padding_side = 'left') or use_cache=False")
+        keys = torch.cat([before, keys[:, first - offset:].expand(len(before), -1)], 1)      # (B, n_keys)
     # on the layer, not in the layer's attention_mask: some layers (VideoMAE's, transformers' ViT)
     # hand their attention function none; the function reads the bias and clears it, for one call
     object.__setattr__(attn, "mask_prior_bias", _prior_bias(attn, positions, keys, positions.max()))  # (B, H, n, k)

@@ -9,7 +9,8 @@ transformers' own model testers (tests/models/*/test_modeling_*.py of huggingfac
 them otherwise. Then, by kind:
   decoder  (a *ForCausalLM): a plain forward; a batch with a row left-padded by 3, position_ids from
            the attention mask; cached greedy generation from that batch, each step's logits against the
-           no-cache forward of the row's tokens alone;
+           no-cache forward of the row's tokens alone; a second turn through the cache, padded inside
+           the other row, against the two turns in one piece (second_turn);
   encoder  (a base model on input_ids): a batch with a row right-padded by 3; a composite (input_ids
            and pixel_values: towers of their own N) the same, its language model patched alone;
   vision   (a base model on pixel_values): a batch of images, M over every token the layers see; audio
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -563,7 +565,28 @@ def check(kind, model, reference, named, masks, inputs):
     gap = differ(torch.stack(cached.logits, 1), torch.stack(whole.logits, 1))             # (B, new, V)
     if gap is not None:
         return "WRONG", f"cached generation from the left-padded batch differs from generate without cache by {gap:.2e}"
-    return "right", "decoder: plain, left-padded with position_ids, cached generation"
+    gap = second_turn(model, ids, real)
+    if gap is not None:
+        return "WRONG", f"a second turn through the cache, padded inside row 1, differs from the no-cache run by {gap:.2e}"
+    return "right", "decoder: plain, left-padded with position_ids, cached generation, a padded second turn"
+
+
+def second_turn(model, ids, real):
+    """A batched chat's second turn of 3 tokens through the cache of the first (ids, real: row 0
+    left-padded), row 1 left-padded by 2 inside the row, position_ids counted from the attention mask:
+    max |difference| from the two turns in one piece without a cache, beyond the tolerance, else None."""
+    turn = torch.randint(3, int(ids.max()) + 1, (len(ids), 3), generator=torch.Generator().manual_seed(6))
+    later = torch.ones_like(turn)
+    later[1, :2] = 0
+    both = torch.cat([real, later], 1)
+    positions = (both.cumsum(1) - 1).clamp(min=0)
+    n = ids.shape[1]
+    first = run(model, {"input_ids": ids}, attention_mask=real, position_ids=positions[:, :n], use_cache=True)
+    second = run(model, {"input_ids": turn}, attention_mask=both, position_ids=positions[:, n:], use_cache=True,
+                 past_key_values=first.past_key_values)
+    whole = run(model, {"input_ids": torch.cat([ids, turn], 1)}, attention_mask=both, position_ids=positions,
+                use_cache=False)
+    return differ(second.logits, whole.logits[:, n:], later.bool())
 
 
 def one_line(e):
@@ -579,6 +602,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     transformers.utils.logging.disable_progress_bar()       # save_pretrained's and from_pretrained's
+    warnings.simplefilter("ignore", FutureWarning)          # a family's deprecated argument names
     found, off = families()
     if args.only:
         found = [t for t in found if t in args.only.split(",")]

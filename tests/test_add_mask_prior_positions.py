@@ -133,6 +133,46 @@ def test_left_padded_generation_gives_each_prompt_alone(patched, cache):
     assert torch.equal(out.sequences[1], alone[0])
 
 
+def test_a_batch_s_padded_second_turn_gives_the_no_cache_logits(patched):
+    """A batched chat through one cache: turn one with row 0 left-padded by 3, turn two with row 1
+    left-padded by 2, so that row's padding lies inside it; position_ids counted from the attention
+    mask, as generate counts them. Each cached key reads M at its token's position: turn two gives
+    the logits of the two turns run in one piece without a cache (and row 0, padded at its start
+    alone, those of its conversation alone)."""
+    _, model, _, _, _ = patched
+    turns = [torch.randint(1, VOCAB, (2, k), generator=torch.Generator().manual_seed(k)) for k in (8, 4)]
+    masks = [torch.ones(2, 8, dtype=torch.long), torch.ones(2, 4, dtype=torch.long)]
+    masks[0][0, :3], masks[1][1, :2] = 0, 0
+    seen = torch.cat(masks, 1)
+    positions = (seen.cumsum(1) - 1).clamp(min=0)
+    tokens = torch.cat(turns, 1)
+    with torch.no_grad():
+        cache = T.DynamicCache(config=model.config)
+        model(turns[0], attention_mask=masks[0], position_ids=positions[:, :8], past_key_values=cache, use_cache=True)
+        second = model(turns[1], attention_mask=seen, position_ids=positions[:, 8:], past_key_values=cache,
+                       use_cache=True).logits
+        whole = model(tokens, attention_mask=seen, position_ids=positions, use_cache=False).logits
+        alone = model(tokens[:1, 3:], use_cache=False).logits
+    torch.testing.assert_close(second[0], whole[0, 8:], rtol=0, atol=1e-4)
+    torch.testing.assert_close(second[1, 2:], whole[1, 10:], rtol=0, atol=1e-4)
+    torch.testing.assert_close(second[0], alone[0, -4:], rtol=0, atol=1e-4)
+
+
+def test_right_padded_generation_is_refused_where_the_cached_positions_are_lost():
+    """generate after right padding gives a new token the position after the padding's (1, not 5):
+    which position each cached token had cannot be read off the step's call, so the cached run is
+    refused with the way out, not run at other positions than the run without a cache."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval()
+    maskprior.add_mask_prior(model, position_dependent_masks(model))
+    ids = torch.randint(1, VOCAB, (2, 8), generator=torch.Generator().manual_seed(5))
+    attention_mask = torch.ones_like(ids)
+    attention_mask[0, -3:] = 0
+    with pytest.raises(ValueError, match=r"its position_ids do not count the tokens .* pad on the left"):
+        with torch.no_grad():
+            model.generate(ids, attention_mask=attention_mask, max_new_tokens=2, **GREEDY)
+
+
 def test_beam_search_with_its_cache_gives_the_no_cache_beams(patched):
     _, model, prompt, _, _ = patched
     with torch.no_grad():

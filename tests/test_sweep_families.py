@@ -66,6 +66,17 @@ def test_the_sweep_finds_a_layer_reading_m_at_its_cache_slots(monkeypatch):
     assert outcome == "WRONG" and "left-padded" in detail, detail
 
 
+def test_the_sweep_finds_cached_keys_read_as_if_no_padding_lay_inside_a_row(monkeypatch):
+    """The layers' pre-hook kept from the model's attention mask: a cached key is then taken to lie as
+    many positions before the queries as slots, and the second turn padded inside row 1 reads M
+    off by the padding: the sweep reports it WRONG."""
+    hook = maskprior._add_mask_prior_to_transformers_call
+    monkeypatch.setattr(maskprior, "_add_mask_prior_to_transformers_call", lambda attn, args, kwargs: hook(
+        attn, args, {key: value for key, value in kwargs.items() if key != "attention_mask"}))
+    outcome, detail = sweep.check_family("llama")
+    assert outcome == "WRONG" and "second turn" in detail, detail
+
+
 def test_the_sweep_finds_a_folder_that_loads_back_another_prior(monkeypatch):
     """A record of another scale written into the folder: the sweep's round trip through
     save_pretrained and maskprior.from_pretrained reports it, so its "saved and loaded back" can fail."""
