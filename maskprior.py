@@ -949,9 +949,10 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # position past N is a ValueError; a relative M (relative=True, one logit per head and distance i - j,
 # section 1) takes any position. A layer over text takes any n <= N tokens; an image's layer (timm's
 # ViTs, torchvision's, transformers' vision models) exactly the N its M was built for, its prefix
-# tokens and its grid of (rows, cols) patches, which a forward hook on the model's patch embedding
-# reads off each image: with another grid, of fewer patches or as many (2 x 8 for 4 x 4), M would
-# give each patch another patch's prior.
+# tokens, its grid of (rows, cols) patches, which a forward hook on the model's patch embedding
+# reads off each image, and its suffix tokens (YOLOS's detection tokens): with another grid, of fewer
+# patches or as many (2 x 8 for 4 x 4), M would give each patch another patch's prior. Images packed
+# into one sequence (Pixtral's) each take those N tokens on that grid, each reading M at its own places.
 # Three kinds of layer, each reached through its own door:
 #   nn.MultiheadAttention (torchvision's ViT, nn.TransformerEncoder, nn.Transformer): a forward
 #     pre-hook passes the bias as attn_mask (B * heads, N, N). No fused shortcut bypasses it:
@@ -1094,8 +1095,9 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     writer of M (fused optimizers and .data writes leave its version, a parametrization or
     torch.func.functional_call hands a new tensor at a freed one's address). largest: the largest
     query position (an int, or a tensor where positions are data), which must lie below M's N; an
-    image's layer (mask_prior_image set: prefix tokens, then a grid of patches) takes exactly the N
-    tokens and the (rows, cols) grid M was built for. A key outside 0..N-1 is a slot every mask
+    image's layer (mask_prior_image set: prefix tokens, a grid of patches, suffix tokens) takes exactly
+    the N tokens and the (rows, cols) grid M was built for, or k images' k N tokens packed into one
+    sequence, each image's on that grid. A key outside 0..N-1 is a slot every mask
     blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
     mask = attn.mask                                  # one look-up: nn.Module's __getattr__ costs a microsecond
     if mask.dim() == 2:
@@ -1117,7 +1119,7 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     # RoPE positions restart at each image): each token reads M at its place in its own image, whose grid is
     # checked below, M's (1, H, N, N) tiled k x k; the entries between two images are the model's to mask
     images = getattr(conv, "mask_prior_images", 1)
-    if prefix is not None and images > 1 and largest + 1 == images * size:
+    if prefix is not None and largest + 1 > size and largest + 1 == images * size:   # no guard on B where it fits
         return _prior_bias(attn, slice(0, size), slice(0, size), size - 1).repeat(1, 1, images, images)
     # the image's grid: the convolution's output (B, C, rows, cols), else the square of the patches;
     # without the convolution only the count is checked, and an M of no grid refused
@@ -1454,7 +1456,8 @@ def _patch(named, masks, mode, scale, grid=None, model=None):
 def _record_grid(conv, args, output):
     """Serves the rule that a grid is a grid: a forward hook on an image model's patch embedding, its
     last convolution before the first attention layer, which leaves the grid of this call's image,
-    the (rows, cols) of its output (B, C, rows, cols), for the image's layers to check M's against."""
+    the (rows, cols) of its output (B, C, rows, cols), for the image's layers to check M's against,
+    and its B images, which a layer seeing B times M's N tokens takes as packed into one sequence."""
     object.__setattr__(conv, "mask_prior_grid", tuple(output.shape[-2:]))
     object.__setattr__(conv, "mask_prior_images", len(output))
 
@@ -1488,9 +1491,11 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None, rel
     a transformers model saved with save_pretrained comes back with from_pretrained below). The
     caller's causal and padding masks are kept. A layer over a sequence takes any n <= N tokens, at
     the positions the model gives them; an image's layer exactly the N tokens M was built for (prefix
-    tokens, then the patches: timm's, torchvision's and transformers' vision models) and their grid:
-    grid=(rows, cols), row-major, else the square of M's patches (impulse_mask's); a layer whose patch
-    embedding lies outside model (a part) checks their count alone. Else a ValueError at forward time.
+    tokens, the patches, suffix tokens: timm's, torchvision's and transformers' vision models, YOLOS's
+    detection tokens last) and their grid: grid=(rows, cols), row-major, else the square of M's
+    patches (impulse_mask's); a layer whose patch embedding lies outside model (a part) checks their
+    count alone; images packed into one sequence (Pixtral's) each the same. Else a ValueError at
+    forward time.
     A transformers model takes its own copy of its configs, which the record then goes into.
     relative: mask_init holds one logit per head and distance d = i - j (MaskedSelfAttention's
     relative M), (heads, R) or (layers, heads, R): R = K + 1 for d = 0..K on a causal layer
