@@ -1117,7 +1117,9 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     # k images the convolution saw, their tokens packed one image after another into one sequence where the
     # layer sees k times M's N (Pixtral's: batch 1, a block-diagonal mask keeps each image to itself, its 2-D
     # RoPE positions restart at each image): each token reads M at its place in its own image, whose grid is
-    # checked below, M's (1, H, N, N) tiled k x k; the entries between two images are the model's to mask
+    # checked below, M's (1, H, N, N) tiled k x k; the entries between two images are the model's to mask.
+    # The grid is the convolution's, of the images' tensor: images cropped inside it (Pixtral's image_sizes)
+    # are refused, to be passed cropped.
     images = getattr(conv, "mask_prior_images", 1)
     if prefix is not None and largest + 1 > size and largest + 1 == images * size:   # no guard on B where it fits
         return _prior_bias(attn, slice(0, size), slice(0, size), size - 1).repeat(1, 1, images, images)
