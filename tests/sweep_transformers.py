@@ -12,8 +12,9 @@ them otherwise. Then, by kind:
            no-cache forward of the row's tokens alone;
   encoder  (a base model on input_ids): a batch with a row right-padded by 3; a composite (input_ids
            and pixel_values: towers of their own N) the same, its language model patched alone;
-  vision   (a base model on pixel_values): a batch of images, M over every token the layers see; audio
-           (input_values, input_features) the same.
+  vision   (a base model on pixel_values): a batch of images, M over every token the layers see (over
+           one image's where they see the batch's images packed into one sequence, Pixtral's: the reference
+           reads M at each token's place in its own image); audio (input_values, input_features) the same.
 Each forward of the patched model is compared with the unpatched model's, run on REFERENCE: the
 family's own eager attention with log sigmoid(s M) added to its float mask at the positions this file
 computes (position_ids where given, else 0..n-1), independently of maskprior's hooks.
