@@ -21,6 +21,7 @@ model that holds their layers has imported them); MaskedSelfAttention needs noth
 and pastes alone.
 """
 
+import json
 import math
 
 import torch
@@ -970,8 +971,8 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 #     prior joins all of them as the causal and padding masks do. A forward pre-hook on each patched
 #     layer finds the positions as the model's masks do (position_ids, and for the keys a cache holds,
 #     dynamic, static or sliding-window, the cache's get_query_offset and get_mask_sizes) and leaves
-#     the bias at those positions on the layer for that function. The record of the prior
-#     (scale, mode, each layer's M) goes into the config the model saves; each layer holds a
+#     the bias at those positions on the layer for that function. Each layer's record of its prior
+#     (scale, mode, grid) goes into its state_dict beside M (_write_record); each layer holds a
 #     _TransformersDoor, which registers the function wherever the layer is unpickled.
 # Cross-attention (nn.Transformer's decoder multihead_attn, transformers' cross-attention layers, a
 # pooling head's attention from a learned probe: SigLIP's) is left unpatched: its keys are another
@@ -1022,7 +1023,8 @@ def _check_transformers_part(where, module, layer, pretrained):
     eager attention must read attention_mask, its attention must span the sequence with one head
     count (Swin's attends within windows, stage by stage) over hidden states that are one sequence (B,
     n, C), not a grid (B, rows, cols, C) (SAM3's), and it must keep each patch in its place
-    (ViTMAE shuffles them), in one attention call a forward. A layer's class is entered in _ATTENTION_OF."""
+    (ViTMAE shuffles them), on a grid its config fixes (an image_size: DETR's and Qwen2-VL's vision
+    tower's grids follow each image), in one attention call a forward. A layer's class is entered in _ATTENTION_OF."""
     import dis
     import inspect
     import sys
@@ -1043,6 +1045,14 @@ def _check_transformers_part(where, module, layer, pretrained):
     if layer and all(hasattr(getattr(module, "config", None), key) for key in ("mask_ratio", "image_size")):
         raise ValueError(f"{where}: {name} shuffles its patches at random before its layers and drops a mask_ratio "
                          f"of them (ViTMAE's random_masking), so no row of M stays with one patch's place on the grid")
+    # An image's layer whose config fixes no image_size: its tokens are a grid that follows each image's
+    # size (DETR's backbone feature map, its object queries beside it; Qwen2-VL's vision tower, the
+    # patches of several images packed into one sequence), so no one M of N tokens keeps each its place
+    pixels = [key for key in ("num_channels", "in_channels") if getattr(getattr(module, "config", None), key, None)]
+    if layer and pixels and getattr(module.config, "image_size", None) is None:
+        raise ValueError(f"{where}: {name} attends over an image's patches or feature map, whose grid follows each "
+                         f"image's size (its config has {pixels[0]} but fixes no image_size: DETR's, Qwen2-VL's "
+                         f"vision tower), where M is for one grid of N tokens: patch a composite's language model")
     # the prior is left on the layer for one attention call a forward; DiffLlama's differential attention makes two
     forward = inspect.unwrap(type(module).forward) if layer else None
     if layer and sum("attention_interface" in str(i.argval) for i in dis.get_instructions(forward)
@@ -1207,8 +1217,10 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     (set_attn_implementation), which would drop M."""
     # attn_implementation read past the config's property and its two __getattribute__ (Python, and
     # vars() calls them for __dict__: microseconds a layer), through them where the attribute is missing
-    implementation = object.__getattribute__(attn.config, "__dict__").get("_attn_implementation_internal") or (
-        attn.config._attn_implementation)
+    # and where Dynamo traces the hook (torch.compile, fullgraph too), which cannot trace the shortcut
+    implementation = attn.config._attn_implementation if torch.compiler.is_compiling() else (
+        object.__getattribute__(attn.config, "__dict__").get("_attn_implementation_internal")
+        or attn.config._attn_implementation)
     if implementation != MASK_PRIOR_ATTENTION:
         raise ValueError(f"{attn.mask_prior_name} has a mask prior, which needs attn_implementation="
                          f"{MASK_PRIOR_ATTENTION!r}; got {implementation!r}: call "
@@ -1333,7 +1345,7 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     # (B, n, H, d), contiguous: the caller's reshape to (B, n, H * d) copies nothing
     return torch.cat([output.transpose(1, 2) for output in outputs], 1), weights if rows == query.shape[2] else None
 
-def _self_attention_layers(model):
+def _self_attention_layers(model, refuse=True):
     """Serves add_mask_prior's reach and from_pretrained's: [(name, module, pre-hook, image)] of
     every supported self-attention layer in model, in named_modules() order, each with the forward
     pre-hook of its door: nn.MultiheadAttention (but the multihead_attn of nn.TransformerDecoderLayer,
@@ -1343,10 +1355,18 @@ def _self_attention_layers(model):
     (timm's, torchvision's ViT's, a transformers layer whose config has an image_size) (prefix, patch
     convolution or None, suffix): the count of tokens model puts before its patches (_PREFIX_TOKENS)
     and after them (_SUFFIX_TOKENS). ValueError naming a transformers model or layer that cannot take
-    the prior (_check_transformers_part)."""
+    the prior (_check_transformers_part), or, refuse False, such a layer left out (from_pretrained: a
+    composite's other tower, which its folder holds no M for)."""
     import inspect
     import sys
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
+    # timm's patch_drop_rate: a random subset of the patches while training, each then at another index
+    patch_dropout = getattr(sys.modules.get("timm.layers.patch_dropout"), "PatchDropout", ())
+    dropping = [name for name, m in model.named_modules() if isinstance(m, patch_dropout) and m.prob > 0]
+    if dropping:
+        raise ValueError(f"{dropping[0]}: {type(model).__name__} drops a random {model.get_submodule(dropping[0]).prob:g}"
+                         f" of its patches while training (timm's patch_drop_rate), so no row of M stays with one "
+                         f"patch's place on the grid: build the model with patch_drop_rate=0")
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
     # a pooling head's (SigLIP's, Idefics2's, Phi-4 multimodal's): its queries a learned probe that the module
@@ -1364,8 +1384,13 @@ def _self_attention_layers(model):
         on_interface = "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(forward, "__code__", None), "co_names", ())
         cross = getattr(module, "is_cross_attention", False) or "Cross" in type(module).__name__
         transformers_layer = on_interface and not cross
-        if transformers_layer or isinstance(module, pretrained):
-            _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
+        try:
+            if transformers_layer or isinstance(module, pretrained):
+                _check_transformers_part(name or type(module).__name__, module, transformers_layer, pretrained)
+        except ValueError:
+            if refuse:
+                raise
+            continue
         image = getattr(getattr(module, "config", None), "image_size", None) is not None
         tokens = prefix, conv, suffix          # an image layer's: those before its grid, the patch embedding, after
         if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
@@ -1389,15 +1414,9 @@ def _patch(named, masks, mode, scale, grid=None, model=None):
     """Serves add_mask_prior and from_pretrained, the one place a layer takes the prior: give each
     (name, layer, pre-hook, image) of named its M (a Parameter from masks), its pre-hook, an image's
     layer the grid M is for (grid, else the square of M's patches; None if they make no square) and,
-    for a transformers layer, MASK_PRIOR_ATTENTION and the record in its config (which save_pretrained
-    writes to config.json): scale, mode, grid if given and each layer's M shape under its name in the
-    module add_mask_prior was given. A record is this model's where a patch of this process wrote it
-    (attn_implementation MASK_PRIOR_ATTENTION, which config.json never holds): one a plain
-    from_pretrained read from config.json describes no layer of the model. First a ValueError
-    naming the module unless every layer is unpatched, its mask is (heads, N, N), and (a
-    transformers layer) its model's record holds no prior of another scale or mode nor another
-    layer of this name (a part of the model patched alone before: config.json could not tell the
-    two apart)."""
+    for a transformers layer, MASK_PRIOR_ATTENTION and the record of its prior in the layer's
+    state_dict (_write_record). First a ValueError naming the module unless every layer is
+    unpatched and its mask is (heads, N, N)."""
     import inspect
     import sys
     for (name, attn, _, image), mask in zip(named, masks):
@@ -1411,17 +1430,11 @@ def _patch(named, masks, mode, scale, grid=None, model=None):
         if heads != _heads(attn) or rows != cols:
             raise ValueError(f"{name or 'model'}: mask of shape {tuple(mask.shape)} does not fit a "
                              f"{type(attn).__name__} with num_heads={_heads(attn)}; expected ({_heads(attn)}, N, N)")
-        config = getattr(attn, "config", None)
-        live = config is not None and config._attn_implementation == MASK_PRIOR_ATTENTION
-        record = getattr(config, "mask_prior", None) if live else None
-        if record and ((record["scale"], record["mode"]) != (scale, mode) or name in record["layers"]):
-            raise ValueError(f"{name or 'model'}: its model's prior has scale={record['scale']}, mode="
-                             f"{record['mode']!r}, layers {list(record['layers'])}; got scale={scale}, mode={mode!r} "
-                             f"(patch the parts in one call, on a module that holds them, so config.json names each)")
     for (name, attn, hook, image), mask in zip(named, masks):
         # M takes the module's dtype and device
         attn.mask = nn.Parameter(mask.detach().to(next(attn.parameters())).clone(), requires_grad=mode == "learnable")
-        attn.mask_scale, attn.mask_prior_name = scale, name or "model"     # the name for the forward-time messages
+        attn.mask_scale, attn.mask_prior_mode = scale, mode
+        attn.mask_prior_name = name or "model"                             # the name for the forward-time messages
         if image is not None:                      # (prefix tokens, the patch convolution or None, suffix tokens)
             side = math.isqrt(max(len(mask[0]) - image[0] - image[2], 0))
             square = (side, side) if side * side == len(mask[0]) - image[0] - image[2] else None
@@ -1437,11 +1450,8 @@ def _patch(named, masks, mode, scale, grid=None, model=None):
         attn.mask_prior_arguments = tuple(inspect.signature(attn.forward).parameters)
         attn.register_forward_pre_hook(hook, with_kwargs=True)
         if hook is _add_mask_prior_to_transformers_call:
-            live = attn.config._attn_implementation == MASK_PRIOR_ATTENTION
-            record = (getattr(attn.config, "mask_prior", None) if live else None) or {
-                "scale": scale, "mode": mode, "layers": {}, **({"grid": list(grid)} if grid else {})}
-            record["layers"][name] = list(mask.shape)
-            attn.config.mask_prior = record
+            attn.register_state_dict_post_hook(_write_record)
+            attn.register_load_state_dict_pre_hook(_drop_record)
             attn.mask_prior_door = _TransformersDoor(type(attn), _ATTENTION_OF[type(attn)])
             attn.config._attn_implementation = MASK_PRIOR_ATTENTION     # every layer on the config takes it
     # Each transformers model in model keeps its call's position_ids for the patched layers it holds,
@@ -1462,6 +1472,24 @@ def _record_grid(conv, args, output):
     and its B images, which a layer seeing B times M's N tokens takes as packed into one sequence."""
     object.__setattr__(conv, "mask_prior_grid", tuple(output.shape[-2:]))
     object.__setattr__(conv, "mask_prior_images", len(output))
+
+# The record of a layer's prior: its scale and mode, and an image layer's grid, as JSON in a uint8
+# tensor beside M, `<layer>.mask_record`. It lives in the weights, not in config.json: a plain
+# from_pretrained drops it with M (both unexpected keys), so a model loaded without the prior and
+# saved again claims none, and two models built from one config object record their own priors.
+# It is written from the layer as it is at each state_dict call, so a load_state_dict never changes
+# a patch's scale or mode: the layer takes M from a state_dict, and its record is dropped.
+
+def _write_record(attn, state_dict, prefix, metadata):
+    """Serves the rule that the record belongs to the model patched: a patched transformers layer's
+    state_dict post-hook, which adds its record to the state_dict that save_pretrained writes."""
+    grid = attn.mask_prior_image and attn.mask_prior_image[1]          # the (rows, cols) an image's M is for
+    record = {"scale": attn.mask_scale, "mode": attn.mask_prior_mode, **({"grid": list(grid)} if grid else {})}
+    state_dict[prefix + "mask_record"] = torch.tensor(list(json.dumps(record).encode()), dtype=torch.uint8)
+
+def _drop_record(attn, state_dict, prefix, *load_arguments):
+    """The load_state_dict pre-hook beside _write_record: the layer keeps its own scale and mode."""
+    state_dict.pop(prefix + "mask_record", None)
 
 class _TransformersDoor:
     """Serves the rule that a patched model travels: each patched transformers layer holds one, built
@@ -1498,7 +1526,8 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None, rel
     patches (impulse_mask's); a layer whose patch embedding lies outside model (a part) checks their
     count alone; images packed into one sequence (Pixtral's) each the same. Else a ValueError at
     forward time.
-    A transformers model takes its own copy of its configs, which the record then goes into.
+    A transformers model with a head takes its own copy of its configs, whose attn_implementation
+    the patch sets.
     relative: mask_init holds one logit per head and distance d = i - j (MaskedSelfAttention's
     relative M), (heads, R) or (layers, heads, R): R = K + 1 for d = 0..K on a causal layer
     (is_causal: GPT-2, Llama), R = 2K + 1 for -K..K on the others (BERT, nn.MultiheadAttention,
@@ -1518,12 +1547,13 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None, rel
         shape = "heads, R" if relative else "heads, N, N"
         raise ValueError(f"mask_init must be ({shape}) or (layers = {len(named)}, {shape}) for the "
                          f"modules {[layer[0] for layer in named]}, got {tuple(mask_init.shape)}")
-    # The record belongs to the model patched: a transformers model with a head (its base_model another
+    # The patch belongs to the model patched: a transformers model with a head (its base_model another
     # module: LlamaForCausalLM, ViTForImageClassification, LlavaForConditionalGeneration) takes its own
     # copies of the configs its modules hold (one deepcopy: a composite's sub-configs stay its
-    # sub-configs), which a model built from the same config object does not see. A base model or a
-    # part (a ModuleList, a layer) writes into the config it shares with the model around it, which
-    # save_pretrained writes: a module cannot reach the model that holds it to copy that one's.
+    # sub-configs), so a model built from the same config object keeps its attn_implementation. A base
+    # model or a part (a ModuleList, a layer) sets the one of the config it shares with the model
+    # around it (a module cannot reach the model that holds it to copy that one's): its unpatched
+    # layers then run their stock attention through MASK_PRIOR_ATTENTION, the same outputs.
     holders = [m for m in model.modules() if hasattr(getattr(m, "config", None), "to_json_string")]
     if holders and getattr(model, "base_model", model) is not model:
         import copy
@@ -1539,56 +1569,52 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None, rel
 def from_pretrained(model_class, path, **kwargs):
     """Serves the rule that a saved prior loads whole or not at all: model_class.from_pretrained(path,
     **kwargs) with its mask prior, from a directory save_pretrained wrote for a model with
-    add_mask_prior, whose config.json records the prior (scale, mode, each layer's M shape). A plain
-    from_pretrained drops the masks (transformers lists them as unexpected keys) and loads the model
-    without its prior; this one patches exactly the layers config.json records, each with its
-    record's scale and mode, and loads their M. A recorded name is relative to the module
-    add_mask_prior was given: it names the one saved M whose layer's name ends with it. A recorded
-    layer without its M in the weight files, an M of another shape than the record's, an M the
-    record does not name: a ValueError naming the layer and what differs. model_class: a model class
-    (an Auto class works too, but transformers then lists the masks as unexpected before they are
-    loaded)."""
+    add_mask_prior, whose weight files hold each patched layer's M and record (_write_record). A
+    plain from_pretrained drops both (transformers lists them as unexpected keys) and loads the model
+    without its prior; this one patches exactly the layers the weight files hold M for, each with its
+    record's scale, mode and grid, and loads their M. An M without its record or a record without
+    its M, or either for a layer the model lacks: a ValueError naming the layer. model_class: a model
+    class (an Auto class works too, but transformers then lists the masks as unexpected before they
+    are loaded)."""
     import pathlib
     import unittest.mock
     from safetensors import safe_open      # transformers' own checkpoint format
     if not pathlib.Path(path).is_dir():
         raise ValueError(f"{path}: maskprior.from_pretrained reads a directory written by save_pretrained "
                          f"(download a hub model first), got no such directory")
-    # transformers would report the masks as unexpected keys: it ignores them for this load alone
-    # (patch.object gives the class back as it was, with its own list or its parent's)
-    ignored = [*(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()), r"\.mask$"]
+    # transformers would report the masks and records as unexpected keys: it ignores them for this
+    # load alone (patch.object gives the class back as it was, with its own list or its parent's)
+    ignored = [*(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()), r"\.mask(_record)?$"]
     with unittest.mock.patch.object(model_class, "_keys_to_ignore_on_load_unexpected", ignored):
         model = model_class.from_pretrained(path, **kwargs)
-    masks = {}                                        # the saved layer's name -> its M
+    masks, records = {}, {}                           # the saved layer's name -> its M, its record
     for file in sorted(pathlib.Path(path).glob("*.safetensors")):
         with safe_open(file, "pt") as tensors:
-            masks.update({key[:-5]: tensors.get_tensor(key) for key in tensors.keys() if key.endswith(".mask")})
+            for key in tensors.keys():
+                saved, _, kind = key.rpartition(".")
+                if kind == "mask":
+                    masks[saved] = tensors.get_tensor(key)
+                elif kind == "mask_record":
+                    records[saved] = json.loads(bytes(tensors.get_tensor(key).tolist()))
+    if not masks and not records:
+        raise ValueError(f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
     from transformers.core_model_loading import revert_weight_conversion
     prefix = model.base_model_prefix + "."            # the checkpoint may hold the model with a head or without
-    found = _self_attention_layers(model)
+    found = _self_attention_layers(model, refuse=False)
     # each layer's M under the name save_pretrained gives it (a composite's renamed: Llava's
     # model.language_model.layers.0 is saved as language_model.model.layers.0), by the tensor's identity
     probes = {f"{layer[0]}.mask": torch.empty(0) for layer in found}
     renamed = {id(t): key[:-5] for key, t in revert_weight_conversion(model, dict(probes)).items()}
     layers = {saved: layer for layer, probe in zip(found, probes.values())
               for saved in (layer[0], prefix + layer[0], layer[0].removeprefix(prefix), renamed.get(id(probe)))}
-    configs = {id(c): c for _, m, _, _ in layers.values() if getattr(c := getattr(m, "config", None), "mask_prior", 0)}
-    for config in configs.values():
-        record, config.mask_prior = config.mask_prior, None     # rebuilt by _patch under the loaded names
-        chosen = []                                             # (layer, its M) for each recorded layer
-        for recorded, shape in record["layers"].items():
-            keys = [key for key in masks if recorded in ("", key) or key.endswith("." + recorded)]
-            if len(keys) != 1 or list(masks[keys[0]].shape) != shape or keys[0] not in layers:
-                held = [f"{key}.mask {tuple(masks[key].shape)}" for key in keys] or "no M for it"
-                raise ValueError(f"{path}: config.json records a mask prior {tuple(shape)} in layer {recorded!r} of a "
-                                 f"{model_class.__name__}; the weight files hold {held}")
-            chosen.append((layers[keys[0]], masks.pop(keys[0])))
-        _patch([layer for layer, _ in chosen], [mask for _, mask in chosen], record["mode"], record["scale"],
-               record.get("grid"), model)
-    if masks or not configs:        # an M config.json does not record, or no prior at all
-        raise ValueError(f"{path}: the weight files hold M for layers config.json records no prior in: "
-                         f"{[key + '.mask' for key in sorted(masks)]}" if masks else
-                         f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
+    for saved in sorted(masks.keys() | records.keys()):
+        if saved not in masks or saved not in records or saved not in layers:
+            held = ("a record but no M" if saved not in masks else "an M but no record (scale, mode)"
+                    if saved not in records else f"an M {tuple(masks[saved].shape)} but the {model_class.__name__} "
+                    f"has no self-attention layer of that name")
+            raise ValueError(f"{path}: the weight files hold {held} for layer {saved!r}")
+        record = records[saved]
+        _patch([layers[saved]], [masks[saved]], record["mode"], record["scale"], record.get("grid"), model)
     return model
 
 def param_groups(model, weight_decay, mask_decay=0.0, mask_lr=None, decay_all=False):

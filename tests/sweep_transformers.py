@@ -19,7 +19,9 @@ Each forward of the patched model is compared with the unpatched model's, run on
 family's own eager attention with log sigmoid(s M) added to its float mask at the positions this file
 computes (position_ids where given, else 0..n-1), independently of maskprior's hooks.
 Each family ends as one line:
-  right        every check matches the reference (max |difference| <= ATOL + RTOL |reference|);
+  right        every check matches the reference (max |difference| <= ATOL + RTOL |reference|), and
+               the folder save_pretrained writes loads back by maskprior.from_pretrained to every M and
+               the patched model's outputs (round_trip);
   refused      add_mask_prior raised a ValueError at the patch: its message;
   refused at forward   the patched model raised maskprior's ValueError at the forward: its message;
   WRONG        a check differs from the reference: a silent wrong answer;
@@ -36,6 +38,7 @@ import inspect
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 
@@ -476,7 +479,8 @@ def check_family(model_type):
     except Exception as e:                                      # noqa: BLE001
         return "FAILS", f"add_mask_prior: {type(e).__name__}: {one_line(e)}"
     try:
-        return check(kind, model, reference, named, masks, inputs, images)
+        outcome, detail = check(kind, model, reference, named, masks, inputs, images)
+        return (outcome, detail) if outcome != "right" else round_trip(kind, model, inputs, detail)
     except Timeout:
         raise
     except Exception as e:                                      # noqa: BLE001
@@ -484,6 +488,24 @@ def check_family(model_type):
         if isinstance(e, ValueError) and frames[-1].filename == maskprior.__file__:   # maskprior's own message
             return "refused at forward", one_line(e)
         return "FAILS", f"{type(e).__name__}: {one_line(e)}"
+
+
+def round_trip(kind, model, inputs, detail):
+    """A right family's folder: save_pretrained of the patched model, maskprior.from_pretrained of its
+    class gives back every M under its layer's name and the patched model's outputs (a composite's
+    weights under the names transformers saves them); else FAILS."""
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        loaded = maskprior.from_pretrained(type(model), folder).eval()
+    masks = [{name: m.mask for name, m in each.named_modules() if hasattr(m, "mask_prior_name")}
+             for each in (model, loaded)]
+    if masks[0].keys() != masks[1].keys() or not all(torch.equal(m, masks[1][name]) for name, m in masks[0].items()):
+        return "FAILS", f"saved and loaded back: M in {sorted(masks[1])}, saved from {sorted(masks[0])}"
+    plain = dict(use_cache=False) if kind == "decoder" else {}
+    gap = differ(run(loaded, inputs, **plain), run(model, inputs, **plain))
+    if gap is not None:
+        return "FAILS", f"saved and loaded back by maskprior.from_pretrained, differs by {gap:.2e}"
+    return "right", f"{detail}; saved and loaded back"
 
 
 def stock_gap(reference, inputs, where=None, **kwargs):
@@ -575,6 +597,7 @@ def main(argv=None):
                                                       "sweep_transformers.txt"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    transformers.utils.logging.disable_progress_bar()       # save_pretrained's and from_pretrained's
     found, off = families()
     if args.only:
         found = [t for t in found if t in args.only.split(",")]

@@ -5,7 +5,7 @@ prefill read the entries of M that the no-cache run of the same tokens reads, an
 and logits; a position past M's N is a ValueError on every path. A part of a model (its ModuleList,
 one layer) takes the prior in exactly those layers; switching the attention implementation away is
 refused; save_pretrained and maskprior.from_pretrained restore a trained prior, exactly the layers
-config.json records, and refuse a damaged or edited folder by layer; cross-attention is left unpatched."""
+the weight files record, and refuse a damaged or edited folder by layer; cross-attention is left unpatched."""
 import copy
 import inspect
 import json
@@ -361,7 +361,7 @@ def test_switching_the_attention_implementation_is_refused_until_switched_back(i
 # ----------------------------------------------------------------------------------------------
 
 def test_from_pretrained_restores_a_trained_prior_and_a_plain_load_does_not(tmp_path):
-    """A Llama with the GPT prior (scale 10) after one training step: config.json records it;
+    """A Llama with the GPT prior (scale 10) after one training step: its weight files record it;
     maskprior.from_pretrained gives back M, scale, mode and the logits (also into the headless
     LlamaModel, whose names lack the "model." prefix); a plain from_pretrained has no prior."""
     torch.manual_seed(0)
@@ -372,9 +372,12 @@ def test_from_pretrained_restores_a_trained_prior_and_a_plain_load_does_not(tmp_
     model(ids, labels=ids).loss.backward()
     optimizer.step()
     model.save_pretrained(tmp_path)
-    record = json.loads((tmp_path / "config.json").read_text())["mask_prior"]
-    assert record == {"scale": 10.0, "mode": "learnable",
-                      "layers": {f"model.layers.{i}.self_attn": [4, N, N] for i in range(LAYERS)}}
+    assert "mask_prior" not in (tmp_path / "config.json").read_text()
+    from safetensors.torch import load_file
+    weights = load_file(tmp_path / "model.safetensors")
+    records = {key: json.loads(bytes(t.tolist())) for key, t in weights.items() if key.endswith(".mask_record")}
+    assert records == {f"model.layers.{i}.self_attn.mask_record": {"scale": 10.0, "mode": "learnable"}
+                       for i in range(LAYERS)}
     classes = (T.LlamaForCausalLM, T.LlamaModel)
     ignored = [vars(cls).get("_keys_to_ignore_on_load_unexpected", "inherited") for cls in classes]
     loaded = maskprior.from_pretrained(T.LlamaForCausalLM, tmp_path)
@@ -421,59 +424,59 @@ def saved_llama(tmp_path_factory):
 
 
 def edited_copy(folder, tmp_path, weights=None, record=None):
-    """A copy of the saved folder with its weights edited by weights(dict of tensors) and its
-    config.json's record by record(dict), each in place."""
+    """A copy of the saved folder with its weights edited by weights(dict of tensors) and each layer's
+    record by record(dict), in place."""
     from safetensors.torch import load_file, save_file
     copy_dir = tmp_path / "edited"
     copy_dir.mkdir()
     for file in folder.iterdir():
         (copy_dir / file.name).write_bytes(file.read_bytes())
+    tensors = load_file(copy_dir / "model.safetensors")
     if weights:
-        tensors = load_file(copy_dir / "model.safetensors")
         weights(tensors)
-        save_file(tensors, copy_dir / "model.safetensors", metadata={"format": "pt"})
-    if record:
-        config = json.loads((copy_dir / "config.json").read_text())
-        record(config["mask_prior"])
-        (copy_dir / "config.json").write_text(json.dumps(config))
+    for key in [key for key in tensors if record and key.endswith(".mask_record")]:
+        edited = json.loads(bytes(tensors[key].tolist()))
+        record(edited)
+        tensors[key] = torch.tensor(list(json.dumps(edited).encode()), dtype=torch.uint8)
+    save_file(tensors, copy_dir / "model.safetensors", metadata={"format": "pt"})
     return copy_dir
 
 
-EDITS = {  # name: (weights edit, record edit, the message's pattern)
-    "missing_m": (lambda t: t.pop("model.layers.1.self_attn.mask"), None,
-                  r"records a mask prior \(4, 16, 16\) in layer 'model\.layers\.1\.self_attn' of a LlamaForCausalLM; "
-                  r"the weight files hold no M for it"),
-    "every_m_missing": (lambda t: [t.pop(f"model.layers.{i}.self_attn.mask") for i in range(LAYERS)], None,
-                        r"in layer 'model\.layers\.0\.self_attn' .*hold no M for it"),
-    "m_of_another_shape": (lambda t: t.update({"model.layers.0.self_attn.mask": torch.zeros(4, 12, 12)}), None,
-                           r"records a mask prior \(4, 16, 16\) in layer 'model\.layers\.0\.self_attn' .*the weight "
-                           r"files hold \['model\.layers\.0\.self_attn\.mask \(4, 12, 12\)'\]"),
-    "recorded_shape_differs": (None, lambda r: r["layers"].update({"model.layers.1.self_attn": [4, 8, 8]}),
-                               r"records a mask prior \(4, 8, 8\) in layer 'model\.layers\.1\.self_attn' .*hold "
-                               r"\['model\.layers\.1\.self_attn\.mask \(4, 16, 16\)'\]"),
-    "m_the_record_lacks": (None, lambda r: r["layers"].pop("model.layers.1.self_attn"),
-                           r"the weight files hold M for layers config\.json records no prior in: "
-                           r"\['model\.layers\.1\.self_attn\.mask'\]"),
-    "record_removed": (None, lambda r: r["layers"].clear(),
-                       r"config\.json records no prior in: \['model\.layers\.0\.self_attn\.mask', "
-                       r"'model\.layers\.1\.self_attn\.mask'\]"),
-    "m_for_a_layer_the_model_lacks": (lambda t: t.update({"model.layers.1.mlp.mask": torch.zeros(4, 16, 16)}),
-                                      None, r"records no prior in: \['model\.layers\.1\.mlp\.mask'\]"),
+def record_of(scale, mode):
+    """A layer's record as _write_record writes it into the weights."""
+    return torch.tensor(list(json.dumps({"scale": scale, "mode": mode}).encode()), dtype=torch.uint8)
+
+
+EDITS = {  # name: (weights edit, the message's pattern)
+    "missing_m": (lambda t: t.pop("model.layers.1.self_attn.mask"),
+                  r"the weight files hold a record but no M for layer 'model\.layers\.1\.self_attn'"),
+    "every_m_missing": (lambda t: [t.pop(f"model.layers.{i}.self_attn.mask") for i in range(LAYERS)],
+                        r"hold a record but no M for layer 'model\.layers\.0\.self_attn'"),
+    "missing_record": (lambda t: t.pop("model.layers.1.self_attn.mask_record"),
+                       r"hold an M but no record \(scale, mode\) for layer 'model\.layers\.1\.self_attn'"),
+    "every_record_missing": (lambda t: [t.pop(f"model.layers.{i}.self_attn.mask_record") for i in range(LAYERS)],
+                             r"hold an M but no record \(scale, mode\) for layer 'model\.layers\.0\.self_attn'"),
+    "m_for_a_layer_the_model_lacks": (
+        lambda t: t.update({"model.layers.1.mlp.mask": torch.zeros(4, 16, 16),
+                            "model.layers.1.mlp.mask_record": record_of(2.0, "learnable")}),
+        r"hold an M \(4, 16, 16\) but the LlamaForCausalLM has no self-attention layer of that name"),
+    "m_of_another_head_count": (lambda t: t.update({"model.layers.0.self_attn.mask": torch.zeros(3, 16, 16)}),
+                                r"model\.layers\.0\.self_attn: mask of shape \(3, 16, 16\) does not fit"),
 }
 
 
 @pytest.mark.parametrize("edit", list(EDITS))
 def test_from_pretrained_refuses_an_edited_or_damaged_folder_by_layer(saved_llama, tmp_path, edit):
-    """A saved prior loads whole or not at all: config.json's record and the weight files' M must
-    name the same layers with the same shapes; else one ValueError naming the layer and what differs
-    (a plain from_pretrained of the same folder would run without the prior, or with part of it)."""
+    """A saved prior loads whole or not at all: each M needs its record and each record its M, for
+    a self-attention layer M fits; else one ValueError naming the layer and what differs (a plain
+    from_pretrained of the same folder would run without the prior, or with part of it)."""
     folder, _ = saved_llama
-    weights, record, message = EDITS[edit]
+    weights, message = EDITS[edit]
     with pytest.raises(ValueError, match=message):
-        maskprior.from_pretrained(T.LlamaForCausalLM, edited_copy(folder, tmp_path, weights, record))
+        maskprior.from_pretrained(T.LlamaForCausalLM, edited_copy(folder, tmp_path, weights))
 
 
-def test_from_pretrained_takes_scale_mode_and_shape_from_the_record(saved_llama, tmp_path):
+def test_from_pretrained_takes_scale_and_mode_from_the_record(saved_llama, tmp_path):
     """The record, not a default, sets each layer's scale and mode: edited to scale 3 and fixed, the
     loaded layers hold scale 3 and a frozen M, and the logits differ from the saved model's."""
     folder, model = saved_llama
@@ -490,14 +493,21 @@ def test_from_pretrained_takes_scale_mode_and_shape_from_the_record(saved_llama,
         assert (edited(ids).logits - model(ids).logits).abs().max() > 1e-3
 
 
-def test_parts_patched_in_separate_calls_are_refused_where_config_json_could_not_tell_them_apart():
-    """Two layers patched one by one would both be recorded as "self_attn": the second patch is
-    refused, with the way to patch both (one call on their ModuleList)."""
-    model = MODELS["llama"]()
-    maskprior.add_mask_prior(model.model.layers[0], torch.zeros(4, N, N))
-    with pytest.raises(ValueError, match=r"^self_attn: its model's prior has .*layers \['self_attn'\].*patch the "
-                                         r"parts in one call"):
-        maskprior.add_mask_prior(model.model.layers[1], torch.zeros(4, N, N))
+def test_parts_patched_in_separate_calls_each_keep_their_own_prior(tmp_path):
+    """Two layers patched one by one, of two scales and modes, each record their own: save_pretrained
+    and maskprior.from_pretrained give back both, and the logits."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]().eval()
+    masks = position_dependent_masks(model)
+    maskprior.add_mask_prior(model.model.layers[0], masks[0], scale=2.0)
+    maskprior.add_mask_prior(model.model.layers[1], masks[1], scale=3.0, mode="fixed")
+    model.save_pretrained(tmp_path)
+    loaded = maskprior.from_pretrained(T.LlamaForCausalLM, tmp_path)
+    layers = [layer.self_attn for layer in loaded.model.layers]
+    assert [(a.mask_scale, a.mask.requires_grad) for a in layers] == [(2.0, True), (3.0, False)]
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
 
 
 def test_from_pretrained_refuses_a_model_saved_without_a_prior(tmp_path):

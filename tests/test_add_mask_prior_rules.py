@@ -9,6 +9,7 @@ image layer refuses an M of another grid, of the same token count too, saying ho
 tokens after its grid (YOLOS's detection tokens) too; images packed into one sequence (Pixtral's) each read M
 at their own places."""
 import copy
+import json
 import re
 import os
 import subprocess
@@ -176,7 +177,8 @@ def test_two_models_built_from_one_config_patch_independently(tmp_path):
     maskprior.add_mask_prior(stock, random_masks(LAYERS, 4, N, seed=3), scale=3.0)
     with torch.no_grad():
         torch.testing.assert_close(second(IDS).logits, stock(IDS).logits, rtol=0, atol=1e-5)
-    assert first.config.mask_prior["scale"] == 2.0
+    first.save_pretrained(tmp_path / "first")
+    assert maskprior.from_pretrained(T.LlamaForCausalLM, tmp_path / "first").model.layers[0].self_attn.mask_scale == 2.0
 
 
 @pytest.mark.parametrize("part", ["", "model.layers"])
@@ -196,6 +198,39 @@ def test_a_model_loaded_without_its_prior_takes_a_new_one(tmp_path, part):
         torch.testing.assert_close(loaded(IDS).logits, plain(IDS).logits, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("part", ["", "model", "model.layers"])
+def test_a_folder_written_by_an_unpatched_model_claims_no_prior(tmp_path, part):
+    """A patched model (whole, its base model, its layers) saved; a plain from_pretrained of that
+    folder, saved again: neither config.json nor the weight files of the second folder hold a prior,
+    and maskprior.from_pretrained says so. A second model built from the patched one's config object
+    writes a folder without a prior as well."""
+    config = llama_config()
+    model, sibling = T.LlamaForCausalLM(config), T.LlamaForCausalLM(config)
+    maskprior.add_mask_prior(model.get_submodule(part), random_masks(LAYERS, 4, N), scale=2.0)
+    model.save_pretrained(tmp_path / "patched")
+    T.LlamaForCausalLM.from_pretrained(tmp_path / "patched").save_pretrained(tmp_path / "plain")
+    sibling.save_pretrained(tmp_path / "sibling")
+    from safetensors import safe_open
+    for folder in ("plain", "sibling"):
+        assert "mask" not in (tmp_path / folder / "config.json").read_text()
+        with safe_open(tmp_path / folder / "model.safetensors", "pt") as tensors:
+            assert not [key for key in tensors.keys() if "mask" in key]
+        with pytest.raises(ValueError, match="holds no mask prior"):
+            maskprior.from_pretrained(T.LlamaForCausalLM, tmp_path / folder)
+
+
+def test_load_state_dict_keeps_the_layer_s_own_scale_and_mode():
+    """A patched model takes M from a patched model's state_dict (strict: its records are no
+    unexpected keys) and keeps its own scale and mode, which its next state_dict records."""
+    source, target = llama(), llama()
+    maskprior.add_mask_prior(source, random_masks(LAYERS, 4, N), scale=2.0)
+    patched = maskprior.add_mask_prior(target, random_masks(LAYERS, 4, N, seed=3), scale=3.0, mode="fixed")
+    target.load_state_dict(source.state_dict(), strict=True)
+    assert all(torch.equal(attn.mask, source.model.layers[i].self_attn.mask) for i, attn in enumerate(patched))
+    record = json.loads(bytes(target.state_dict()["model.layers.0.self_attn.mask_record"].tolist()))
+    assert record == {"scale": 3.0, "mode": "fixed"} and not patched[0].mask.requires_grad
+
+
 # ----------------------------------------------------------------------------------------------
 # A patched model travels
 # ----------------------------------------------------------------------------------------------
@@ -203,7 +238,7 @@ def test_a_model_loaded_without_its_prior_takes_a_new_one(tmp_path, part):
 def test_a_pickled_patched_model_gives_its_outputs_in_a_fresh_process(tmp_path):
     """torch.save(model) of a patched Llama (an SDPA family) and Gemma2 (an eager one: its softcap),
     torch.load in a fresh process that never imports maskprior itself: the same logits. A deep copy
-    and the state_dict stay as they are: the stock model's keys and each layer's mask."""
+    and the state_dict stay as they are: the stock model's keys and each layer's M and record."""
     gemma2 = T.Gemma2ForCausalLM(T.Gemma2Config(
         vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, attn_logit_softcapping=2.0, pad_token_id=0)).eval()
@@ -211,7 +246,8 @@ def test_a_pickled_patched_model_gives_its_outputs_in_a_fresh_process(tmp_path):
     for name, model in models.items():
         stock_keys = set(model.state_dict())
         patched = maskprior.add_mask_prior(model, random_masks(LAYERS, 4, N))
-        assert set(model.state_dict()) == stock_keys | {f"{attn.mask_prior_name}.mask" for attn in patched}
+        assert set(model.state_dict()) == stock_keys | {f"{attn.mask_prior_name}.{key}" for attn in patched
+                                                        for key in ("mask", "mask_record")}
         with torch.no_grad():
             expected = model(IDS).logits
             torch.testing.assert_close(copy.deepcopy(model)(IDS).logits, expected, rtol=0, atol=0)
@@ -230,6 +266,26 @@ def test_a_pickled_patched_model_gives_its_outputs_in_a_fresh_process(tmp_path):
     for name in models:
         loaded, expected = (torch.load(tmp_path / f"{name}_{kind}.pt") for kind in ("loaded", "logits"))
         torch.testing.assert_close(loaded, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llama", "timm_vit"])
+def test_torch_compile_with_fullgraph_gives_the_eager_outputs_and_gradient(family):
+    """torch.compile(fullgraph=True) traces a patched model in one graph, as it does the stock one
+    (backend aot_eager: Dynamo's trace and AOTAutograd's, no C++ compiler): the eager model's outputs,
+    and with M trained the same gradient on M."""
+    build, shape, run, loss = FAMILIES[family]
+    model = build()
+    patched = maskprior.add_mask_prior(model, random_masks(LAYERS, *shape[:2]))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(run(compiled), run(model), rtol=0, atol=1e-5)
+    gradients = []
+    for each in (model, compiled):
+        model.zero_grad()
+        loss(each).backward()
+        gradients.append(patched[0].mask.grad.clone())
+    torch.testing.assert_close(gradients[1], gradients[0], rtol=0, atol=1e-6)
+    assert gradients[0].abs().sum() > 0
 
 
 def test_torch_export_with_a_dynamic_length_runs_every_length_up_to_n():
@@ -303,6 +359,19 @@ def test_a_grid_of_the_same_token_count_is_refused_and_the_recipe_given_fits(nam
     assert call(model, wide).shape[-2] == 17
     with pytest.raises(ValueError, match=r"for a 4 x 4 grid M = "):
         call(model, square)
+
+
+def test_a_model_that_drops_patches_while_training_is_refused_at_the_patch():
+    """timm's patch_drop_rate keeps a random subset of the patches in training, each then at another
+    index of the sequence: refused when patched, naming the rate, not at the first training forward;
+    at rate 0 the same model takes the prior."""
+    build = lambda rate: timm.models.VisionTransformer(img_size=16, patch_size=4, embed_dim=WIDTH, depth=LAYERS,
+                                                       num_heads=2, patch_drop_rate=rate)
+    with pytest.raises(ValueError, match=r"^patch_drop: VisionTransformer drops a random 0\.25 of its patches"):
+        maskprior.add_mask_prior(build(0.25), maskprior.impulse_mask(LAYERS, 2, 4))
+    model = build(0.0).train()
+    maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, 2, 4))
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 1000)
 
 
 def test_a_composite_model_s_folder_loads_back_whole_under_its_saved_names(tmp_path):

@@ -44,6 +44,7 @@ SUBSET = {
     "vit_mae": ("refused", "shuffles its patches"),
     "sam3_vit_model": ("refused", "hidden states as a grid"),   # (B, rows, cols, C), windows of the grid
     "diffllama": ("refused", "calls its attention function twice"),
+    "detr": ("refused", "grid follows each image's size"),    # a backbone's feature map of each image's size
     "align_text_model": ("refused", "_supports_attention_backend"),
 }
 
@@ -53,6 +54,7 @@ def test_a_family_is_right_against_the_float_mask_reference_or_refused_by_name(m
     outcome, phrase = SUBSET[model_type]
     got, detail = sweep.check_family(model_type)
     assert (got, phrase in detail) == (outcome, True), detail
+    assert (got == "right") == detail.endswith("; saved and loaded back"), detail
     if got == "refused":            # the family's layer class, by name
         assert type(sweep.tiny_config(model_type)).__name__.removesuffix("Config")[:5].lower() in detail.lower()
 
@@ -64,6 +66,19 @@ def test_the_sweep_finds_a_layer_reading_m_at_its_cache_slots(monkeypatch):
                         lambda model, args, kwargs: model.mask_prior_positions.update(position_ids=None))
     outcome, detail = sweep.check_family("gpt_bigcode")
     assert outcome == "WRONG" and "left-padded" in detail, detail
+
+
+def test_the_sweep_finds_a_folder_that_loads_back_another_prior(monkeypatch):
+    """A record of another scale written into the folder: the sweep's round trip through
+    save_pretrained and maskprior.from_pretrained reports it, so its "saved and loaded back" can fail."""
+    write = maskprior._write_record
+    def doubled(attn, state_dict, prefix, metadata):
+        attn.mask_scale *= 2
+        write(attn, state_dict, prefix, metadata)
+        attn.mask_scale /= 2
+    monkeypatch.setattr(maskprior, "_write_record", doubled)
+    outcome, detail = sweep.check_family("llama")
+    assert outcome == "FAILS" and "saved and loaded back by maskprior.from_pretrained, differs" in detail, detail
 
 
 def bigcode():
