@@ -950,9 +950,10 @@ def persistence_fields(before, after, pattern, true_pattern=None):
 # position past N is a ValueError; a relative M (relative=True, one logit per head and distance i - j,
 # section 1) takes any position. A layer over text takes any n <= N tokens; an image's layer (timm's
 # ViTs, torchvision's, transformers' vision models) exactly the N its M was built for, its prefix
-# tokens and its grid of (rows, cols) patches, which a forward hook on the model's patch embedding
-# reads off each image: with another grid, of fewer patches or as many (2 x 8 for 4 x 4), M would
-# give each patch another patch's prior.
+# tokens, its grid of (rows, cols) patches, which a forward hook on the model's patch embedding
+# reads off each image, and its suffix tokens (YOLOS's detection tokens): with another grid, of fewer
+# patches or as many (2 x 8 for 4 x 4), M would give each patch another patch's prior. Images packed
+# into one sequence (Pixtral's) each take those N tokens on that grid, each reading M at its own places.
 # Three kinds of layer, each reached through its own door:
 #   nn.MultiheadAttention (torchvision's ViT, nn.TransformerEncoder, nn.Transformer): a forward
 #     pre-hook passes the bias as attn_mask (B * heads, N, N). No fused shortcut bypasses it:
@@ -992,6 +993,9 @@ MASK_PRIOR_ATTENTION = "mask_prior"      # the name in transformers' AttentionIn
 # distillation_token (DeiT), register_tokens (DINOv2 with registers) and class_embedding (CLIP).
 _PREFIX_TOKENS = ("cls_token", "reg_token", "dist_token", "class_token", "distillation_token", "register_tokens",
                   "class_embedding")
+# An image model's suffix tokens, after its grid, by the same rule: transformers' YOLOS appends its
+# num_detection_tokens learned detection_tokens to the patches (Fang et al.'s "[DET]" tokens)
+_SUFFIX_TOKENS = ("detection_tokens",)
 _ATTENTION_OF = {}   # transformers layer class -> its family's eager attention, or None where transformers
                      # runs the family on SDPA (_supports_sdpa: no softcap, no sinks); found at patch time, as
                      # a compiled forward cannot run the look-up (torch.compile traces no bytecode)
@@ -1101,8 +1105,9 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
     writer of M (fused optimizers and .data writes leave its version, a parametrization or
     torch.func.functional_call hands a new tensor at a freed one's address). largest: the largest
     query position (an int, or a tensor where positions are data), which must lie below M's N; an
-    image's layer (mask_prior_image set: prefix tokens, then a grid of patches) takes exactly the N
-    tokens and the (rows, cols) grid M was built for. A key outside 0..N-1 is a slot every mask
+    image's layer (mask_prior_image set: prefix tokens, a grid of patches, suffix tokens) takes exactly
+    the N tokens and the (rows, cols) grid M was built for, or k images' k N tokens packed into one
+    sequence, each image's on that grid. A key outside 0..N-1 is a slot every mask
     blocks (a padding, a static cache's unwritten slot): it reads M's edge."""
     mask = attn.mask                                  # one look-up: nn.Module's __getattr__ costs a microsecond
     if mask.dim() == 2:
@@ -1117,23 +1122,35 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
         return bias.masked_fill(d[:, None] < 0, float("-inf")) if causal else bias
     size = mask.shape[-1]                                                          # M's N
     # an image's layer: its prefix tokens, the (rows, cols) of the grid M is for, the patch embedding's
-    # convolution (None in a part without it), which holds the grid of this call's image
-    prefix, grid, conv = attn.mask_prior_image or (None, None, None)
+    # convolution (None in a part without it), which holds the grid of this call's image, its suffix tokens
+    prefix, grid, conv, suffix = attn.mask_prior_image or (None,) * 4
+    # k images the convolution saw, their tokens packed one image after another into one sequence where the
+    # layer sees k times M's N (Pixtral's: batch 1, a block-diagonal mask keeps each image to itself, its 2-D
+    # RoPE positions restart at each image): each token reads M at its place in its own image, whose grid is
+    # checked below, M's (1, H, N, N) tiled k x k; the entries between two images are the model's to mask.
+    # The grid is the convolution's, of the images' tensor: images cropped inside it (Pixtral's image_sizes)
+    # are refused, to be passed cropped.
+    images = getattr(conv, "mask_prior_images", 1)
+    if prefix is not None and largest + 1 > size and largest + 1 == images * size:   # no guard on B where it fits
+        return _prior_bias(attn, slice(0, size), slice(0, size), size - 1).repeat(1, 1, images, images)
     # the image's grid: the convolution's output (B, C, rows, cols), else the square of the patches;
     # without the convolution only the count is checked, and an M of no grid refused
-    patches = None if prefix is None else largest + 1 - prefix
+    patches = None if prefix is None else largest + 1 - prefix - suffix
     seen = patches and (getattr(conv, "mask_prior_grid", None) or (math.isqrt(max(patches, 0)),) * 2)
     if patches is not None and (largest != size - 1 or (seen != grid if conv is not None else grid is None)):
         # Another grid's M, of another N or of the same N (2 x 8 patches for 4 x 4): it would give each
         # patch another patch's prior. impulse_mask builds CLS + g x g patches, row-major (Section 5.3);
-        # its rows and columns indexed by [0] * prefix + the patches (r, c) of a rows x cols grid give
-        # each its neighbours there, and every prefix token the class token's prior (no CLS: prefix 0).
+        # its rows and columns indexed by [0] * prefix + the patches (r, c) of a rows x cols grid (+ [0] *
+        # suffix) give each its neighbours there, and every prefix and suffix token the class token's prior
+        # (no CLS: prefix 0).
         (rows, cols), g = seen, max(seen)
+        after = (f" + {suffix} after them (detection tokens)", f" + [0] * {suffix}") if suffix else ("", "")
         raise ValueError(f"{attn.mask_prior_name}: an image layer takes the N tokens its mask was built for, on its "
                          f"grid; got {largest + 1} = {prefix} prefix tokens (class, distillation, register tokens in "
-                         f"the patched module) + {patches} patches, M {tuple(mask.shape)} is for N = {size}: for a "
-                         f"{rows} x {cols} grid M = maskprior.impulse_mask(depth, heads, {g})[..., i, :][..., i], "
-                         f"i = [0] * {prefix} + [1 + r * {g} + c for r in range({rows}) for c in range({cols})]"
+                         f"the patched module) + {patches} patches{after[0]}, M {tuple(mask.shape)} is for "
+                         f"N = {size}: for a {rows} x {cols} grid M = maskprior.impulse_mask(depth, heads, {g})"
+                         f"[..., i, :][..., i], i = [0] * {prefix} + [1 + r * {g} + c for r in range({rows}) for c in "
+                         f"range({cols})]{after[1]}"
                          + (f"; patch with add_mask_prior(..., grid=({rows}, {cols}))" if rows != cols else ""))
     if torch.compiler.is_compiling() or largest >= size:   # a compiled graph cannot branch on data: it asserts
         message = (f"{attn.mask_prior_name}: mask of shape {tuple(mask.shape)} is for "
@@ -1345,16 +1362,17 @@ def _mask_prior_attention(module, query, key, value, attention_mask, **kwargs):
     return torch.cat([output.transpose(1, 2) for output in outputs], 1), weights if rows == query.shape[2] else None
 
 def _self_attention_layers(model, refuse=True):
-    """Serves add_mask_prior's reach and from_pretrained's: [(name, module, pre-hook, prefix)] of
+    """Serves add_mask_prior's reach and from_pretrained's: [(name, module, pre-hook, image)] of
     every supported self-attention layer in model, in named_modules() order, each with the forward
     pre-hook of its door: nn.MultiheadAttention (but the multihead_attn of nn.TransformerDecoderLayer,
     cross-attention with keys from the memory), timm's Attention, or a transformers layer, one whose
     forward looks up ALL_ATTENTION_FUNCTIONS (the registry behind attn_implementation=) but its
-    family's cross-attention layers. prefix: None for a layer over a sequence; for an image's layer
-    (timm's, torchvision's ViT's, a transformers layer whose config has an image_size) the prefix
-    tokens model puts before its patches (_PREFIX_TOKENS). ValueError naming a transformers model
-    or layer that cannot take the prior (_check_transformers_part), or, refuse False, such a layer
-    left out (from_pretrained: a composite's other tower, which its folder holds no M for)."""
+    family's cross-attention layers. image: None for a layer over a sequence; for an image's layer
+    (timm's, torchvision's ViT's, a transformers layer whose config has an image_size) (prefix, patch
+    convolution or None, suffix): the count of tokens model puts before its patches (_PREFIX_TOKENS)
+    and after them (_SUFFIX_TOKENS). ValueError naming a transformers model or layer that cannot take
+    the prior (_check_transformers_part), or, refuse False, such a layer left out (from_pretrained: a
+    composite's other tower, which its folder holds no M for)."""
     import inspect
     import sys
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
@@ -1371,7 +1389,8 @@ def _self_attention_layers(model, refuse=True):
     # holding it keeps beside it, (1, k, C), its keys the sequence: cross-attention, left unpatched as well
     decoder_cross |= {id(a) for m in model.modules() for a in m.children() if isinstance(a, nn.MultiheadAttention)
                       and any(p.shape[-1] == a.embed_dim for p in m.parameters(recurse=False))}
-    prefix = sum(p.numel() // p.shape[-1] for name, p in model.named_parameters() if name.endswith(_PREFIX_TOKENS))
+    prefix, suffix = (sum(p.numel() // p.shape[-1] for name, p in model.named_parameters() if name.endswith(names))
+                      for names in (_PREFIX_TOKENS, _SUFFIX_TOKENS))
     torchvision = any(type(m).__module__.startswith("torchvision.") for m in model.modules())  # its ViT's layers
     named, conv = [], None
     for name, module in model.named_modules():
@@ -1389,12 +1408,13 @@ def _self_attention_layers(model, refuse=True):
                 raise
             continue
         image = getattr(getattr(module, "config", None), "image_size", None) is not None
+        tokens = prefix, conv, suffix          # an image layer's: those before its grid, the patch embedding, after
         if isinstance(module, nn.MultiheadAttention) and id(module) not in decoder_cross:
-            named.append((name, module, _add_mask_prior_to_call, (prefix, conv) if torchvision else None))
+            named.append((name, module, _add_mask_prior_to_call, tokens if torchvision else None))
         elif isinstance(module, timm_attention):
-            named.append((name, module, _add_mask_prior_to_call, (prefix, conv)))
+            named.append((name, module, _add_mask_prior_to_call, tokens))
         elif transformers_layer:
-            named.append((name, module, _add_mask_prior_to_transformers_call, (prefix, conv) if image else None))
+            named.append((name, module, _add_mask_prior_to_transformers_call, tokens if image else None))
     return named
 
 def _remember_positions(model, args, kwargs):
@@ -1431,11 +1451,11 @@ def _patch(named, masks, mode, scale, grid=None, model=None):
         attn.mask = nn.Parameter(mask.detach().to(next(attn.parameters())).clone(), requires_grad=mode == "learnable")
         attn.mask_scale, attn.mask_prior_mode = scale, mode
         attn.mask_prior_name = name or "model"                             # the name for the forward-time messages
-        if image is not None:                      # (prefix tokens, the patch convolution or None)
-            side = math.isqrt(max(len(mask[0]) - image[0], 0))
-            square = (side, side) if side * side == len(mask[0]) - image[0] else None
+        if image is not None:                      # (prefix tokens, the patch convolution or None, suffix tokens)
+            side = math.isqrt(max(len(mask[0]) - image[0] - image[2], 0))
+            square = (side, side) if side * side == len(mask[0]) - image[0] - image[2] else None
             # in a tuple, the convolution is no submodule of the layer: named_modules, state_dict unchanged
-            attn.mask_prior_image = image[0], tuple(grid) if grid else square, image[1]
+            attn.mask_prior_image = image[0], tuple(grid) if grid else square, image[1], image[2]
             if image[1] is not None and "mask_prior_grid" not in vars(image[1]):
                 object.__setattr__(image[1], "mask_prior_grid", None)
                 image[1].register_forward_hook(_record_grid)
@@ -1464,8 +1484,10 @@ def _patch(named, masks, mode, scale, grid=None, model=None):
 def _record_grid(conv, args, output):
     """Serves the rule that a grid is a grid: a forward hook on an image model's patch embedding, its
     last convolution before the first attention layer, which leaves the grid of this call's image,
-    the (rows, cols) of its output (B, C, rows, cols), for the image's layers to check M's against."""
+    the (rows, cols) of its output (B, C, rows, cols), for the image's layers to check M's against,
+    and its B images, which a layer seeing B times M's N tokens takes as packed into one sequence."""
     object.__setattr__(conv, "mask_prior_grid", tuple(output.shape[-2:]))
+    object.__setattr__(conv, "mask_prior_images", len(output))
 
 # The record of a layer's prior: its scale and mode, and an image layer's grid, as JSON in a uint8
 # tensor beside M, `<layer>.mask_record`. It lives in the weights, not in config.json: a plain
@@ -1515,9 +1537,11 @@ def add_mask_prior(model, mask_init, mode="learnable", scale=1.0, grid=None, rel
     a transformers model saved with save_pretrained comes back with from_pretrained below). The
     caller's causal and padding masks are kept. A layer over a sequence takes any n <= N tokens, at
     the positions the model gives them; an image's layer exactly the N tokens M was built for (prefix
-    tokens, then the patches: timm's, torchvision's and transformers' vision models) and their grid:
-    grid=(rows, cols), row-major, else the square of M's patches (impulse_mask's); a layer whose patch
-    embedding lies outside model (a part) checks their count alone. Else a ValueError at forward time.
+    tokens, the patches, suffix tokens: timm's, torchvision's and transformers' vision models, YOLOS's
+    detection tokens last) and their grid: grid=(rows, cols), row-major, else the square of M's
+    patches (impulse_mask's); a layer whose patch embedding lies outside model (a part) checks their
+    count alone; images packed into one sequence (Pixtral's) each the same. Else a ValueError at
+    forward time.
     A transformers model with a head takes its own copy of its configs, whose attn_implementation
     the patch sets.
     relative: mask_init holds one logit per head and distance d = i - j (MaskedSelfAttention's

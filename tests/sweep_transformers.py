@@ -13,8 +13,9 @@ them otherwise. Then, by kind:
            the other row, against the two turns in one piece (second_turn);
   encoder  (a base model on input_ids): a batch with a row right-padded by 3; a composite (input_ids
            and pixel_values: towers of their own N) the same, its language model patched alone;
-  vision   (a base model on pixel_values): a batch of images, M over every token the layers see; audio
-           (input_values, input_features) the same.
+  vision   (a base model on pixel_values): a batch of images, M over every token the layers see (over
+           one image's where they see the batch's images packed into one sequence, Pixtral's: the reference
+           reads M at each token's place in its own image); audio (input_values, input_features) the same.
 Each forward of the patched model is compared with the unpatched model's, run on REFERENCE: the
 family's own eager attention with log sigmoid(s M) added to its float mask at the positions this file
 computes (position_ids where given, else 0..n-1), independently of maskprior's hooks.
@@ -95,7 +96,9 @@ SMALL = dict(
 #   Gemma 3n's two layers one sliding, one full, none reading another's cache (its default shares the
 #   cache of 15 of its 35 layers; ours, as no two layers are left to share);
 #   DETR's object queries as many as its encoder's tokens (DetrModelTester's are 12), 16: a 128 px image,
-#   4 x 4 after the backbone's stride of 32, so that one N serves the encoder's and the decoder's layers.
+#   4 x 4 after the backbone's stride of 32, so that one N serves the encoder's and the decoder's layers;
+#   YOLOS's images square and small, 32 px, with 10 detection tokens (YolosModelTester's: 30 px, 10 tokens)
+#   where its default 512 x 864 px (a list SMALL leaves) and 100 tokens would give M 4,197 tokens a side.
 SWIN = dict(image_size=32, patch_size=2, embed_dim=16, depths=[1, 2, 1], num_heads=[2, 2, 4], window_size=2)
 MROPE = dict(rope_parameters=dict(mrope_section=[2, 1, 1]))
 MLA = dict(qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, head_dim=16, n_routed_experts=8,
@@ -112,6 +115,7 @@ OVERRIDES = {"swin": SWIN, "swinv2": SWIN, "donut-swin": SWIN, "maskformer-swin"
              **dict.fromkeys(["gemma3n_text"], dict(layer_types=["sliding_attention", "full_attention"],
                                                      num_kv_shared_layers=0)),
              **dict.fromkeys(["detr", "conditional_detr"], dict(num_queries=16)),
+             "yolos": dict(image_size=[32, 32], num_detection_tokens=10),
              "audio-spectrogram-transformer": AST, "clap_audio_model": AST,
              "step3p5": dict(sliding_window=4), "step3p7": dict(sliding_window=4)}
 
@@ -212,9 +216,8 @@ AttentionMaskInterface.register(REFERENCE, eager_mask)
 def set_reference_bias(reference, layers, masks, positions):
     """BIAS for each reference layer at query and key positions (B, n) (a no-cache run: keys are the
     queries), clamped to M's edge as a blocked padding slot may read it."""
-    p = positions.clamp(0, N - 1) if positions is not None else None
     for (name, _), mask in zip(layers, masks):
-        q = p if p is not None else torch.arange(mask.shape[-1])[None]
+        q = positions.clamp(0, mask.shape[-1] - 1) if positions is not None else torch.arange(mask.shape[-1])[None]
         bias = F.logsigmoid(SCALE * mask[:, q[:, :, None], q[:, None, :]])      # (H, B, n, n)
         BIAS[id(reference.get_submodule(name))] = bias.transpose(0, 1)
 
@@ -343,24 +346,37 @@ def run(model, inputs, **kwargs):
 
 
 def token_count(model, kind, inputs):
-    """The tokens each attention layer sees in an unpatched run of inputs (an image's prefix and
-    patches): one count, or a sorted list where the layers differ (DETR's encoder and its queries)."""
-    seen = set()
+    """(the tokens each attention layer sees of one input in an unpatched run of inputs (an image's
+    prefix and patches): one count, or a sorted list where the layers differ (DETR's encoder and its
+    queries); the images the layers see in one sequence, packed one after another (Pixtral's), else 1)."""
+    seen, batches = set(), set()
     layers = [m for m in model.modules() if "ALL_ATTENTION_FUNCTIONS" in
               getattr(getattr(inspect.unwrap(type(m).forward), "__code__", None), "co_names", ())]
-    hooks = [layer.register_forward_pre_hook(
-        lambda m, a, k: seen.add((a[0] if a else next(iter(k.values()))).shape[1]), with_kwargs=True)
-        for layer in layers]
+
+    def hook(module, args, kwargs):
+        shape = (args[0] if args else next(iter(kwargs.values()))).shape
+        seen.add(shape[1])
+        batches.add(shape[0])
+    hooks = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers]
     try:
         run(model, inputs, **({"use_cache": False} if kind == "decoder" else {}))
     finally:
         for hook in hooks:
             hook.remove()
-    return seen.pop() if len(seen) == 1 else sorted(seen) or None
+    images = packed(kind, inputs, batches, seen)
+    return (seen.pop() // images if len(seen) == 1 else sorted(seen) or None), images
+
+
+def packed(kind, inputs, batches, seen):
+    """How many images the layers see in one sequence: the batch's where a batch of images reaches the
+    layers as one sequence of a multiple of its size (Pixtral's), else 1."""
+    images = len(inputs["pixel_values"]) if kind == "vision" else 1
+    return images if batches == {1} and len(seen) == 1 and min(seen) % images == 0 else 1
 
 
 def first_run(model, kind, config):
-    """(M's N, the inputs) of the first of the inputs this kind may take that the unpatched model runs:
+    """(M's N, the inputs, the images in one sequence) of the first of the inputs this kind may take that
+    the unpatched model runs:
     inputs_for's; a composite's with an image beside its text (a dual encoder's, CLIP's: both towers run,
     the text one patched); log-mel features time first, (B, frames, bins) (Parakeet's, Speech2Text's)."""
     first = inputs_for(kind, config)
@@ -380,9 +396,9 @@ def first_run(model, kind, config):
     for inputs in tries:
         seq2seq(model, inputs)
         try:
-            n = N if kind in ("decoder", "encoder", "composite") else token_count(model, kind, inputs)
+            n, images = (N, 1) if kind in ("decoder", "encoder", "composite") else token_count(model, kind, inputs)
             run(model, inputs, **({"use_cache": False} if kind == "decoder" else {}))
-            return n, inputs
+            return n, inputs, images
         except Timeout:
             raise
         except Exception as e:                                 # noqa: BLE001 (the next inputs, else the first's error)
@@ -391,7 +407,7 @@ def first_run(model, kind, config):
 
 
 def build(model_type, variant):
-    """("built", kind, the tiny model, its inputs, M's N) or ("not built", why)."""
+    """("built", kind, the tiny model, its inputs, M's N, the images in one sequence) or ("not built", why)."""
     try:
         config = tiny_config(model_type, variant)
         kind, cls = model_class(model_type, config)
@@ -408,7 +424,7 @@ def build(model_type, variant):
         torch.manual_seed(0)
         model = cls(config).eval()
         set_attention(model, "eager")
-        n, inputs = first_run(model, kind, config)
+        n, inputs, images = first_run(model, kind, config)
         if "input_ids" in inputs:       # the checks' calls: with an attention mask, a decoder's with position_ids
             ones = torch.ones_like(inputs["input_ids"])
             given = dict(position_ids=ones.cumsum(1) - 1, use_cache=False) if kind == "decoder" else {}
@@ -421,7 +437,7 @@ def build(model_type, variant):
         return "not built", f"{cls.__name__}: no attention layer ran"
     if isinstance(n, list):
         return "not built", f"{cls.__name__}: its layers see {n} tokens, where one (layers, heads, N, N) M has one N"
-    return "built", kind, model, inputs, n
+    return "built", kind, model, inputs, n, images
 
 
 def language_model(model):
@@ -443,7 +459,7 @@ def check_family(model_type):
         outcome = build(model_type, variant)
     if outcome[0] != "built":
         return first
-    _, kind, model, inputs, n = outcome
+    _, kind, model, inputs, n, images = outcome
     reference = copy.deepcopy(model)
     set_attention(reference, REFERENCE)
     # M per layer, (layers, H, n, n), random so that every pair of positions has its own prior
@@ -465,7 +481,7 @@ def check_family(model_type):
     except Exception as e:                                      # noqa: BLE001
         return "FAILS", f"add_mask_prior: {type(e).__name__}: {one_line(e)}"
     try:
-        outcome, detail = check(kind, model, reference, named, masks, inputs)
+        outcome, detail = check(kind, model, reference, named, masks, inputs, images)
         return (outcome, detail) if outcome != "right" else round_trip(kind, model, inputs, detail)
     except Timeout:
         raise
@@ -514,13 +530,16 @@ def verdict(outcome, detail, reference, inputs, where=None, **kwargs):
     return outcome, detail
 
 
-def check(kind, model, reference, named, masks, inputs):
+def check(kind, model, reference, named, masks, inputs, images=1):
     """The checks of one kind: (outcome, detail)."""
     if kind not in ("decoder", "encoder", "composite"):  # images, sounds: M over every token the layers see
-        set_reference_bias(reference, named, masks, None)
+        # images packed into one sequence: each token at its place in its own image, M tiled
+        n = masks.shape[-1]
+        set_reference_bias(reference, named, masks, None if images == 1 else (torch.arange(images * n) % n)[None])
         gap = differ(run(model, inputs), run(reference, inputs))
         what = "vision" if kind == "vision" else f"audio ({kind})"
-        return ("right", f"{what}, {masks.shape[-1]} tokens") if gap is None else verdict(
+        what += f", {n} tokens" + (f" an image, {images} images packed in one sequence" if images > 1 else "")
+        return ("right", what) if gap is None else verdict(
             "WRONG", f"{what}: differs by {gap:.2e}", reference, inputs)
     ids = inputs["input_ids"]
     real = torch.ones_like(ids)

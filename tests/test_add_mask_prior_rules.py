@@ -5,7 +5,9 @@ parametrization, torch.func.functional_call), and param_groups finds M however i
 prior's record belongs to the model patched, not to a config object two models share, and a model
 loaded without it takes a new one; a patched model travels (pickled whole into a fresh process,
 torch.export with a dynamic length, a composite's folder under the names transformers saves); an
-image layer refuses an M of another grid, of the same token count too, saying how to build its M."""
+image layer refuses an M of another grid, of the same token count too, saying how to build its M, with
+tokens after its grid (YOLOS's detection tokens) too; images packed into one sequence (Pixtral's) each read M
+at their own places."""
 import copy
 import json
 import re
@@ -413,3 +415,61 @@ def test_a_composite_model_s_folder_loads_back_whole_under_its_saved_names(tmp_p
         expected = model(input_ids=IDS).logits
         torch.testing.assert_close(loaded(input_ids=IDS).logits, expected, rtol=0, atol=1e-5)
         assert (plain(input_ids=IDS).logits - expected).abs().max() > 1e-3
+
+
+def yolos():
+    torch.manual_seed(0)
+    return T.YolosModel(T.YolosConfig(hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=2,
+                                      intermediate_size=64, image_size=[16, 16], patch_size=4,
+                                      num_detection_tokens=3)).eval()
+
+
+def test_tokens_after_the_grid_keep_the_grid_check_and_its_recipe():
+    """YOLOS appends 3 detection tokens after its 4 x 4 patches: M spans CLS, the patches and them (N =
+    20), and a 4 x 4 grid's M without them is refused at the forward, counting the tokens after the grid.
+    A 2 x 8 grid of as many patches is one ValueError too, whose recipe gives the 2 x 8 impulse prior with
+    CLS's prior on the detection tokens; patched with it the model runs there and refuses the 4 x 4 grid."""
+    wide, square = torch.randn(1, 3, 8, 32), torch.randn(1, 3, 16, 16)
+    model = yolos()
+    maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, 2, 4))
+    with pytest.raises(ValueError, match=r"got 20 = 1 prefix tokens .* \+ 16 patches \+ 3 after them \(detection "
+                                         r"tokens\), M \(2, 17, 17\) is for N = 17: for a 4 x 4 grid"):
+        model(square)
+    i = [0] + list(range(1, 17)) + [0] * 3
+    model = yolos()
+    maskprior.add_mask_prior(model, maskprior.impulse_mask(LAYERS, 2, 4)[..., i, :][..., i])
+    assert model(square).last_hidden_state.shape[1] == 20
+    with pytest.raises(ValueError, match=r"\+ 16 patches \+ 3 after them \(detection tokens\), M \(2, 20, 20\) is "
+                                         r"for N = 20: for a 2 x 8 grid M = .*, i = .*; patch with "
+                                         r"add_mask_prior\(\.\.\., grid=\(2, 8\)\)$") as refused:
+        model(wide)
+    found = re.search(r"M = (?P<recipe>.*), i = (?P<index>.*); patch", str(refused.value))
+    mask = eval(found["recipe"], {"maskprior": maskprior, "depth": LAYERS, "heads": 2, "i": eval(found["index"])})
+    assert torch.equal(mask[..., :17, :17], rectangle_impulse(2, 2, 8).expand(LAYERS, -1, -1, -1))
+    assert torch.equal(mask[..., 17:, :], mask[..., :1, :].expand(-1, -1, 3, -1))      # CLS's row, CLS's column
+    assert torch.equal(mask[..., :, 17:], mask[..., :, :1].expand(-1, -1, -1, 3))
+    model = yolos()
+    maskprior.add_mask_prior(model, mask, grid=(2, 8))
+    assert model(wide).last_hidden_state.shape[1] == 20
+    with pytest.raises(ValueError, match=r"\+ 3 after them \(detection tokens\).* for a 4 x 4 grid M = "):
+        model(square)
+
+
+def test_images_packed_into_one_sequence_each_read_m_at_their_own_places():
+    """Pixtral packs a batch's images, each its own grid, into one sequence (a block-diagonal mask, 2-D
+    RoPE positions restarting at each image): patched with a 4 x 4 grid's M, two 32 px images packed
+    give each image's output alone, as its positions do; a second image cropped to 3 x 4 patches
+    (image_sizes) takes another grid, a ValueError at the forward."""
+    torch.manual_seed(0)
+    model = T.PixtralVisionModel(T.PixtralVisionConfig(hidden_size=WIDTH, num_hidden_layers=LAYERS,
+                                                       num_attention_heads=4, intermediate_size=64, image_size=32,
+                                                       patch_size=8, head_dim=8)).eval()
+    maskprior.add_mask_prior(model, 3 * torch.randn(LAYERS, 4, 16, 16, generator=torch.Generator().manual_seed(1)))
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        both = model(images).last_hidden_state                                                  # (1, 32, C)
+        alone = torch.cat([model(image[None]).last_hidden_state for image in images], 1)
+        torch.testing.assert_close(both, alone, rtol=0, atol=1e-5)
+        with pytest.raises(ValueError, match=r"got 28 = 0 prefix tokens .* \+ 28 patches, M \(4, 16, 16\) is for "
+                                             r"N = 16"):
+            model(images, image_sizes=[(32, 32), (24, 32)])

@@ -39,6 +39,8 @@ SUBSET = {
     "vit": ("right", "vision, 17 tokens"),          # class token + 4 x 4 patches
     "clip_vision_model": ("right", "vision, 17 tokens"),
     "siglip_vision_model": ("right", "vision, 16 tokens"),  # its pooling head's probe attention left unpatched
+    "yolos": ("right", "vision, 27 tokens"),        # class token + 4 x 4 patches + 10 detection tokens after them
+    "pixtral": ("right", "16 tokens an image, 2 images packed"),   # one sequence, M at each image's own places
     "vit_mae": ("refused", "shuffles its patches"),
     "sam3_vit_model": ("refused", "hidden states as a grid"),   # (B, rows, cols, C), windows of the grid
     "diffllama": ("refused", "calls its attention function twice"),
