@@ -1487,7 +1487,7 @@ def _record_grid(conv, args, output):
     the (rows, cols) of its output (B, C, rows, cols), for the image's layers to check M's against,
     and its B images, which a layer seeing B times M's N tokens takes as packed into one sequence."""
     object.__setattr__(conv, "mask_prior_grid", tuple(output.shape[-2:]))
-    object.__setattr__(conv, "mask_prior_images", len(output))
+    object.__setattr__(conv, "mask_prior_images", output.shape[0])      # not len(): no guard on a dynamic batch
 
 # The record of a layer's prior: its scale and mode, and an image layer's grid, as JSON in a uint8
 # tensor beside M, `<layer>.mask_record`. It lives in the weights, not in config.json: a plain
