@@ -1209,8 +1209,10 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
     positions of its queries and keys, found as the model's own masks find them. The queries sit at
     position_ids (else at their cache indices, from get_query_offset on); the keys at cache indices
     kv_offset, ..., kv_offset + kv_length - 1 (get_mask_sizes): the new ones are the queries'
-    tokens, at the queries' positions, and one cached d indices before the first query lies d
-    positions before it (a row's tokens are contiguous; left padding only shifts them, and a
+    tokens, at the queries' positions; a cached one, where the call gives positions and the model's
+    mask, as many positions before the last query as there are keys between them that some query
+    sees (padding inside a row skipped, as generate counts positions), else d positions before the
+    first query for d indices (a row's tokens contiguous, left padding only shifting them; a
     padding's position below 0 is blocked anyway). Where the positions are the cache indices
     themselves (no padding, no offset: training, plain generation), so are the keys', and M is read
     by one slice. ValueError where the model was switched off MASK_PRIOR_ATTENTION
