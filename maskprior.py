@@ -1256,6 +1256,9 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
         rows, cols = slice(int(first), int(first) + n), slice(offset, offset + length)
         return object.__setattr__(attn, "mask_prior_bias", _prior_bias(attn, rows, cols, rows.stop - 1))
     given, visible = positions is not None, call.get("attention_mask")     # the model's mask (B, 1, n, n_keys)
+    # or a family's masks by kind (ZAYA's {"causal": (B, 1, n, n_keys), "conv": ...}): the attention's
+    visible = next((m for m in visible.values() if getattr(m, "dim", int)() == 4), None) if isinstance(
+        visible, dict) else visible
     positions = torch.arange(n, device=mask.device)[None] + first if positions is None else positions   # (B or 1, n)
     # key k lies relative = k's cache index - first after the first query (no cache: the queries)
     relative = torch.arange(length, device=mask.device) + offset - first         # (n_keys,)
@@ -1608,12 +1611,9 @@ def from_pretrained(model_class, path, **kwargs):
     masks, records = {}, {}                           # the saved layer's name -> its M, its record
     for file in sorted(pathlib.Path(path).glob("*.safetensors")):
         with safe_open(file, "pt") as tensors:
-            for key in tensors.keys():
-                saved, _, kind = key.rpartition(".")
-                if kind == "mask":
-                    masks[saved] = tensors.get_tensor(key)
-                elif kind == "mask_record":
-                    records[saved] = json.loads(bytes(tensors.get_tensor(key).tolist()))
+            masks.update({key[:-5]: tensors.get_tensor(key) for key in tensors.keys() if key.endswith(".mask")})
+            records.update({key[:-12]: json.loads(bytes(tensors.get_tensor(key).tolist()))
+                            for key in tensors.keys() if key.endswith(".mask_record")})
     if not masks and not records:
         raise ValueError(f"{path} holds no mask prior: load it with {model_class.__name__}.from_pretrained")
     from transformers.core_model_loading import revert_weight_conversion
