@@ -21,7 +21,6 @@ model that holds their layers has imported them); MaskedSelfAttention needs noth
 and pastes alone.
 """
 
-import json
 import math
 
 import torch
@@ -1504,6 +1503,7 @@ def _record_grid(conv, args, output):
 def _write_record(attn, state_dict, prefix, metadata):
     """Serves the rule that the record belongs to the model patched: a patched transformers layer's
     state_dict post-hook, which adds its record to the state_dict that save_pretrained writes."""
+    import json
     grid = attn.mask_prior_image and attn.mask_prior_image[1]          # the (rows, cols) an image's M is for
     record = {"scale": attn.mask_scale, "mode": attn.mask_prior_mode, **({"grid": list(grid)} if grid else {})}
     state_dict[prefix + "mask_record"] = torch.tensor(list(json.dumps(record).encode()), dtype=torch.uint8)
@@ -1597,6 +1597,7 @@ def from_pretrained(model_class, path, **kwargs):
     its M, or either for a layer the model lacks: a ValueError naming the layer. model_class: a model
     class (an Auto class works too, but transformers then lists the masks as unexpected before they
     are loaded)."""
+    import json
     import pathlib
     import unittest.mock
     from safetensors import safe_open      # transformers' own checkpoint format
