@@ -1437,8 +1437,9 @@ def _patch(named, masks, mode, scale, grid=None, model=None):
     # the hook only on a model whose record a layer reads (an outer model's, GPT2LMHeadModel's around
     # GPT2Model, no layer reads: its call would pay a hook for nothing); mask_prior_arguments marks it hooked
     for module in models:
-        if not hasattr(module, "mask_prior_arguments") and any(m.mask_prior_positions is module.mask_prior_positions
-                                                               for m in module.modules() if hasattr(m, "mask_prior_name")):
+        layers = [m for m in module.modules() if hasattr(m, "mask_prior_name")]
+        if not hasattr(module, "mask_prior_arguments") and any(
+                layer.mask_prior_positions is module.mask_prior_positions for layer in layers):
             module.mask_prior_arguments = tuple(inspect.signature(module.forward).parameters)
             module.register_forward_pre_hook(_remember_positions, with_kwargs=True)
 
