@@ -1167,7 +1167,8 @@ def _prior_bias(attn, rows, cols, largest, causal=False):
         (heads, row, col), offset = mask.stride(), mask.storage_offset() + rows.start * mask.stride(1)
         block = mask.as_strided((1, len(mask), rows.stop - rows.start, cols.stop - cols.start), (0, heads, row, col),
                                 offset + cols.start * col)                                    # (1, H, n, n_keys)
-    bias = _log_sigmoid(attn.mask_scale * block)
+    # s = 1 (add_mask_prior's default) takes no product: a cached token's step pays for each kernel call
+    bias = _log_sigmoid(block if attn.mask_scale == 1 else attn.mask_scale * block)
     return bias + bias.new_full(bias.shape[-2:], float("-inf")).triu(1) if causal else bias   # the future: -inf
 
 def _add_mask_prior_to_call(attn, args, kwargs):
@@ -1427,8 +1428,9 @@ def _remember_positions(model, args, kwargs):
     position_ids go to their position embeddings alone; generate passes them, counted from the
     attention mask under left padding): keeps the call's position_ids, None where it gives none (the
     model then counts from its cache, as the layer's pre-hook does), for the patched layers it holds."""
-    model.mask_prior_positions["position_ids"] = dict(zip(model.mask_prior_arguments, args), **kwargs).get(
-        "position_ids")
+    # a call's arguments by name (generate's calls pass none by position: no dict to build then)
+    call = dict(zip(model.mask_prior_arguments, args), **kwargs) if args else kwargs
+    model.mask_prior_positions["position_ids"] = call.get("position_ids")
 
 def _patch(named, masks, mode, scale, grid=None, model=None):
     """Serves add_mask_prior and from_pretrained, the one place a layer takes the prior: give each
@@ -1477,13 +1479,19 @@ def _patch(named, masks, mode, scale, grid=None, model=None):
     # Each transformers model in model keeps its call's position_ids for the patched layers it holds,
     # a layer the innermost model's (a vision tower's call has none: its layers count their tokens)
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
-    for module in (m for m in (model.modules() if model is not None else ()) if isinstance(m, pretrained)):
-        if not hasattr(module, "mask_prior_positions"):
-            module.mask_prior_positions = {}
-            module.mask_prior_arguments = tuple(inspect.signature(module.forward).parameters)
-            module.register_forward_pre_hook(_remember_positions, with_kwargs=True)
+    models = [m for m in (model.modules() if model is not None else ()) if isinstance(m, pretrained)]
+    for module in models:
+        module.mask_prior_positions = getattr(module, "mask_prior_positions", {})
         for layer in (m for m in module.modules() if hasattr(m, "mask_prior_name")):
             layer.mask_prior_positions = module.mask_prior_positions
+    # the hook only on a model whose record a layer reads (an outer model's, GPT2LMHeadModel's around
+    # GPT2Model, no layer reads: its call would pay a hook for nothing); mask_prior_arguments marks it hooked
+    for module in models:
+        layers = [m for m in module.modules() if hasattr(m, "mask_prior_name")]
+        if not hasattr(module, "mask_prior_arguments") and any(
+                layer.mask_prior_positions is module.mask_prior_positions for layer in layers):
+            module.mask_prior_arguments = tuple(inspect.signature(module.forward).parameters)
+            module.register_forward_pre_hook(_remember_positions, with_kwargs=True)
 
 def _record_grid(conv, args, output):
     """Serves the rule that a grid is a grid: a forward hook on an image model's patch embedding, its

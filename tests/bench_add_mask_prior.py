@@ -30,8 +30,12 @@ in transformers, timm and torch), the patched one what add_mask_prior gives it.
 The README's speed table quotes this table, run with --threads 1 2 --repeats 21 --steps 3 on the
 2-core CPU with nothing else running (generation, one thread, with a log-sigmoid table kept between
 steps, as before the rule that a forward reads M as it is: GPT-2 1.072 and 1.111, Llama 1.085 and
-1.093 in two runs; without it 1.171, 1.158, 1.159 and 1.098, 1.150, 1.142 in three). --flush-denormal sets torch.set_flush_denormal(True) first (as
-train.py runs); it changed no ratio beyond the rounds' spread. Between runs of the same command the
+1.093 in two runs; without it 1.171, 1.158, 1.159 and 1.098, 1.150, 1.142 in three). With one
+position hook a step (below), on the CPU shared with two other jobs (0 to 21 of the 21 rounds clean,
+else every round counts), three runs alternating with the code before it: GPT-2 1.178, 1.073, 1.144
+against 1.125, 1.145, 1.143, Llama 1.129, 1.090, 1.117 against 1.078, 1.069, 1.053; no difference
+beyond the runs' spread. --flush-denormal sets torch.set_flush_denormal(True) first (as train.py
+runs); it changed no ratio beyond the rounds' spread. Between runs of the same command the
 GPT-2 training ratio moves by up to 0.04 (the quartiles show the spread of one run's rounds).
 
 Where the rest goes. Training (gpt2, one thread, one piece switched off at a time, paired in one
@@ -53,16 +57,32 @@ or less), M's group on fused AdamW, and torch.compile of both models (inductor, 
 the attention still written out for M's gradient).
 Generation: a cached token pays about 20 us a layer against the layer's 180 us at these widths (timed
 inside the GPT-2 model): the pre-hook 11-13 us (its parts: the config and arguments 1.6, the cache's two
-offset calls 2.0, the position check 1.3, M's row read from a log-sigmoid table kept between steps 4.7; no
-table is kept, as no key tells every writer of M: the row's log sigmoid, computed at each step, costs two
-kernel calls beside the view; paired in one process, 31 rounds on the shared CPU, that put gpt2_generate's
-ratio at 1.139 against the table's 1.100, llama_generate's at 1.065 against 1.055), torch's dispatch
-of a hook 3-5 us (the forward set on the instance instead: 2.7 % less in a decode loop, not kept: a deep
-copy's forward would call the original layer), the masked kernel 1.6 more than the unmasked one. The
-stock model's attention function spends as much Python as ours, so only fewer Python calls a layer or a
-fused kernel would take the rest: a prototype that finds the positions once per model call and has no
-per-layer hook (dynamic cache only, not shipped) gave 1.05-1.06 (GPT-2 1.061 / 1.052 at 1 / 2 threads,
-Llama 1.050 at 1).
+offset calls 2.0, the position check 1.3, M's row read from a log-sigmoid table kept between steps 4.7),
+torch's dispatch of a hook 3-5 us (the forward set on the instance instead: 2.7 % less in a decode loop,
+not kept: a deep copy's forward would call the original layer), the masked kernel 1.6 more than the
+unmasked one. No table is kept, as no key tells every writer of M: the row's log sigmoid, computed at
+each step, costs two kernel calls beside the view (paired in one process, 31 rounds on the shared CPU,
+that put gpt2_generate's ratio at 1.139 against the table's 1.100, llama_generate's at 1.065 against
+1.055). Those two calls (GPT-2, one thread, the CPU shared with two other jobs): in a loop of one call,
+the row's view 1.2-1.9 us, s * M's row 2.9-3.1 (1.3 with s a 0-dim tensor: the rest wraps the Python
+float), F.logsigmoid 2.1 us at 64 entries, 4.4 at 256, 6.9 at 512 (its CPU kernel takes log1p entry by
+entry); inside generation (perf_counter_ns around each call, medians, the code before and after a change
+patched into two copies of one model in one process, generating in turn), a layer's pre-hook took 38-62
+us, 23-27 less with the table, 5 less without the product alone, 9 less without the log sigmoid alone;
+two copies of the same code differed by up to 2. No torch kernel gives log sigmoid(s x) in one call
+where s != 1 (F.softplus(x, beta=-s) gives it divided by s), so s = 1 alone skips the product (not
+this bench: its s is GPT_MASK_SCALE). Tried, no gain: the log(sigmoid) form clamped at log eps and
+capped by x (four calls, 7.6-8.8 us at these rows, s included, against 5.3-10.1), s as a 0-dim tensor
+kept beside mask_scale (inside generation the pre-hook moved by 1.2 us, less than two same copies'
+1.8), and the Python of a layer's path (the output_capturing import 0.36 us, a look-up 0.1-0.5): below
+what these runs resolve. The hook that keeps a model call's position_ids (_remember_positions) sits on
+the models whose record a layer reads (GPT2Model, LlamaModel, not the LM-head model around each): one
+hook a step, not two (the hook's dispatch and the call, about 2 us in a loop); paired in one process
+(60 rounds of one generation, thread time), the code with it over the code before it: GPT-2 0.953 and
+0.976, two same copies 0.986, within the spread. The stock model's attention function spends as much
+Python as ours (12.4 us each in a loop), so only fewer Python calls a layer or a fused kernel would take
+the rest: a prototype that finds the positions once per model call and has no per-layer hook (dynamic
+cache only, not shipped) gave 1.05-1.06 (GPT-2 1.061 / 1.052 at 1 / 2 threads, Llama 1.050 at 1).
 """
 import argparse
 import copy
