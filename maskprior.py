@@ -1049,9 +1049,8 @@ def _check_transformers_part(where, module, layer, pretrained):
     # patches of several images packed into one sequence), so no one M of N tokens keeps each its place
     pixels = [key for key in ("num_channels", "in_channels") if getattr(getattr(module, "config", None), key, None)]
     if layer and pixels and getattr(module.config, "image_size", None) is None:
-        raise ValueError(f"{where}: {name} attends over an image's patches or feature map, whose grid follows each "
-                         f"image's size (its config has {pixels[0]} but fixes no image_size: DETR's, Qwen2-VL's "
-                         f"vision tower), where M is for one grid of N tokens: patch a composite's language model")
+        raise ValueError(f"{where}: {name} attends over patches, its grid follows each image's size (no image_size in "
+                         f"its config: DETR, Qwen2-VL's vision tower), where M is for one grid: patch a language model")
     # the prior is left on the layer for one attention call a forward; DiffLlama's differential attention makes two
     forward = inspect.unwrap(type(module).forward) if layer else None
     if layer and sum("attention_interface" in str(i.argval) for i in dis.get_instructions(forward)
@@ -1275,9 +1274,8 @@ def _add_mask_prior_to_transformers_call(attn, args, kwargs):
         # a seen key before position 0: the positions do not count the tokens (generate's after right
         # padding, which continue from the padding's), and which position each cached key had is lost
         if not torch.compiler.is_compiling() and bool((before < 0)[seen[:, :first - offset]].any()):
-            raise ValueError(f"{attn.mask_prior_name}: the cached tokens' positions cannot be read off this call: its "
-                             f"position_ids do not count the tokens its attention mask lets through (right padding "
-                             f"in generate?); pad on the left (tokenizer.padding_side = 'left') or use_cache=False")
+            raise ValueError(f"{attn.mask_prior_name}: position_ids that do not count the tokens the mask lets through "
+                             f"(right padding in generate?) lose the cached keys' places: pad left, or use_cache=False")
         keys = torch.cat([before, keys[:, first - offset:].expand(len(before), -1)], 1)      # (B, n_keys)
     # on the layer, not in the layer's attention_mask: some layers (VideoMAE's, transformers' ViT)
     # hand their attention function none; the function reads the bias and clears it, for one call
@@ -1383,11 +1381,6 @@ def _self_attention_layers(model, refuse=True):
     timm_attention = getattr(sys.modules.get("timm.layers.attention"), "Attention", ())   # () before timm
     # timm's patch_drop_rate: a random subset of the patches while training, each then at another index
     patch_dropout = getattr(sys.modules.get("timm.layers.patch_dropout"), "PatchDropout", ())
-    dropping = [name for name, m in model.named_modules() if isinstance(m, patch_dropout) and m.prob > 0]
-    if dropping:
-        raise ValueError(f"{dropping[0]}: {type(model).__name__} drops a random {model.get_submodule(dropping[0]).prob:g}"
-                         f" of its patches while training (timm's patch_drop_rate), so no row of M stays with one "
-                         f"patch's place on the grid: build the model with patch_drop_rate=0")
     pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", ())
     decoder_cross = {id(m.multihead_attn) for m in model.modules() if isinstance(m, nn.TransformerDecoderLayer)}
     # a pooling head's (SigLIP's, Idefics2's, Phi-4 multimodal's): its queries a learned probe that the module
@@ -1399,6 +1392,9 @@ def _self_attention_layers(model, refuse=True):
     torchvision = any(type(m).__module__.startswith("torchvision.") for m in model.modules())  # its ViT's layers
     named, conv = [], None
     for name, module in model.named_modules():
+        if isinstance(module, patch_dropout) and module.prob > 0:
+            raise ValueError(f"{name}: {type(model).__name__} drops a random {module.prob:g} of its patches while "
+                             f"training (timm's patch_drop_rate), so no row of M keeps one patch's place: set it to 0")
         # the patch embedding: the last 2-D convolution before the first attention layer (a hybrid's stem first)
         conv = module if isinstance(module, nn.Conv2d) and not named else conv
         forward = inspect.unwrap(type(module).forward) if "transformers" in sys.modules else None

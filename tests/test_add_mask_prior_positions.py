@@ -168,7 +168,7 @@ def test_right_padded_generation_is_refused_where_the_cached_positions_are_lost(
     ids = torch.randint(1, VOCAB, (2, 8), generator=torch.Generator().manual_seed(5))
     attention_mask = torch.ones_like(ids)
     attention_mask[0, -3:] = 0
-    with pytest.raises(ValueError, match=r"its position_ids do not count the tokens .* pad on the left"):
+    with pytest.raises(ValueError, match=r"position_ids that do not count the tokens .* pad left"):
         with torch.no_grad():
             model.generate(ids, attention_mask=attention_mask, max_new_tokens=2, **GREEDY)
 
