@@ -28,14 +28,16 @@ in transformers, timm and torch), the patched one what add_mask_prior gives it.
   llama_generate   the same for llama's model
 
 The README's speed table quotes this table, run with --threads 1 2 --repeats 21 --steps 3 on the
-2-core CPU with nothing else running (generation, one thread, with a log-sigmoid table kept between
-steps, as before the rule that a forward reads M as it is: GPT-2 1.072 and 1.111, Llama 1.085 and
-1.093 in two runs; without it 1.171, 1.158, 1.159 and 1.098, 1.150, 1.142 in three). With one
-position hook a step (below), on the CPU shared with two other jobs (0 to 21 of the 21 rounds clean,
-else every round counts), three runs alternating with the code before it: GPT-2 1.178, 1.073, 1.144
-against 1.125, 1.145, 1.143, Llama 1.129, 1.090, 1.117 against 1.078, 1.069, 1.053; no difference
-beyond the runs' spread. --flush-denormal sets torch.set_flush_denormal(True) first (as train.py
-runs); it changed no ratio beyond the rounds' spread. Between runs of the same command the
+2-core CPU with nothing else running. The cost of the rule that a forward reads M as it is (no
+log-sigmoid table kept between steps), --threads 1 --only gpt2_generate llama_generate on the idle CPU,
+the code before it (f5b65aa, the table kept) and this code in turn, three runs each and the full run's:
+GPT-2 1.102, 1.073, 1.103 before, 1.102, 1.081, 1.213 and 1.162 after (medians 1.102, 1.13); Llama
+1.107, 1.096, 1.030 before, 1.087, 1.059, 1.149 and 1.103 after (medians 1.096, 1.095): the runs of
+one code differ by up to 0.13, more than the two codes' medians. On the shared CPU earlier: with the
+table GPT-2 1.072 and 1.111, Llama 1.085 and 1.093; without it 1.171, 1.158, 1.159 and 1.098, 1.150,
+1.142; with one position hook a step (below), the CPU shared with two other jobs, GPT-2 1.178, 1.073,
+1.144 against 1.125, 1.145, 1.143, Llama 1.129, 1.090, 1.117 against 1.078, 1.069, 1.053.
+--flush-denormal sets torch.set_flush_denormal(True) first (as train.py runs); it changed no ratio beyond the rounds' spread. Between runs of the same command the
 GPT-2 training ratio moves by up to 0.04 (the quartiles show the spread of one run's rounds).
 
 Where the rest goes. Training (gpt2, one thread, one piece switched off at a time, paired in one
