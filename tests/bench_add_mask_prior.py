@@ -37,8 +37,9 @@ one code differ by up to 0.13, more than the two codes' medians. On the shared C
 table GPT-2 1.072 and 1.111, Llama 1.085 and 1.093; without it 1.171, 1.158, 1.159 and 1.098, 1.150,
 1.142; with one position hook a step (below), the CPU shared with two other jobs, GPT-2 1.178, 1.073,
 1.144 against 1.125, 1.145, 1.143, Llama 1.129, 1.090, 1.117 against 1.078, 1.069, 1.053.
---flush-denormal sets torch.set_flush_denormal(True) first (as train.py runs); it changed no ratio beyond the rounds' spread. Between runs of the same command the
-GPT-2 training ratio moves by up to 0.04 (the quartiles show the spread of one run's rounds).
+--flush-denormal sets torch.set_flush_denormal(True) first (as train.py runs); it changed no ratio
+beyond the rounds' spread. Between runs of the same command the GPT-2 training ratio moves by up to
+0.04 (the quartiles show the spread of one run's rounds).
 
 Where the rest goes. Training (gpt2, one thread, one piece switched off at a time, paired in one
 process): M fixed (the fused kernel, the bias in its mask) 1.010; M's log sigmoid recomputed each step
