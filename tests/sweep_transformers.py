@@ -452,6 +452,7 @@ def language_model(model):
 
 def check_family(model_type):
     """(outcome, detail) of one family."""
+    BIAS.clear()        # another family's entries: their layers' ids can come back as this family's
     first = outcome = build(model_type, 0)
     for variant in range(1, len(VARIANTS)):     # a family's own error, not one of its kind's: the next shrink
         if outcome[0] == "built" or "Error" not in outcome[1].split(":")[0]:
