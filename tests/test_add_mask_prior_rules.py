@@ -398,7 +398,7 @@ def test_a_model_that_drops_patches_while_training_is_refused_at_the_patch():
 def test_a_composite_model_s_folder_loads_back_whole_under_its_saved_names(tmp_path):
     """Llava (a CLIP vision tower, a Llama language model) with the prior in its language model:
     save_pretrained writes each M as language_model.model.layers.i.self_attn.mask (transformers'
-    name in the checkpoint), the record into config.json's text_config; maskprior.from_pretrained
+    name in the checkpoint) and its record beside it as ...self_attn.mask_record; maskprior.from_pretrained
     gives back every M and the logits, a plain from_pretrained the model without them."""
     config = T.LlavaConfig(text_config=llama_config(), image_token_id=VOCAB - 1, vision_config=T.CLIPVisionConfig(
         num_hidden_layers=LAYERS, hidden_size=WIDTH, num_attention_heads=2, intermediate_size=64, image_size=16,
